@@ -1,0 +1,77 @@
+"""`optlab env`: the photograph of the system that every run records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from optlab.cli.common import EXPERIMENT_PATH
+
+
+def _fmt_bytes(value: Any) -> str:
+    if not isinstance(value, int | float):
+        return "n/a"
+    return f"{value / 2**30:.1f} GiB"
+
+
+def _rows(fp: dict[str, Any]) -> list[tuple[str, str]]:
+    hw, sw = fp.get("hardware", {}), fp.get("software", {})
+    cpu = hw.get("cpu", {})
+    gpus = hw.get("gpus") or []
+    pkgs = sw.get("packages", {})
+    nvidia = sw.get("nvidia") or {}
+    code = fp.get("code", {})
+    git = (fp.get("provenance") or {}).get("git") or {}
+    rows = [
+        ("CPU", f"{cpu.get('model')} ({cpu.get('physical_cores')} physical, "
+                f"{cpu.get('logical_cores')} logical)"),
+        ("memory", _fmt_bytes((hw.get("memory") or {}).get("total_bytes"))),
+        ("GPUs", ", ".join(f"{g.get('name')} {_fmt_bytes(g.get('memory_total_bytes'))}"
+                           for g in gpus) or "none"),
+        ("CPU cores per GPU", str(hw.get("cpu_per_gpu") or "n/a")),
+        ("disk", f"{(hw.get('disk') or {}).get('path')}: "
+                 f"{_fmt_bytes((hw.get('disk') or {}).get('total_bytes'))}"),
+        ("OS", f"{(sw.get('os') or {}).get('distro') or (sw.get('os') or {}).get('system')} "
+               f"kernel {(sw.get('os') or {}).get('release')}"),
+        ("Python", str((sw.get("python") or {}).get("version"))),
+        ("NVIDIA driver / CUDA", f"{nvidia.get('driver_version') or 'none'} / "
+                                 f"{nvidia.get('cuda_driver_version') or 'none'}"),
+    ]
+    rows += [(name, str(version or "not installed")) for name, version in pkgs.items()]
+    rows.append(("git", f"{git.get('commit') or 'not a git repository'}"
+                        f"{' (dirty)' if git.get('dirty') else ''}"))
+    if code.get("target"):
+        rows.append(("target code", json.dumps(code["target"], sort_keys=True)))
+    return rows
+
+
+@click.command()
+@click.argument("experiment", required=False, type=EXPERIMENT_PATH)
+@click.option("--json", "as_json", is_flag=True, help="Print the fingerprint as JSON.")
+def env(experiment: str | None, as_json: bool) -> None:
+    """Fingerprint this machine: hardware, software, versions, and code identity.
+
+    With EXPERIMENT, also the code identity of that experiment's target.
+    """
+    from optlab.environment import collect_fingerprint, material_hash
+    from optlab.fingerprint import code_section
+
+    fp = collect_fingerprint(data_dir=Path.cwd(), repo_dir=Path.cwd())
+    fp["code"] = code_section(Path(experiment) if experiment else None)
+    fp["material_hash"] = material_hash(fp)
+    if as_json:
+        click.echo(json.dumps(fp, indent=2, sort_keys=True))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(show_header=False, box=None)
+    for key, value in _rows(fp):
+        table.add_row(f"[bold]{key}[/bold]", value)
+    console = Console()
+    console.print(table)
+    for warning in fp.get("warnings", []):
+        console.print(f"[yellow]warning:[/yellow] {warning}")

@@ -1,0 +1,81 @@
+"""The `optlab` command group, and the ONE place where errors become messages and exit codes."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import Any
+
+import click
+
+from optlab import __version__
+from optlab.errors import OptlabError
+
+EXIT_UNEXPECTED = 1
+EXIT_INTERRUPTED = 130
+
+
+class OptlabGroup(click.Group):
+    """Renders OptlabError (exit 2 by default), Ctrl-C and unexpected failures (exit 1)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except OptlabError as exc:
+            click.secho(f"optlab: {exc.message}", err=True, fg="red")
+            if exc.hint:
+                click.echo(f"hint: {exc.hint}", err=True)
+            ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("optlab: interrupted; nothing further was written", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as exc:
+            click.secho(f"optlab: unexpected error: {type(exc).__name__}: {exc}", err=True, fg="red")
+            if os.environ.get("OPTLAB_DEBUG"):
+                traceback.print_exc()
+            else:
+                click.echo("hint: set OPTLAB_DEBUG=1 for the traceback, and report it", err=True)
+            ctx.exit(EXIT_UNEXPECTED)
+
+
+@click.group(cls=OptlabGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="optlab")
+@click.option(
+    "--db",
+    "db_url",
+    envvar="OPTLAB_DB",
+    default=None,
+    metavar="URL",
+    help="SQLAlchemy database URL [env OPTLAB_DB; default sqlite:///.optlab/optlab.db].",
+)
+@click.pass_context
+def cli(ctx: click.Context, db_url: str | None) -> None:
+    """optlab: measure serving optimisations one variable at a time.
+
+    Experiments are YAML files: a baseline with the full config, then steps that
+    each change ONE knob against their parent's stored config.
+    """
+    ctx.obj = {"db_url": db_url}
+
+
+def _register() -> None:
+    from optlab.cli import db, env, experiments
+
+    cli.add_command(env.env)
+    cli.add_command(experiments.diff)
+    cli.add_command(experiments.split)
+    cli.add_command(db.db)
+
+
+_register()
+
+
+def main() -> None:
+    cli.main(prog_name="optlab")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""The one error hierarchy. Library code raises these; the CLI renders them in one place."""
+
+from __future__ import annotations
+
+
+class OptlabError(Exception):
+    """A problem the user can fix. `hint` says how; `exit_code` is what the CLI returns."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        if self.hint:
+            return f"{self.message}\nhint: {self.hint}"
+        return self.message
+
+
+class ConfigError(OptlabError):
+    """An experiment file is missing, unreadable or invalid."""
+
+
+class RefusedError(OptlabError):
+    """The plan was refused: more than one variable, a hidden-variable change, an edited config."""
+
+
+class StoreError(OptlabError):
+    """The database cannot be used as it is (wrong schema version, unreachable)."""
+
+
+class NotFoundError(OptlabError):
+    """A named experiment, run or file does not exist."""

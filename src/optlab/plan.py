@@ -1,0 +1,194 @@
+"""The one-variable rule: a step's resolved config against its parent's, as a Plan or a refusal."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from optlab.config.models import BASELINE_ONLY_KEYS
+from optlab.config.source import SourceFile
+from optlab.errors import RefusedError
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "(absent)"
+
+
+ABSENT: Any = _Absent()
+
+
+@dataclass(frozen=True)
+class PathChange:
+    """One leaf that differs: `knobs.batching.max_batch_size`, old -> new."""
+
+    path: str
+    old: Any
+    new: Any
+
+
+@dataclass(frozen=True)
+class VariableChange:
+    """One variable (a top-level knob) and every field of it that changed."""
+
+    name: str
+    old: Any
+    new: Any
+    fields: tuple[PathChange, ...]
+
+    def describe(self) -> str:
+        return f"{self.name}: {render_value(self.old)} -> {render_value(self.new)}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run of this experiment will measure, and the one thing it changes."""
+
+    experiment: str
+    parent: str | None
+    config: dict[str, Any]
+    config_hash: str
+    variable: VariableChange | None  # None for a baseline, or a declared repeat
+    repeat: bool = False
+
+
+def render_value(value: Any) -> str:
+    """Compact, YAML-like: what the user wrote, not Python's repr."""
+    if value is ABSENT:
+        return "(absent)"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {render_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(render_value(v) for v in value) + "]"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def diff_values(old: Any, new: Any, prefix: str = "") -> list[PathChange]:
+    """Every leaf path where `old` and `new` differ; mappings are compared key by key."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        changes: list[PathChange] = []
+        for key in [*old, *(k for k in new if k not in old)]:
+            path = f"{prefix}.{key}" if prefix else str(key)
+            changes += diff_values(old.get(key, ABSENT), new.get(key, ABSENT), path)
+        return changes
+    if old == new and type(old) is type(new):
+        return []
+    return [PathChange(prefix, old, new)]
+
+
+def group_by_variable(old_knobs: dict[str, Any], new_knobs: dict[str, Any]) -> list[VariableChange]:
+    """Knob diffs grouped by top-level knob: fields of one group change together as one."""
+    groups: dict[str, list[PathChange]] = {}
+    for change in diff_values(old_knobs, new_knobs):
+        groups.setdefault(change.path.split(".")[0], []).append(change)
+    return [
+        VariableChange(
+            name, old_knobs.get(name, ABSENT), new_knobs.get(name, ABSENT), tuple(fields)
+        )
+        for name, fields in groups.items()
+    ]
+
+
+def check_change_keys(change: dict[str, Any], source: SourceFile) -> None:
+    """Refuse a step that touches what defines a baseline (target, workload, protocol, SLO)."""
+    touched = [k for k in change if k in BASELINE_ONLY_KEYS]
+    if touched:
+        names = ", ".join(touched)
+        raise RefusedError(
+            f"{source.where(('change', touched[0]))}: refused: the change sets {names}. "
+            f"{names} define what is measured and how, so a step may not change them: "
+            "results measured under a different target, workload, protocol or SLO are not "
+            "comparable with the parent's",
+            hint="start a new baseline: copy the parent's config into a file without `parent`, "
+            f"with a new `name`, and set {names} there; then build the steps on it",
+        )
+
+
+def plan_step(
+    *,
+    name: str,
+    parent: str,
+    parent_config: dict[str, Any],
+    config: dict[str, Any],
+    config_hash: str,
+    change: dict[str, Any],
+    repeat: bool,
+    source: SourceFile,
+) -> Plan:
+    """Allow exactly one changed variable; refuse with everything the user needs to fix it."""
+    hidden = [
+        c
+        for section in BASELINE_ONLY_KEYS
+        for c in diff_values(parent_config.get(section), config.get(section), section)
+    ]
+    if hidden:
+        raise RefusedError(
+            f"{source.path}: refused: {name!r} differs from {parent!r} outside the knobs: "
+            + "; ".join(f"{c.path}: {render_value(c.old)} -> {render_value(c.new)}" for c in hidden),
+            hint="these define a baseline; start a new baseline with a new name",
+        )
+    variables = group_by_variable(parent_config["knobs"], config["knobs"])
+    if not variables:
+        if repeat:
+            return Plan(name, parent, config, config_hash, None, repeat=True)
+        same = ", ".join(change) if change else "nothing"
+        raise RefusedError(
+            f"{source.path}: refused: {name!r} changes no variable against {parent!r} "
+            f"(its change sets {same}, which the parent already has)",
+            hint="change one knob, or add `repeat: true` to the file to measure the parent's "
+            "config again on purpose",
+        )
+    if len(variables) > 1:
+        listing = "\n".join("  " + v.describe() for v in variables)
+        proposal = "\n".join(
+            f"  {f.filename}: name {f.name}, parent {f.parent}, change {render_value(f.change)}"
+            for f in propose_split(name, parent, source, variables, change)
+        )
+        raise RefusedError(
+            f"{source.path}: refused: {name!r} changes {len(variables)} variables against "
+            f"{parent!r}; optlab measures one at a time:\n{listing}",
+            hint=f"split it into a chain of one-variable steps; `optlab split {source.path}` "
+            f"writes these files:\n{proposal}",
+        )
+    if repeat:
+        raise RefusedError(
+            f"{source.path}: refused: `repeat: true` but the change sets "
+            f"{variables[0].describe()}",
+            hint="remove `repeat: true` (it is only for measuring the parent's config again)",
+        )
+    return Plan(name, parent, config, config_hash, variables[0])
+
+
+@dataclass(frozen=True)
+class SplitFile:
+    filename: str
+    name: str
+    parent: str
+    change: dict[str, Any]
+
+
+def propose_split(
+    name: str,
+    parent: str,
+    source: SourceFile,
+    variables: Iterable[VariableChange],
+    change: dict[str, Any],
+) -> list[SplitFile]:
+    """One file per variable, in the order the change lists them. The last keeps the
+    original name, so steps that already name this experiment as parent still resolve."""
+    ordered = sorted(variables, key=lambda v: list(change).index(v.name) if v.name in change else 0)
+    files: list[SplitFile] = []
+    previous = parent
+    stem = source.path.stem
+    for index, variable in enumerate(ordered):
+        last = index == len(ordered) - 1
+        step_name = name if last else f"{name}-{variable.name}"
+        filename = source.path.name if last else f"{stem}-{variable.name}{source.path.suffix}"
+        files.append(SplitFile(filename, step_name, previous, {variable.name: change[variable.name]}))
+        previous = step_name
+    return files

@@ -1,0 +1,1 @@
+"""Targets: what is measured (built-in pipeline, Python factory, command, HTTP service)."""

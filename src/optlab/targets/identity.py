@@ -1,0 +1,98 @@
+"""The code identity of a target: what changes when the code under test changes.
+
+It is scoped to the target itself (its module sources, its command's files, the
+built-in pipeline's files), so that committing unrelated work or adding an
+experiment file never makes earlier runs incomparable, while editing the code
+under test does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import optlab
+from optlab.targets.references import module_origin
+
+_SKIP_DIRS = {"__pycache__", ".git", ".ipynb_checkpoints"}
+_CODE_SUFFIXES = {".py"}
+
+
+def hash_files(paths: Iterable[Path], root: Path | None = None) -> str:
+    """sha256 over (relative name, bytes) of each file, in a stable order."""
+    digest = hashlib.sha256()
+    for path in sorted(set(paths)):
+        name = path.relative_to(root) if root is not None else Path(path.name)
+        digest.update(str(name).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _tree(folder: Path, suffixes: set[str] | None) -> list[Path]:
+    return [
+        p
+        for p in folder.rglob("*")
+        if p.is_file()
+        and not (_SKIP_DIRS & set(p.relative_to(folder).parts))
+        and (suffixes is None or p.suffix in suffixes)
+    ]
+
+
+def source_hash(origin: Path) -> str:
+    if origin.is_dir():
+        return hash_files(_tree(origin, _CODE_SUFFIXES), origin)
+    return hash_files([origin])
+
+
+def _builtin_identity() -> dict[str, Any]:
+    folder = Path(optlab.__file__).parent / "targets" / "builtin"
+    files = _tree(folder, None) if folder.is_dir() else []
+    return {
+        "kind": "builtin",
+        "optlab": optlab.__version__,
+        "files_sha256": hash_files(files, folder) if files else None,
+    }
+
+
+def _python_identity(target: dict[str, Any], paths: Sequence[Path]) -> dict[str, Any]:
+    modules: dict[str, str | None] = {}
+    for field in ("factory", "inputs", "knobs_model"):
+        reference = target.get(field)
+        if reference:
+            module = reference.split(":")[0]
+            origin = module_origin(module, paths)
+            modules[module] = source_hash(origin) if origin is not None else None
+    return {"kind": "python", "declared": target.get("code_version"), "modules": modules}
+
+
+def _command_identity(target: dict[str, Any], paths: Sequence[Path]) -> dict[str, Any]:
+    files: dict[str, str] = {}
+    command = list(target.get("command", []))
+    if command:
+        executable = shutil.which(command[0])
+        if executable:
+            files[command[0]] = hash_files([Path(executable)])
+    for arg in command[1:]:
+        # Arguments that name files next to the experiment (a server script, a model) are code.
+        for base in paths:
+            candidate = base / arg
+            if candidate.is_file():
+                files[arg] = hash_files([candidate])
+                break
+    return {"kind": "command", "declared": target.get("code_version"), "files": files}
+
+
+def code_identity(target: dict[str, Any], paths: Sequence[Path]) -> dict[str, Any]:
+    """A JSON-able identity of the target's code; equal identities mean the same code."""
+    kind = target.get("kind")
+    if kind == "builtin":
+        return _builtin_identity()
+    if kind == "python":
+        return _python_identity(target, paths)
+    if kind == "command":
+        return _command_identity(target, paths)
+    # An HTTP service's code is out of sight; only what the user declares can identify it.
+    return {"kind": kind, "declared": target.get("code_version")}
