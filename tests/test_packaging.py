@@ -1,0 +1,94 @@
+"""The wheel ships the migrations, so `optlab db upgrade` works after a non-editable install."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(out),
+            str(REPO),
+        ],
+        check=True,
+        timeout=300,
+    )
+    (found,) = out.glob("optlab-*.whl")
+    return found
+
+
+def test_wheel_contains_migrations(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "optlab/_migrations/env.py" in names
+    assert "optlab/_migrations/script.py.mako" in names
+    assert any(n.startswith("optlab/_migrations/versions/0001") for n in names)
+    assert "optlab/cli/main.py" in names
+
+
+def test_installed_wheel_upgrades_a_database(wheel: Path, tmp_path: Path) -> None:
+    target = tmp_path / "site"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+        timeout=300,
+    )
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    # PYTHONPATH puts the installed copy ahead of the editable checkout.
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    env.pop("OPTLAB_DB", None)
+
+    def optlab(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "optlab", *args],
+            cwd=workdir,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    where = subprocess.run(
+        [sys.executable, "-c", "import optlab.store as s; print(s.migrations_dir())"],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert where.stdout.strip().startswith(str(target))
+    upgraded = optlab("db", "upgrade")
+    assert upgraded.returncode == 0, upgraded.stderr
+    assert "upgraded database from empty" in upgraded.stdout
+    assert (workdir / ".optlab" / "optlab.db").exists()
+    current = optlab("db", "current")
+    assert current.returncode == 0 and "up to date" in current.stdout
