@@ -331,3 +331,14 @@ def test_provenance_for_a_missing_directory_is_none(tmp_path: Path) -> None:
         "dirty": None,
         "branch": None,
     }
+
+
+def test_performance_environment_variables_are_material(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = collect_fingerprint()
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    after = collect_fingerprint()
+    assert after["software"]["env"]["OMP_NUM_THREADS"] == "3"
+    comparison = compare_fingerprints(before, after)
+    assert not comparison.comparable
+    assert [d.path for d in comparison.material] == ["software.env.OMP_NUM_THREADS"]

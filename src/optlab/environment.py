@@ -51,6 +51,21 @@ _IMMATERIAL_PREFIXES: frozenset[str] = frozenset(
     }
 )
 
+# Variables that change thread pools, kernels or visible devices: as material as a library version.
+PERFORMANCE_ENV_VARS = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "OPENBLAS_CORETYPE",
+    "OPENBLAS_L2_SIZE",
+    "KMP_AFFINITY",
+    "OMP_PROC_BIND",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_LAUNCH_BLOCKING",
+    "NVIDIA_TF32_OVERRIDE",
+    "PYTORCH_CUDA_ALLOC_CONF",
+)
+
 # Short: provenance is a nicety, and a hung git (network filesystem, lock) must not stall a run.
 _GIT_TIMEOUT_S = 5.0
 
@@ -430,6 +445,7 @@ def collect_fingerprint(
                 "executable": sys.executable,
             },
             "nvidia": nvidia,
+            "env": {k: os.environ[k] for k in PERFORMANCE_ENV_VARS if k in os.environ},
             "packages": {
                 "torch": torch_version,
                 "torch_cuda": _torch_cuda(torch_version),
