@@ -1,0 +1,291 @@
+"""Engines, the Alembic migrations, and the schema check run on every open.
+
+A database is usable only at the schema head this optlab ships. Anything else is refused
+with a message that says what to do, in the manner of mlflow's `_verify_schema`: silently
+writing to an old or foreign schema would corrupt results that cannot be re-measured.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import os
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+
+from optlab.errors import StoreError
+from optlab.store.records import SchemaStatus
+
+ENV_VAR = "OPTLAB_DB"
+VERSION_TABLE = "alembic_version"
+# Long enough to ride out another process's write transaction (a runner storing a
+# finished run) instead of failing with "database is locked".
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+# An arbitrary constant that names optlab's schema lock among PostgreSQL advisory locks.
+_PG_LOCK_KEY = 0x6F70746C6162  # "optlab"
+
+
+def default_url() -> str:
+    """`OPTLAB_DB` if set, else a SQLite file under the current directory."""
+    url = os.environ.get(ENV_VAR)
+    if url:
+        return url
+    return f"sqlite:///{Path.cwd() / '.optlab' / 'optlab.db'}"
+
+
+def masked(url: str | URL) -> str:
+    """The URL with any password hidden, safe for messages and logs."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<unparseable database URL>"
+
+
+def migrations_dir() -> Path:
+    """The Alembic script directory: shipped in the wheel, or the repository's top level."""
+    packaged = importlib.resources.files("optlab") / "_migrations"
+    if packaged.is_dir():
+        return Path(str(packaged))
+    # src layout: src/optlab/store/database.py -> parents[3] is the repository root.
+    checkout = Path(__file__).resolve().parents[3] / "migrations"
+    if checkout.is_dir():
+        return checkout
+    raise StoreError(
+        f"optlab's database migrations are missing (looked for {packaged} and {checkout})",
+        hint="reinstall optlab; a wheel must contain optlab/_migrations",
+    )
+
+
+def _sqlite_file(url: URL) -> Path | None:
+    """The file behind a SQLite URL, or None for in-memory and URI-style databases."""
+    if url.get_backend_name() != "sqlite":
+        return None
+    database = url.database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return Path(database)
+
+
+def _set_sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    # Take transaction control away from the sqlite3 module (it never wraps DDL in a
+    # transaction, and begins late); `_begin_sqlite` starts transactions instead.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        # The busy timeout makes concurrent writers (and the switch to WAL) wait instead of
+        # failing; WAL lets reports read while a runner writes; SQLite ignores foreign
+        # keys unless asked.
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+    finally:
+        cursor.close()
+
+
+def _begin_sqlite(connection: Connection) -> None:
+    # IMMEDIATE takes the write lock up front, so a transaction that reads and then writes
+    # waits for other writers (busy timeout) instead of failing on a stale WAL snapshot.
+    # Every optlab transaction is short, and WAL readers outside optlab are not blocked.
+    # Being a real transaction, it also makes a failed migration roll back completely.
+    connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def make_engine(url: str, *, create_dirs: bool = True) -> Engine:
+    """An engine with optlab's connection settings; raises StoreError for a bad URL."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise StoreError(
+            f"cannot parse database URL {masked(url)!r}: {exc}",
+            hint="use a SQLAlchemy URL such as sqlite:///path/optlab.db or "
+            "postgresql+psycopg://user@host/dbname",
+        ) from exc
+    path = _sqlite_file(parsed)
+    if path is not None and create_dirs:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(
+                f"cannot create the directory for database {masked(parsed)}: {exc}",
+                hint=f"choose a writable location with --db or {ENV_VAR}",
+            ) from exc
+    try:
+        # pre_ping: a runner holds its engine for a 15-minute measurement; a server-side
+        # idle timeout must not turn the final write into an error.
+        engine = create_engine(parsed, pool_pre_ping=parsed.get_backend_name() != "sqlite")
+    except (NoSuchModuleError, ImportError) as exc:
+        raise StoreError(
+            f"no database driver for {masked(parsed)}: {exc}",
+            hint="for PostgreSQL install the driver: pip install 'optlab[postgres]' and use "
+            "a postgresql+psycopg:// URL",
+        ) from exc
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", _set_sqlite_pragmas)
+        event.listen(engine, "begin", _begin_sqlite)
+    return engine
+
+
+def _first_line(exc: Exception) -> str:
+    # The driver's own message, without SQLAlchemy's SQL echo and background link.
+    lines = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def unreachable(url: str | URL, exc: Exception) -> StoreError:
+    return StoreError(
+        f"cannot open database {masked(url)}: {_first_line(exc)}",
+        hint=f"check the --db URL or {ENV_VAR}, that the server is running and reachable, "
+        "and that the user may connect",
+    )
+
+
+def _upgrade_hint(url: URL) -> str:
+    if url.get_backend_name() == "sqlite":
+        backup = "copy the .db file together with any -wal and -shm files next to it"
+    else:
+        backup = "for PostgreSQL, pg_dump the database"
+    return f"run `optlab db upgrade` (back up first: {backup})"
+
+
+def alembic_config(connection: Connection) -> Config:
+    """An Alembic config that runs migrations on `connection` (see migrations/env.py)."""
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir()))
+    config.set_main_option("path_separator", "os")
+    config.attributes["connection"] = connection
+    return config
+
+
+def head_revision() -> str:
+    head = ScriptDirectory(str(migrations_dir())).get_current_head()
+    if head is None:
+        raise StoreError("optlab ships no database migrations", hint="reinstall optlab")
+    return head
+
+
+def _known_revisions() -> set[str]:
+    script = ScriptDirectory(str(migrations_dir()))
+    return {rev.revision for rev in script.walk_revisions()}
+
+
+def _revision(connection: Connection) -> str | None:
+    return MigrationContext.configure(connection).get_current_revision()
+
+
+def _refuse_foreign(url: str | URL, connection: Connection) -> None:
+    """Refuse a database that holds tables but was never stamped by Alembic."""
+    tables = [name for name in inspect(connection).get_table_names() if name != VERSION_TABLE]
+    if tables:
+        shown = ", ".join(sorted(tables)[:5])
+        raise StoreError(
+            f"database {masked(url)} is not an optlab database "
+            f"(it has tables {shown} but no schema version)",
+            hint=f"point --db or {ENV_VAR} at a new file or an empty database",
+        )
+
+
+def _refuse_newer(url: str | URL, revision: str) -> None:
+    if revision not in _known_revisions():
+        raise StoreError(
+            f"database {masked(url)} is at schema revision {revision}, which this optlab does "
+            f"not know: it was written by a newer optlab (this one goes up to {head_revision()})",
+            hint="upgrade optlab (pip install -U optlab) to use this database",
+        )
+
+
+def _serialize_schema_changes(connection: Connection) -> None:
+    """Make concurrent first opens take turns, so only one of them creates the tables.
+
+    SQLite already does (BEGIN IMMEDIATE); PostgreSQL needs a lock held to the end of the
+    transaction.
+    """
+    if connection.dialect.name == "postgresql":
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_LOCK_KEY})
+
+
+def _upgrade_connection(connection: Connection) -> None:
+    command.upgrade(alembic_config(connection), "head")
+
+
+def verify_or_create(engine: Engine) -> None:
+    """Create an empty database at head, accept one at head, refuse everything else."""
+    url = engine.url
+    head = head_revision()
+    try:
+        with engine.begin() as connection:
+            _serialize_schema_changes(connection)
+            revision = _revision(connection)
+            if revision is None:
+                _refuse_foreign(url, connection)
+                # Upgrading (not create_all) stamps the new database with its revision.
+                _upgrade_connection(connection)
+                return
+    except StoreError:
+        raise
+    except SQLAlchemyError as exc:
+        raise unreachable(url, exc) from exc
+    if revision == head:
+        return
+    _refuse_newer(url, revision)
+    raise StoreError(
+        f"database {masked(url)} is at schema revision {revision}, this optlab needs {head}",
+        hint=_upgrade_hint(url),
+    )
+
+
+def upgrade(url: str | None = None) -> tuple[str | None, str]:
+    """Migrate the database to head; returns (revision before, revision after)."""
+    url = url or default_url()
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            _serialize_schema_changes(connection)
+            before = _revision(connection)
+            if before is None:
+                _refuse_foreign(url, connection)
+            else:
+                _refuse_newer(url, before)
+            _upgrade_connection(connection)
+            after = _revision(connection)
+    except StoreError:
+        raise
+    except SQLAlchemyError as exc:
+        # One transaction: PostgreSQL and optlab's SQLite engines roll all of it back.
+        raise StoreError(
+            f"cannot upgrade database {masked(url)}: {_first_line(exc)}",
+            hint="nothing was changed; check that the database is reachable and that the "
+            "user may alter tables, then run `optlab db upgrade` again",
+        ) from exc
+    finally:
+        engine.dispose()
+    if after is None:  # pragma: no cover - Alembic always stamps after an upgrade
+        raise StoreError(f"upgrading {masked(url)} left no schema revision")
+    return before, after
+
+
+def current(url: str | None = None) -> SchemaStatus:
+    """Where the database stands; reads only, and works on any revision."""
+    url = url or default_url()
+    head = head_revision()
+    engine = make_engine(url, create_dirs=False)
+    path = _sqlite_file(engine.url)
+    if path is not None and not path.exists():
+        # Looking must not create an empty file as a side effect.
+        engine.dispose()
+        return SchemaStatus(url=masked(url), revision=None, head=head, up_to_date=False)
+    try:
+        with engine.connect() as connection:
+            revision = _revision(connection)
+    except SQLAlchemyError as exc:
+        raise unreachable(url, exc) from exc
+    finally:
+        engine.dispose()
+    return SchemaStatus(url=masked(url), revision=revision, head=head, up_to_date=revision == head)

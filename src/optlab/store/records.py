@@ -1,0 +1,173 @@
+"""Plain, frozen records that cross the `optlab.store` boundary in both directions.
+
+Callers hand these in and get these back; SQLAlchemy rows stay inside the store so that no
+caller can trigger lazy loads on a closed session or write to the database by accident.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+
+class RunStatus(StrEnum):
+    RUNNING = "RUNNING"
+    FINISHED = "FINISHED"
+    FAILED = "FAILED"
+    KILLED = "KILLED"
+    # Set by `mark_crashed` for runs whose process stopped sending heartbeats.
+    CRASHED = "CRASHED"
+
+
+TERMINAL_STATUSES = frozenset(
+    {RunStatus.FINISHED, RunStatus.FAILED, RunStatus.KILLED, RunStatus.CRASHED}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredConfig:
+    id: int
+    experiment: str
+    config: dict[str, Any]
+    config_hash: str
+    change: dict[str, Any] | None
+    variable: str | None
+    parent_config_hash: str | None
+    source_path: str
+    source_hash: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ExperimentRecord:
+    name: str
+    kind: str
+    parent: str | None
+    description: str | None
+    hypothesis: str | None
+    current_config: StoredConfig | None
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class EnvironmentRecord:
+    id: int
+    fingerprint: dict[str, Any]
+    fingerprint_hash: str
+    material_hash: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    id: int
+    experiment: str
+    config_id: int
+    config_hash: str
+    environment_id: int | None
+    status: str
+    protocol_name: str
+    protocol: dict[str, Any]
+    provisional: bool
+    repeat: bool
+    code_identity: dict[str, Any]
+    git_commit: str | None
+    git_dirty: bool | None
+    hostname: str
+    pid: int
+    started_at: datetime
+    heartbeat_at: datetime
+    finished_at: datetime | None
+    warmup_s: float | None
+    duration_s: float | None
+    valid: bool | None
+    reasons: tuple[str, ...]
+    requests: int | None
+    errors: int | None
+    qps: float | None
+    summary: dict[str, Any] | None
+    error_message: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StageStatsRow:
+    """Latency of one stage in one phase; percentiles are None when `count` is 0."""
+
+    stage: str
+    phase: str
+    count: int
+    histogram: str
+    min_ms: float | None = None
+    mean_ms: float | None = None
+    stddev_ms: float | None = None
+    p50_ms: float | None = None
+    p90_ms: float | None = None
+    p95_ms: float | None = None
+    p99_ms: float | None = None
+    p999_ms: float | None = None
+    max_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WindowStats:
+    """One second of a run; latency fields are None for a second where nothing completed."""
+
+    phase: str
+    t_s: int
+    completed: int
+    errors: int
+    qps: float
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    send_lag_p99_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One GPU at one instant. None means "not readable here", never zero."""
+
+    index: int
+    util_pct: float | None = None
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+    sm_clock_mhz: float | None = None
+    throttle_reasons: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceSample:
+    """Machine and process resources at one instant. None means "not readable here"."""
+
+    phase: str
+    t_s: float
+    cpu_process_pct: float | None = None
+    cpu_system_pct: float | None = None
+    cpu_per_core: tuple[float, ...] | None = None
+    rss_bytes: int | None = None
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+    iowait_pct: float | None = None
+    # None: no GPU telemetry at all; an empty tuple: telemetry works and there are no GPUs.
+    gpus: tuple[GpuSample, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunErrorCount:
+    """How often one kind of error happened in a run, with one example message."""
+
+    error_type: str
+    count: int
+    example: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaStatus:
+    url: str  # password masked
+    revision: str | None  # None: an empty database
+    head: str
+    up_to_date: bool

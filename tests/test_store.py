@@ -1,0 +1,722 @@
+"""Store tests against real databases: SQLite always, PostgreSQL when
+OPTLAB_TEST_POSTGRES_URL names a server (each test gets a database of its own there).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import create_engine, delete, inspect, select, text, update
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError
+
+from optlab.errors import NotFoundError, StoreError
+from optlab.store import (
+    GpuSample,
+    ResourceSample,
+    RunErrorCount,
+    RunStatus,
+    StageStatsRow,
+    Store,
+    WindowStats,
+    current,
+    default_url,
+    migrations_dir,
+    upgrade,
+)
+from optlab.store.database import head_revision, make_engine
+from optlab.store.models import SqlExperiment, SqlRun, SqlStageStats, metadata
+
+POSTGRES_ENV = "OPTLAB_TEST_POSTGRES_URL"
+MEASUREMENT_TABLES = {"stage_stats", "run_windows", "resource_samples", "run_errors"}
+CORE_TABLES = {"experiments", "experiment_configs", "environments", "runs"}
+
+
+# -- fixtures -------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'nested' / 'optlab.db'}"
+        return
+    base = os.environ.get(POSTGRES_ENV)
+    if not base:
+        pytest.skip(f"set {POSTGRES_ENV} to a PostgreSQL URL to run the PostgreSQL variant")
+    # A fresh database per test: tests stay independent and never see each other's schema.
+    name = f"optlab_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as connection:
+            connection.execute(text(f'CREATE DATABASE "{name}"'))
+        yield make_url(base).set(database=name).render_as_string(hide_password=False)
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        admin.dispose()
+
+
+@pytest.fixture
+def store(db_url: str) -> Iterator[Store]:
+    with Store.open(db_url) as opened:
+        yield opened
+
+
+def alembic_cfg(url: str) -> Config:
+    """Alembic driven by URL, the way a developer's `alembic` command runs env.py."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir()))
+    cfg.set_main_option("path_separator", "os")
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def table_names(url: str) -> set[str]:
+    engine = make_engine(url)
+    try:
+        with engine.connect() as connection:
+            return set(inspect(connection).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def execute(url: str, sql: str, **params: object) -> None:
+    engine = make_engine(url)  # creates the SQLite file's folder, like Store.open
+    try:
+        with engine.begin() as connection:
+            connection.execute(text(sql), params)
+    finally:
+        engine.dispose()
+
+
+def save_baseline(store: Store, name: str = "baseline", config_hash: str = "a" * 64) -> int:
+    saved = store.save_config(
+        name=name,
+        kind="baseline",
+        parent=None,
+        description="reference classifier",
+        hypothesis=None,
+        config={"knobs": {"precision": "fp32", "threads": 2}, "protocol": {"name": "quick"}},
+        config_hash=config_hash,
+        change=None,
+        variable=None,
+        parent_config_hash=None,
+        source_path="experiments/baseline.yaml",
+        source_hash="b" * 64,
+    )
+    return saved.id
+
+
+def start_run(store: Store, experiment: str = "baseline", **overrides: object) -> int:
+    arguments: dict[str, object] = {
+        "experiment": experiment,
+        "protocol_name": "quick",
+        "protocol": {"name": "quick", "duration_s": 5},
+        "provisional": True,
+        "environment_id": None,
+        "code_identity": {"target": "builtin:image-classifier"},
+        "git_commit": "0123abc",
+        "git_dirty": False,
+    }
+    arguments.update(overrides)
+    return store.create_run(**arguments)  # type: ignore[arg-type]
+
+
+def run_threads(threads: list[threading.Thread], timeout_s: float = 120) -> None:
+    """Start and join; a deadlock fails the test instead of hanging the suite."""
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout_s)
+        assert not thread.is_alive(), "a thread is still running: deadlock?"
+
+
+# -- schema lifecycle -----------------------------------------------------------------
+
+
+def test_new_database_is_created_at_head(db_url: str) -> None:
+    with Store.open(db_url):
+        pass
+    status = current(db_url)
+    assert status.revision == head_revision() == "0002_measurements"
+    assert status.up_to_date
+    assert CORE_TABLES | MEASUREMENT_TABLES | {"alembic_version"} <= table_names(db_url)
+
+
+def test_sqlite_gets_wal_foreign_keys_and_busy_timeout(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "er" / "optlab.db"
+    with Store.open(f"sqlite:///{path}") as store, store.engine.connect() as connection:
+        assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert connection.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+        assert connection.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30_000
+    assert path.exists()
+    # WAL is a property of the file: a plain sqlite3 connection sees it too.
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def test_models_and_migrations_agree(store: Store) -> None:
+    with store.engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        assert compare_metadata(context, metadata) == []
+
+
+def test_every_constraint_and_index_is_named(store: Store) -> None:
+    with store.engine.connect() as connection:
+        inspector = inspect(connection)
+        for table in CORE_TABLES | MEASUREMENT_TABLES:
+            assert inspector.get_pk_constraint(table)["name"] == f"pk_{table}"
+            for foreign_key in inspector.get_foreign_keys(table):
+                assert str(foreign_key["name"]).startswith(f"fk_{table}_")
+            for unique in inspector.get_unique_constraints(table):
+                assert str(unique["name"]).startswith(f"uq_{table}_")
+            for check in inspector.get_check_constraints(table):
+                assert str(check["name"]).startswith(f"ck_{table}_")
+            for index in inspector.get_indexes(table):
+                # PostgreSQL also lists the index behind each unique constraint.
+                assert str(index["name"]).startswith((f"ix_{table}_", f"uq_{table}_"))
+        foreign_keys = {fk["name"] for fk in inspector.get_foreign_keys("experiments")}
+        assert "fk_experiments_current_config_id_experiment_configs" in foreign_keys
+
+
+def test_downgrade_to_base_and_up_again(db_url: str) -> None:
+    with Store.open(db_url) as store:
+        save_baseline(store)
+        start_run(store)
+    cfg = alembic_cfg(db_url)
+    command.downgrade(cfg, "base")
+    assert table_names(db_url) <= {"alembic_version"}
+    command.upgrade(cfg, "head")
+    with Store.open(db_url) as store:
+        assert store.get_experiment("baseline") is None
+
+
+def test_older_revision_is_refused_until_upgraded(db_url: str) -> None:
+    command.upgrade(alembic_cfg(db_url), "0001_initial")
+    assert not MEASUREMENT_TABLES & table_names(db_url)
+    execute(
+        db_url,
+        "INSERT INTO experiments (name, kind, description, created_at, updated_at) "
+        "VALUES ('old-baseline', 'baseline', 'from 0001', :t, :t)",
+        t="2024-05-01 12:00:00.000000",
+    )
+
+    with pytest.raises(StoreError) as refused:
+        Store.open(db_url)
+    assert "schema revision 0001_initial, this optlab needs 0002_measurements" in str(refused.value)
+    assert refused.value.hint is not None and "optlab db upgrade" in refused.value.hint
+    assert current(db_url).revision == "0001_initial"
+    assert not current(db_url).up_to_date
+
+    assert upgrade(db_url) == ("0001_initial", "0002_measurements")
+    with Store.open(db_url) as store:
+        survivor = store.get_experiment("old-baseline")
+        assert survivor is not None
+        assert survivor.description == "from 0001"
+        assert survivor.created_at.tzinfo is not None
+    assert upgrade(db_url) == ("0002_measurements", "0002_measurements")
+
+
+def test_newer_revision_is_refused(db_url: str) -> None:
+    Store.open(db_url).close()
+    execute(db_url, "UPDATE alembic_version SET version_num = '9999_future'")
+    with pytest.raises(StoreError) as refused:
+        Store.open(db_url)
+    assert "newer optlab" in str(refused.value)
+    assert refused.value.hint is not None and "upgrade optlab" in refused.value.hint
+    with pytest.raises(StoreError, match="newer optlab"):
+        upgrade(db_url)
+    status = current(db_url)
+    assert status.revision == "9999_future" and not status.up_to_date
+
+
+def test_foreign_database_is_refused(db_url: str) -> None:
+    execute(db_url, "CREATE TABLE invoices (id INTEGER PRIMARY KEY, total INTEGER)")
+    with pytest.raises(StoreError, match="not an optlab database"):
+        Store.open(db_url)
+    with pytest.raises(StoreError, match="not an optlab database"):
+        upgrade(db_url)
+    assert "experiments" not in table_names(db_url)
+
+
+def test_foreign_sqlite_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "other.db"
+    with sqlite3.connect(path) as raw:
+        raw.execute("CREATE TABLE notes (body TEXT)")
+    with pytest.raises(StoreError, match="not an optlab database") as refused:
+        Store.open(f"sqlite:///{path}")
+    assert refused.value.hint is not None
+
+
+def test_unreachable_server_names_url_without_password() -> None:
+    url = "postgresql+psycopg://optlab:s3cret@127.0.0.1:1/optlab"
+    with pytest.raises(StoreError) as refused:
+        Store.open(url)
+    message = str(refused.value)
+    assert "127.0.0.1:1/optlab" in message and "***" in message
+    assert "s3cret" not in message
+    assert refused.value.hint is not None
+
+
+def test_unusable_sqlite_path_is_a_store_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(StoreError, match="cannot create the directory"):
+        Store.open(f"sqlite:///{blocker / 'optlab.db'}")
+
+
+def test_bad_url_is_a_store_error() -> None:
+    with pytest.raises(StoreError, match="cannot parse database URL"):
+        Store.open("not a url")
+
+
+def test_default_url_honours_optlab_db(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("OPTLAB_DB", "postgresql+psycopg://u@h/db")
+    assert default_url() == "postgresql+psycopg://u@h/db"
+    monkeypatch.delenv("OPTLAB_DB")
+    monkeypatch.chdir(tmp_path)
+    assert default_url() == f"sqlite:///{tmp_path / '.optlab' / 'optlab.db'}"
+    with Store.open() as store:
+        assert store.url == default_url()
+    assert (tmp_path / ".optlab" / "optlab.db").exists()
+
+
+def test_current_does_not_create_a_missing_sqlite_file(tmp_path: Path) -> None:
+    path = tmp_path / "missing" / "optlab.db"
+    status = current(f"sqlite:///{path}")
+    assert status.revision is None and not status.up_to_date
+    assert not path.parent.exists()
+
+
+def test_migrations_dir_is_the_repository_folder() -> None:
+    found = migrations_dir()
+    assert (found / "env.py").is_file()
+    assert {p.name for p in (found / "versions").glob("*.py")} >= {
+        "0001_initial.py",
+        "0002_measurements.py",
+    }
+
+
+# -- session scope --------------------------------------------------------------------
+
+
+def test_session_scope_commits(store: Store) -> None:
+    with store.session_scope() as session:
+        now = datetime.now(UTC)
+        session.add(SqlExperiment(name="direct", kind="baseline", created_at=now))
+    assert store.get_experiment("direct") is not None
+
+
+def test_session_scope_rolls_back_on_exception(store: Store) -> None:
+    with pytest.raises(RuntimeError, match="boom"), store.session_scope() as session:
+        session.add(SqlExperiment(name="doomed", kind="baseline"))
+        session.flush()  # really sent to the database, then rolled back
+        raise RuntimeError("boom")
+    assert store.get_experiment("doomed") is None
+
+
+def test_check_constraints_hold(store: Store) -> None:
+    save_baseline(store)
+    run_id = start_run(store)
+    with pytest.raises(IntegrityError), store.session_scope() as session:
+        session.execute(update(SqlRun).where(SqlRun.id == run_id).values(status="PAUSED"))
+    with pytest.raises(IntegrityError), store.session_scope() as session:
+        session.add(SqlExperiment(name="orphan-step", kind="step"))  # a step needs a parent
+
+
+# -- experiments and configs ----------------------------------------------------------
+
+
+def test_save_and_get_experiment_configs(store: Store) -> None:
+    assert store.get_experiment("baseline") is None
+    first_id = save_baseline(store)
+    baseline = store.get_experiment("baseline")
+    assert baseline is not None
+    assert (baseline.kind, baseline.parent, baseline.description) == (
+        "baseline",
+        None,
+        "reference classifier",
+    )
+    assert baseline.current_config is not None
+    assert baseline.current_config.id == first_id
+    assert baseline.current_config.config["knobs"] == {"precision": "fp32", "threads": 2}
+    assert baseline.current_config.created_at.tzinfo is not None
+
+    # The same config again is the same row; a different one becomes current.
+    assert save_baseline(store) == first_id
+    second_id = save_baseline(store, config_hash="c" * 64)
+    assert second_id != first_id
+    refreshed = store.get_experiment("baseline")
+    assert refreshed is not None and refreshed.current_config is not None
+    assert refreshed.current_config.id == second_id
+    assert store.get_config(first_id).config_hash == "a" * 64
+
+    step = store.save_config(
+        name="dynamic-batch",
+        kind="step",
+        parent="baseline",
+        description=None,
+        hypothesis="QPS up, P99 within SLO",
+        config={"knobs": {"batching": {"mode": "dynamic", "max_batch_size": 8}}},
+        config_hash="d" * 64,
+        change={"batching": {"mode": "dynamic", "max_batch_size": 8}},
+        variable="batching",
+        parent_config_hash="c" * 64,
+        source_path="experiments/01-dynamic-batch.yaml",
+        source_hash="e" * 64,
+    )
+    assert (step.experiment, step.variable, step.parent_config_hash) == (
+        "dynamic-batch",
+        "batching",
+        "c" * 64,
+    )
+    assert step.change == {"batching": {"mode": "dynamic", "max_batch_size": 8}}
+    record = store.get_experiment("dynamic-batch")
+    assert record is not None
+    assert (record.parent, record.hypothesis) == ("baseline", "QPS up, P99 within SLO")
+    assert [e.name for e in store.list_experiments()] == ["baseline", "dynamic-batch"]
+
+
+def test_save_config_refuses_inconsistent_input(store: Store) -> None:
+    save_baseline(store)
+    common: dict[str, Any] = {
+        "description": None,
+        "hypothesis": None,
+        "config": {},
+        "config_hash": "f" * 64,
+        "change": {},
+        "variable": "x",
+        "parent_config_hash": None,
+        "source_path": "x.yaml",
+        "source_hash": "0" * 64,
+    }
+    with pytest.raises(NotFoundError):
+        store.save_config(name="s", kind="step", parent="nope", **common)
+    with pytest.raises(ValueError, match="baseline has no parent"):
+        store.save_config(name="s", kind="step", parent=None, **common)
+    with pytest.raises(ValueError, match="kind"):
+        store.save_config(name="s", kind="leaf", parent=None, **common)
+    store.save_config(name="s1", kind="step", parent="baseline", **common)
+    store.save_config(name="s2", kind="step", parent="s1", **common)
+    with pytest.raises(ValueError, match="own ancestor"):
+        store.save_config(name="s1", kind="step", parent="s2", **common)
+    s1 = store.get_experiment("s1")
+    assert s1 is not None and s1.parent == "baseline"
+
+
+def test_count_runs(store: Store) -> None:
+    assert store.count_runs("baseline") == 0
+    save_baseline(store)
+    assert store.count_runs("baseline") == 0
+    start_run(store)
+    start_run(store, repeat=True)
+    assert store.count_runs("baseline") == 2
+    assert store.count_runs("unknown") == 0
+
+
+def test_record_environment_dedupes(store: Store) -> None:
+    fingerprint = {"cpu": {"model": "Xeon", "cores": 16}, "gpu": None, "torch": "2.3.0"}
+    first = store.record_environment(fingerprint, material_hash="m" * 64)
+    reordered = {"torch": "2.3.0", "gpu": None, "cpu": {"cores": 16, "model": "Xeon"}}
+    assert store.record_environment(reordered, material_hash="m" * 64) == first
+    other = store.record_environment({**fingerprint, "hostname": "b"}, material_hash="m" * 64)
+    assert other != first
+    environment = store.get_environment(first)
+    assert environment.fingerprint == fingerprint
+    assert environment.material_hash == "m" * 64
+    assert len(environment.fingerprint_hash) == 64
+    with pytest.raises(NotFoundError):
+        store.get_environment(999_999)
+
+
+# -- runs -----------------------------------------------------------------------------
+
+
+def test_run_lifecycle(store: Store) -> None:
+    config_id = save_baseline(store)
+    environment_id = store.record_environment({"os": "linux"}, material_hash="m" * 64)
+    run_id = start_run(store, environment_id=environment_id, git_dirty=None, git_commit=None)
+
+    run = store.get_run(run_id)
+    assert (run.experiment, run.config_id, run.config_hash) == ("baseline", config_id, "a" * 64)
+    assert (run.status, run.provisional, run.repeat) == ("RUNNING", True, False)
+    assert (run.environment_id, run.git_commit, run.git_dirty) == (environment_id, None, None)
+    assert run.pid == os.getpid() and run.hostname
+    assert run.protocol == {"name": "quick", "duration_s": 5}
+    assert run.code_identity == {"target": "builtin:image-classifier"}
+    assert run.started_at == run.heartbeat_at and run.started_at.tzinfo is not None
+    assert run.finished_at is None and run.reasons == () and run.summary is None
+
+    store.heartbeat(run_id)
+    assert store.get_run(run_id).heartbeat_at > run.started_at
+
+    summary = {"run_id": run_id, "latency_ms": {"total": {"p50": 3.1, "p99": 9.4}}}
+    store.finish_run(
+        run_id,
+        status=RunStatus.FINISHED,
+        valid=False,
+        reasons=["duration 5 s is under the 600 s minimum"],
+        requests=1200,
+        errors=3,
+        qps=240.5,
+        summary=summary,
+        warmup_s=1.5,
+        duration_s=5.0,
+    )
+    done = store.get_run(run_id)
+    assert (done.status, done.valid, done.requests, done.errors) == ("FINISHED", False, 1200, 3)
+    assert done.reasons == ("duration 5 s is under the 600 s minimum",)
+    assert (done.qps, done.warmup_s, done.duration_s) == (240.5, 1.5, 5.0)
+    assert done.summary == summary and done.error_message is None
+    assert done.finished_at is not None and done.finished_at >= done.started_at
+
+    failed_id = start_run(store, provisional=False, protocol_name="full", repeat=True)
+    store.finish_run(
+        failed_id,
+        status="FAILED",
+        valid=None,
+        reasons=[],
+        requests=None,
+        errors=None,
+        qps=None,
+        summary=None,
+        warmup_s=None,
+        duration_s=None,
+        error_message="target crashed: CUDA out of memory",
+    )
+    failed = store.get_run(failed_id)
+    assert (failed.status, failed.repeat, failed.provisional) == ("FAILED", True, False)
+    assert failed.error_message == "target crashed: CUDA out of memory"
+
+    assert [r.id for r in store.list_runs()] == [run_id, failed_id]
+    assert [r.id for r in store.list_runs("baseline")] == [run_id, failed_id]
+    assert store.list_runs("nothing") == []
+
+
+def test_run_errors_for_bad_input(store: Store) -> None:
+    with pytest.raises(NotFoundError, match="not in the database"):
+        start_run(store, experiment="ghost")
+    save_baseline(store)
+    run_id = start_run(store)
+    with pytest.raises(ValueError, match="finishes as one of"):
+        store.finish_run(
+            run_id,
+            status="RUNNING",
+            valid=None,
+            reasons=[],
+            requests=None,
+            errors=None,
+            qps=None,
+            summary=None,
+            warmup_s=None,
+            duration_s=None,
+        )
+    with pytest.raises(NotFoundError):
+        store.get_run(run_id + 100)
+    with pytest.raises(NotFoundError):
+        store.heartbeat(run_id + 100)
+    with pytest.raises(NotFoundError):
+        store.add_windows(run_id + 100, [WindowStats("measure", 0, 1, 0, 1.0)])
+
+
+def test_mark_crashed(store: Store) -> None:
+    save_baseline(store)
+    stale, fresh, finished = start_run(store), start_run(store), start_run(store)
+    store.finish_run(
+        finished,
+        status="KILLED",
+        valid=None,
+        reasons=[],
+        requests=None,
+        errors=None,
+        qps=None,
+        summary=None,
+        warmup_s=None,
+        duration_s=None,
+    )
+    long_ago = datetime.now(UTC) - timedelta(hours=2)
+    with store.session_scope() as session:
+        session.execute(
+            update(SqlRun).where(SqlRun.id.in_([stale, finished])).values(heartbeat_at=long_ago)
+        )
+
+    assert store.mark_crashed(stale_after_s=600) == [stale]
+    crashed = store.get_run(stale)
+    assert crashed.status == "CRASHED"
+    assert crashed.error_message is not None and "no heartbeat since" in crashed.error_message
+    assert store.get_run(fresh).status == "RUNNING"
+    assert store.get_run(finished).status == "KILLED"
+    assert store.mark_crashed(stale_after_s=600) == []
+
+
+# -- measurements ---------------------------------------------------------------------
+
+
+def test_measurements_round_trip(store: Store) -> None:
+    save_baseline(store)
+    run_id = start_run(store)
+
+    stages = [
+        StageStatsRow(
+            stage="total",
+            phase="measure",
+            count=1200,
+            histogram="HISTFAAAACl4nJNpmSzMwMDAxQABzFCaEUzOmMBgXwPkA",
+            min_ms=0.9,
+            mean_ms=3.3,
+            stddev_ms=0.7,
+            p50_ms=3.1,
+            p90_ms=4.2,
+            p95_ms=5.0,
+            p99_ms=9.4,
+            p999_ms=12.5,
+            max_ms=13.0,
+        ),
+        StageStatsRow(stage="forward", phase="warmup", count=0, histogram="HISTFAAAAB..."),
+    ]
+    store.add_stage_stats(run_id, stages)
+    assert store.get_stage_stats(run_id) == stages
+    assert store.get_stage_stats(run_id, phase="warmup") == stages[1:]
+
+    windows = [
+        WindowStats("measure", 1, 240, 0, 240.0, 3.0, 9.0, 0.2),
+        WindowStats("warmup", 0, 100, 1, 100.0, 4.0, 12.0),
+        WindowStats("measure", 0, 0, 0, 0.0),  # nothing completed: no latency to report
+    ]
+    store.add_windows(run_id, windows)
+    assert store.get_windows(run_id) == [windows[1], windows[2], windows[0]]
+    assert store.get_windows(run_id, phase="measure") == [windows[2], windows[0]]
+
+    gpu = GpuSample(
+        index=0,
+        util_pct=87.5,
+        mem_used_bytes=20 * 2**30,
+        mem_total_bytes=80 * 2**30,
+        temperature_c=71.0,
+        power_w=310.2,
+        sm_clock_mhz=1980.0,
+        throttle_reasons=("sw_power_cap",),
+    )
+    samples = [
+        ResourceSample(
+            phase="measure",
+            t_s=0.5,
+            cpu_process_pct=180.0,
+            cpu_system_pct=45.5,
+            cpu_per_core=(50.0, 41.0),
+            rss_bytes=3 * 2**30,
+            mem_used_bytes=12 * 2**30,
+            mem_total_bytes=64 * 2**30,
+            iowait_pct=0.1,
+            gpus=(gpu, GpuSample(index=1)),
+        ),
+        ResourceSample(phase="warmup", t_s=0.0),  # nothing readable: every metric stays None
+        ResourceSample(phase="measure", t_s=1.5, cpu_process_pct=170.0, gpus=()),
+    ]
+    store.add_resource_samples(run_id, samples)
+    assert store.get_resource_samples(run_id) == [samples[1], samples[0], samples[2]]
+
+    errors = [
+        RunErrorCount("TimeoutError", 2, "no response within 1000 ms"),
+        RunErrorCount("HTTP 503", 5),
+    ]
+    store.add_run_errors(run_id, errors)
+    assert store.get_run_errors(run_id) == [errors[1], errors[0]]
+
+    # Empty batches are fine and change nothing.
+    store.add_windows(run_id, [])
+    assert len(store.get_windows(run_id)) == 3
+
+
+def test_measurement_input_is_checked(store: Store) -> None:
+    save_baseline(store)
+    run_id = start_run(store)
+    with pytest.raises(ValueError, match="phase"):
+        store.add_windows(run_id, [WindowStats("cooldown", 0, 1, 0, 1.0)])
+    row = StageStatsRow(stage="total", phase="measure", count=1, histogram="h")
+    store.add_stage_stats(run_id, [row])
+    with pytest.raises(IntegrityError):
+        store.add_stage_stats(run_id, [row])  # one row per (run, stage, phase)
+
+
+def test_measurements_go_with_their_run(store: Store) -> None:
+    save_baseline(store)
+    run_id = start_run(store)
+    store.add_stage_stats(run_id, [StageStatsRow("total", "measure", 1, "h")])
+    store.add_windows(run_id, [WindowStats("measure", 0, 1, 0, 1.0)])
+    store.add_resource_samples(run_id, [ResourceSample("measure", 0.0)])
+    store.add_run_errors(run_id, [RunErrorCount("E", 1)])
+    with store.session_scope() as session:
+        session.execute(delete(SqlRun).where(SqlRun.id == run_id))
+    with store.session_scope() as session:
+        assert session.scalars(select(SqlStageStats)).all() == []
+    assert store.get_windows(run_id) == []
+    assert store.get_resource_samples(run_id) == []
+    assert store.get_run_errors(run_id) == []
+
+
+def test_naive_timestamps_are_refused(store: Store) -> None:
+    with pytest.raises(Exception, match="naive datetime"), store.session_scope() as session:
+        session.add(SqlExperiment(name="naive", kind="baseline", created_at=datetime(2024, 1, 1)))
+
+
+def test_concurrent_writers_wait_instead_of_failing(db_url: str) -> None:
+    # A runner's heartbeat thread and its measurement writes, plus a second process's
+    # crash sweep, all write at once; none may fail with "database is locked".
+    with Store.open(db_url) as setup:
+        save_baseline(setup)
+        run_ids = [start_run(setup) for _ in range(4)]
+    failures: list[BaseException] = []
+
+    def work(run_id: int) -> None:
+        try:
+            with Store.open(db_url) as store:
+                for second in range(40):
+                    store.heartbeat(run_id)
+                    store.add_windows(run_id, [WindowStats("measure", second, 1, 0, 1.0)])
+                    store.record_environment({"n": second % 5}, material_hash="m" * 64)
+                    store.mark_crashed(stale_after_s=3600)
+        except BaseException as exc:  # collected: a thread's exception would be lost
+            failures.append(exc)
+
+    run_threads([threading.Thread(target=work, args=(run_id,), daemon=True) for run_id in run_ids])
+    assert failures == []
+    with Store.open(db_url) as store:
+        assert all(len(store.get_windows(run_id)) == 40 for run_id in run_ids)
+
+
+def test_concurrent_first_opens_create_the_schema_once(db_url: str) -> None:
+    failures: list[BaseException] = []
+
+    def open_store() -> None:
+        try:
+            Store.open(db_url).close()
+        except BaseException as exc:
+            failures.append(exc)
+
+    run_threads([threading.Thread(target=open_store, daemon=True) for _ in range(4)])
+    assert failures == []
+    assert current(db_url).up_to_date
+
+
+def test_failed_upgrade_changes_nothing(db_url: str) -> None:
+    command.upgrade(alembic_cfg(db_url), "0001_initial")
+    # A table in the way makes 0002 fail after it has created the other three tables.
+    execute(db_url, "CREATE TABLE run_errors (id INTEGER PRIMARY KEY)")
+    with pytest.raises(StoreError, match="cannot upgrade database") as refused:
+        upgrade(db_url)
+    assert refused.value.hint is not None and "nothing was changed" in refused.value.hint
+    assert current(db_url).revision == "0001_initial"
+    assert not {"stage_stats", "run_windows", "resource_samples"} & table_names(db_url)
