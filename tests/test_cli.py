@@ -31,7 +31,11 @@ def test_every_command_has_help_text() -> None:
 
     commands = walk(cli, "optlab")
     assert {p for p, _ in commands} >= {
-        "optlab env", "optlab diff", "optlab split", "optlab db upgrade", "optlab db current"
+        "optlab env",
+        "optlab diff",
+        "optlab split",
+        "optlab db upgrade",
+        "optlab db current",
     }
     for path, command in commands:
         assert command.help and len(command.help.strip()) > 20, f"{path} has no help text"
@@ -60,8 +64,11 @@ def test_diff_json(chain_dir: Path, invoke: Invoke) -> None:
 
 
 def test_two_variables_exit_2_naming_both(chain_dir: Path, invoke: Invoke) -> None:
-    write(chain_dir, "two.yaml",
-          "name: two\nparent: baseline\nchange:\n  batching: {mode: dynamic}\n  precision: fp16\n")
+    write(
+        chain_dir,
+        "two.yaml",
+        "name: two\nparent: baseline\nchange:\n  batching: {mode: dynamic}\n  precision: fp16\n",
+    )
     result = invoke("diff", "experiments/two.yaml")
     assert result.exit_code == 2
     assert "changes 2 variables" in result.stderr
@@ -85,7 +92,8 @@ def test_missing_file_exit_2(chain_dir: Path, invoke: Invoke) -> None:
 
 def test_split_writes_a_chain_that_passes(chain_dir: Path, invoke: Invoke) -> None:
     original = write(
-        chain_dir, "two.yaml",
+        chain_dir,
+        "two.yaml",
         "name: two\nparent: baseline\nhypothesis: both help\nchange:\n"
         "  precision: fp16\n  batching: {mode: dynamic, max_batch_size: 4}\n",
     )
@@ -133,9 +141,7 @@ def test_db_current_and_upgrade(invoke: Invoke, sqlite_url: str) -> None:
     assert current.exit_code == 0 and "up to date" in current.stdout
 
 
-def test_db_url_from_environment(
-    chain_dir: Path, tmp_path: Path, monkeypatch: "object"
-) -> None:
+def test_db_url_from_environment(chain_dir: Path, tmp_path: Path) -> None:
     from click.testing import CliRunner
 
     url = f"sqlite:///{tmp_path / 'env.db'}"

@@ -128,9 +128,7 @@ def test_missing_file_and_folder(tmp_path: Path) -> None:
 
 
 def test_step_may_not_carry_baseline_sections(tmp_path: Path) -> None:
-    error = _error(
-        tmp_path, "name: s\nparent: base\nknobs: {precision: fp16}\n", name="s.yaml"
-    )
+    error = _error(tmp_path, "name: s\nparent: base\nknobs: {precision: fp16}\n", name="s.yaml")
     assert ":3:" in error.message and "'knobs'" in error.message
     assert error.hint is not None and "change" in error.hint
 

@@ -53,7 +53,10 @@ def test_reference_chain_plans_one_variable_each(chain_dir: Path, store: Store) 
         assert plan.variable is not None and plan.variable.name == variable
     prepared = prepare(chain_dir / "03-preprocess.yaml", store)
     assert [link.name for link in prepared.chain] == [
-        "baseline", "dynamic-batch", "fp16", "preprocess"
+        "baseline",
+        "dynamic-batch",
+        "fp16",
+        "preprocess",
     ]
     assert {link.action for link in prepared.chain} == {"unchanged"}
     fp16 = store.get_experiment("fp16")
@@ -73,7 +76,9 @@ def test_two_variables_refused_naming_both(chain_dir: Path, store: Store) -> Non
         prepare(path, store)
     message, hint = info.value.message, info.value.hint or ""
     assert "changes 2 variables" in message
-    assert "batching: {mode: off} -> {mode: dynamic, max_batch_size: 8, max_wait_ms: 10.0}" in message
+    assert (
+        "batching: {mode: off} -> {mode: dynamic, max_batch_size: 8, max_wait_ms: 10.0}" in message
+    )
     assert "precision: fp32 -> fp16" in message
     assert "bad-batching.yaml: name two-batching, parent baseline" in hint
     assert "bad.yaml: name two, parent two-batching, change {precision: fp16}" in hint
@@ -84,7 +89,8 @@ def test_setting_a_knob_to_its_current_value_is_not_a_variable(
     chain_dir: Path, store: Store
 ) -> None:
     path = write(
-        chain_dir, "s.yaml",
+        chain_dir,
+        "s.yaml",
         "name: s\nparent: baseline\nchange: {precision: fp32, threads: 4}\n",
     )
     plan = prepare(path, store).plan

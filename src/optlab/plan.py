@@ -129,7 +129,9 @@ def plan_step(
     if hidden:
         raise RefusedError(
             f"{source.path}: refused: {name!r} differs from {parent!r} outside the knobs: "
-            + "; ".join(f"{c.path}: {render_value(c.old)} -> {render_value(c.new)}" for c in hidden),
+            + "; ".join(
+                f"{c.path}: {render_value(c.old)} -> {render_value(c.new)}" for c in hidden
+            ),
             hint="these define a baseline; start a new baseline with a new name",
         )
     variables = group_by_variable(parent_config["knobs"], config["knobs"])
@@ -157,8 +159,7 @@ def plan_step(
         )
     if repeat:
         raise RefusedError(
-            f"{source.path}: refused: `repeat: true` but the change sets "
-            f"{variables[0].describe()}",
+            f"{source.path}: refused: `repeat: true` but the change sets {variables[0].describe()}",
             hint="remove `repeat: true` (it is only for measuring the parent's config again)",
         )
     return Plan(name, parent, config, config_hash, variables[0])
@@ -189,6 +190,8 @@ def propose_split(
         last = index == len(ordered) - 1
         step_name = name if last else f"{name}-{variable.name}"
         filename = source.path.name if last else f"{stem}-{variable.name}{source.path.suffix}"
-        files.append(SplitFile(filename, step_name, previous, {variable.name: change[variable.name]}))
+        files.append(
+            SplitFile(filename, step_name, previous, {variable.name: change[variable.name]})
+        )
         previous = step_name
     return files

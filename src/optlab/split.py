@@ -1,4 +1,4 @@
-"""`optlab split`: rewrite a step that changes several variables as a chain of one-variable steps."""
+"""`optlab split`: rewrite a multi-variable step as a chain of one-variable steps."""
 
 from __future__ import annotations
 

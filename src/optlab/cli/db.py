@@ -33,4 +33,6 @@ def current(ctx: click.Context) -> None:
 
     status = current_db(db_url(ctx))
     state = "up to date" if status.up_to_date else "needs `optlab db upgrade`"
-    click.echo(f"{status.url}\nrevision: {status.revision or 'none'}\nhead: {status.head} ({state})")
+    click.echo(
+        f"{status.url}\nrevision: {status.revision or 'none'}\nhead: {status.head} ({state})"
+    )

@@ -26,23 +26,43 @@ def _rows(fp: dict[str, Any]) -> list[tuple[str, str]]:
     code = fp.get("code", {})
     git = (fp.get("provenance") or {}).get("git") or {}
     rows = [
-        ("CPU", f"{cpu.get('model')} ({cpu.get('physical_cores')} physical, "
-                f"{cpu.get('logical_cores')} logical)"),
+        (
+            "CPU",
+            f"{cpu.get('model')} ({cpu.get('physical_cores')} physical, "
+            f"{cpu.get('logical_cores')} logical)",
+        ),
         ("memory", _fmt_bytes((hw.get("memory") or {}).get("total_bytes"))),
-        ("GPUs", ", ".join(f"{g.get('name')} {_fmt_bytes(g.get('memory_total_bytes'))}"
-                           for g in gpus) or "none"),
+        (
+            "GPUs",
+            ", ".join(f"{g.get('name')} {_fmt_bytes(g.get('memory_total_bytes'))}" for g in gpus)
+            or "none",
+        ),
         ("CPU cores per GPU", str(hw.get("cpu_per_gpu") or "n/a")),
-        ("disk", f"{(hw.get('disk') or {}).get('path')}: "
-                 f"{_fmt_bytes((hw.get('disk') or {}).get('total_bytes'))}"),
-        ("OS", f"{(sw.get('os') or {}).get('distro') or (sw.get('os') or {}).get('system')} "
-               f"kernel {(sw.get('os') or {}).get('release')}"),
+        (
+            "disk",
+            f"{(hw.get('disk') or {}).get('path')}: "
+            f"{_fmt_bytes((hw.get('disk') or {}).get('total_bytes'))}",
+        ),
+        (
+            "OS",
+            f"{(sw.get('os') or {}).get('distro') or (sw.get('os') or {}).get('system')} "
+            f"kernel {(sw.get('os') or {}).get('release')}",
+        ),
         ("Python", str((sw.get("python") or {}).get("version"))),
-        ("NVIDIA driver / CUDA", f"{nvidia.get('driver_version') or 'none'} / "
-                                 f"{nvidia.get('cuda_driver_version') or 'none'}"),
+        (
+            "NVIDIA driver / CUDA",
+            f"{nvidia.get('driver_version') or 'none'} / "
+            f"{nvidia.get('cuda_driver_version') or 'none'}",
+        ),
     ]
     rows += [(name, str(version or "not installed")) for name, version in pkgs.items()]
-    rows.append(("git", f"{git.get('commit') or 'not a git repository'}"
-                        f"{' (dirty)' if git.get('dirty') else ''}"))
+    rows.append(
+        (
+            "git",
+            f"{git.get('commit') or 'not a git repository'}"
+            f"{' (dirty)' if git.get('dirty') else ''}",
+        )
+    )
     if code.get("target"):
         rows.append(("target code", json.dumps(code["target"], sort_keys=True)))
     return rows

@@ -32,7 +32,9 @@ def diff(ctx: click.Context, experiment: str, as_json: bool) -> None:
             "parent": plan.parent,
             "config_hash": plan.config_hash,
             "repeat": plan.repeat,
-            "variable": None if variable is None else {
+            "variable": None
+            if variable is None
+            else {
                 "name": variable.name,
                 "old": variable.old,
                 "new": variable.new,
@@ -53,9 +55,8 @@ def diff(ctx: click.Context, experiment: str, as_json: bool) -> None:
         click.echo(f"  {variable.describe()}")
         if len(variable.fields) > 1 or variable.fields[0].path != variable.name:
             for field in variable.fields:
-                click.echo(
-                    f"    knobs.{field.path}: {render_value(field.old)} -> {render_value(field.new)}"
-                )
+                old, new = render_value(field.old), render_value(field.new)
+                click.echo(f"    knobs.{field.path}: {old} -> {new}")
     for link in prepared.chain:
         if link.action not in ("unchanged", "from database"):
             click.echo(f"config of {link.name}: {link.action}", err=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import traceback
 from typing import Any
 
@@ -33,7 +32,9 @@ class OptlabGroup(click.Group):
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except Exception as exc:
-            click.secho(f"optlab: unexpected error: {type(exc).__name__}: {exc}", err=True, fg="red")
+            click.secho(
+                f"optlab: unexpected error: {type(exc).__name__}: {exc}", err=True, fg="red"
+            )
             if os.environ.get("OPTLAB_DEBUG"):
                 traceback.print_exc()
             else:
@@ -78,4 +79,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    main()

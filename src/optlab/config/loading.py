@@ -136,7 +136,10 @@ def resolve_baseline(experiment: ExperimentFile) -> dict[str, Any]:
         spec.target, spec.knobs, experiment.source, ("knobs",), search_paths(experiment.source)
     )
     resolved = ResolvedConfig(
-        target=spec.target, knobs=knobs, workload=spec.workload, protocol=spec.protocol,
+        target=spec.target,
+        knobs=knobs,
+        workload=spec.workload,
+        protocol=spec.protocol,
         slo=spec.slo,
     )
     return resolved.model_dump(mode="json")

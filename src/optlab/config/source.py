@@ -135,5 +135,7 @@ def read_yaml(path: Path) -> SourceFile:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not a UTF-8 text file", hint="save it as UTF-8") from exc
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot be read: {exc.strerror}", hint="check permissions") from exc
+        raise ConfigError(
+            f"{path}: cannot be read: {exc.strerror}", hint="check permissions"
+        ) from exc
     return parse_yaml(text, path)
