@@ -20,6 +20,6 @@ if [[ -z "${OPTLAB_TEST_POSTGRES_URL:-}" ]]; then
     start_private_postgres || echo "PostgreSQL not available: its store tests will be skipped"
 fi
 
-"$PY" -m ruff check src tests benchmarks
+"$PY" -m ruff check .
 "$PY" -m mypy
 "$PY" -m pytest "$@"
