@@ -55,7 +55,12 @@ def _rows(fp: dict[str, Any]) -> list[tuple[str, str]]:
             f"{nvidia.get('cuda_driver_version') or 'none'}",
         ),
     ]
-    rows += [(name, str(version or "not installed")) for name, version in pkgs.items()]
+    for name, version in pkgs.items():
+        if name == "torch_cuda":
+            shown = version or ("none (CPU build)" if pkgs.get("torch") else "n/a")
+            rows.append(("torch built for CUDA", shown))
+        else:
+            rows.append((name, str(version or "not installed")))
     rows.append(
         (
             "git",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.resources
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,8 @@ def masked(url: str | URL) -> str:
     try:
         return make_url(url).render_as_string(hide_password=True)
     except ArgumentError:
-        return "<unparseable database URL>"
+        # Still show what was typed (that is the typo to fix), minus anything like a password.
+        return re.sub(r":[^:@/]*@", ":***@", str(url))
 
 
 def migrations_dir() -> Path:
