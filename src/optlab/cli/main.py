@@ -63,11 +63,13 @@ def cli(ctx: click.Context, db_url: str | None) -> None:
 
 
 def _register() -> None:
-    from optlab.cli import db, env, experiments
+    from optlab.cli import db, env, experiments, runs
 
     cli.add_command(env.env)
     cli.add_command(experiments.diff)
     cli.add_command(experiments.split)
+    cli.add_command(runs.run)
+    cli.add_command(runs.log)
     cli.add_command(db.db)
 
 

@@ -75,6 +75,10 @@ def load_experiment(path: Path) -> ExperimentFile:
 def knob_model(target: Any, paths: Sequence[Path]) -> type[BaseModel] | None:
     """The pydantic model that checks this target's knobs; None means free-form knobs."""
     if isinstance(target, BuiltinTarget):
+        if target.name == "synthetic":
+            from optlab.targets.synthetic import SyntheticKnobs
+
+            return SyntheticKnobs
         return BuiltinKnobs
     if isinstance(target, PythonTarget) and target.knobs_model:
         # Imported lazily: only here do we run user code, and only when the user asked for it.

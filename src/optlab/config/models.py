@@ -11,12 +11,15 @@ from optlab.config.knobs import StrictModel
 # module.path:attribute, as in entry points.
 REFERENCE_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
-BUILTIN_TARGETS = ("image-classifier",)
+BUILTIN_TARGETS = ("image-classifier", "synthetic")
 
 
 class BuiltinTarget(StrictModel):
+    """`image-classifier`: the reference pipeline. `synthetic`: a service with a configured
+    service-time distribution, the ground truth the tests and benchmarks measure against."""
+
     kind: Literal["builtin"]
-    name: Literal["image-classifier"] = "image-classifier"
+    name: Literal["image-classifier", "synthetic"] = "image-classifier"
 
 
 class PythonTarget(StrictModel):
@@ -72,6 +75,13 @@ class OpenLoad(StrictModel):
     mode: Literal["open"]
     rate: float = Field(gt=0, le=1_000_000, description="requests per second")
     arrival: Literal["constant", "poisson"] = "poisson"
+    max_in_flight: int = Field(
+        512,
+        ge=1,
+        le=100_000,
+        description="threads available to the open loop; when all are busy, requests leave "
+        "late and the generator reports that it fell behind",
+    )
 
 
 class ReplayLoad(StrictModel):

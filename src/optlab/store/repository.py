@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from types import TracebackType
@@ -367,19 +367,35 @@ class Store(MeasurementsMixin):
             .join(SqlRun.config)
         )
 
-    def mark_crashed(self, stale_after_s: float) -> list[int]:
-        """Mark RUNNING runs silent for more than `stale_after_s` as CRASHED; their ids."""
+    def mark_crashed(
+        self, stale_after_s: float, *, pid_alive: Callable[[int], bool] | None = None
+    ) -> list[int]:
+        """Mark RUNNING runs silent for more than `stale_after_s` as CRASHED; their ids.
+
+        With `pid_alive`, a RUNNING run started on this host by a process that no longer
+        exists is marked at once: waiting for its heartbeat to go stale would only delay it.
+        """
         cutoff = utcnow() - timedelta(seconds=stale_after_s)
         query = (
             select(SqlRun)
-            .where(SqlRun.status == RunStatus.RUNNING.value, SqlRun.heartbeat_at < cutoff)
+            .where(SqlRun.status == RunStatus.RUNNING.value)
             .order_by(SqlRun.id)
             # PostgreSQL: a heartbeat arriving now waits for this decision, not races it.
             .with_for_update()
         )
+        host = socket.gethostname()
         with self.session_scope() as session:
             crashed = []
             for run in session.scalars(query):
+                stale = run.heartbeat_at < cutoff
+                dead = (
+                    pid_alive is not None
+                    and run.hostname == host
+                    and run.pid != os.getpid()
+                    and not pid_alive(run.pid)
+                )
+                if not (stale or dead):
+                    continue
                 run.status = RunStatus.CRASHED.value
                 if run.error_message is None:
                     run.error_message = (

@@ -1,0 +1,219 @@
+"""`optlab run` and `optlab log`: measuring, and the list of what was measured."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from optlab.cli.common import EXPERIMENT_PATH, open_store
+
+if TYPE_CHECKING:
+    from optlab.runner import LiveStatus, RunOutcome
+
+
+def _ms(value: Any) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+class PlainProgress:
+    """One line every few seconds: what a log file or CI output wants."""
+
+    def __init__(self, every_s: float = 5.0) -> None:
+        self.every_s = every_s
+        self.last = 0.0
+
+    def update(self, status: LiveStatus) -> None:
+        now = time.monotonic()
+        if now - self.last < self.every_s:
+            return
+        self.last = now
+        click.echo(_status_line(status), err=True)
+
+    def note(self, text: str) -> None:
+        click.echo(text, err=True)
+
+    def close(self) -> None:
+        return None
+
+
+def _status_line(s: LiveStatus) -> str:
+    remaining = max(s.planned_s - s.elapsed_s, 0)
+    cpu = "-" if s.cpu_pct is None else f"{s.cpu_pct:.0f}%"
+    gpu = "n/a" if s.gpu_pct is None else f"{s.gpu_pct:.0f}%"
+    qps = "-" if s.qps is None else f"{s.qps:.1f}"
+    return (
+        f"[{s.experiment}] {s.phase:<7} {s.elapsed_s:6.1f}s (≤{remaining:.0f}s left)  "
+        f"QPS {qps}  P50 {_ms(s.p50_ms)} ms  P99 {_ms(s.p99_ms)} ms  CPU {cpu}  GPU {gpu}"
+    )
+
+
+class LiveProgress:
+    """A live line on a terminal (rich), redrawn in place."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        self.console = Console(stderr=True)
+        self.live = Live(console=self.console, refresh_per_second=4, transient=True)
+        self.live.start()
+
+    def update(self, status: LiveStatus) -> None:
+        self.live.update(_status_line(status))
+
+    def note(self, text: str) -> None:
+        self.console.print(text, markup=False, highlight=False)
+
+    def close(self) -> None:
+        self.live.stop()
+
+
+def render_summary(outcome: RunOutcome) -> str:
+    s = outcome.summary
+    verdict = "VALID" if s["valid"] else "INVALID"
+    label = " PROVISIONAL" if s["provisional"] else ""
+    lines = [
+        f"run {s['run_id']} {s['experiment']}: {s['status']} {verdict}{label} "
+        f"({s['protocol']} protocol, {s['load']} loop, {s['duration_s']:.1f} s measured)",
+        f"  requests {s['requests']}  errors {s['errors']}  QPS {_ms(s['qps'])}",
+    ]
+    for reason in s["reasons"]:
+        lines.append(f"  invalid: {reason}")
+    for note in s["notes"]:
+        lines.append(f"  note: {note}")
+    lines.append(f"  {'stage':<14}{'P50':>9}{'P95':>9}{'P99':>9}{'P99.9':>9}{'max':>9}  ms")
+    series = dict(s["latency_ms"])
+    if s["load"] != "closed":  # a closed loop sends when the last reply arrives: no lag to show
+        series |= s.get("harness_ms", {})
+    for stage, stats in series.items():
+        lines.append(
+            f"  {stage:<14}"
+            + "".join(f"{_ms(stats.get(k)):>9}" for k in ("p50", "p95", "p99", "p999", "max"))
+        )
+    r = s["resources"]
+    cpu = r.get("cpu_process_pct") or {}
+    rss = r.get("rss_peak_bytes")
+    gpu = r.get("gpu_util_pct")
+    lines.append(
+        f"  CPU (process) mean {_ms(cpu.get('mean'))}% max {_ms(cpu.get('max'))}%  "
+        f"peak RSS {rss / 2**20:.0f} MiB  GPU "
+        + ("n/a" if gpu is None else f"{gpu['mean']:.0f}% mean")
+        if rss is not None
+        else "  resources: no samples"
+    )
+    parent = s.get("parent")
+    if parent:
+        lines.append(
+            f"  vs {parent['experiment']} (run {parent['run_id']}, {parent['change'] or 'repeat'}): "
+            f"QPS {_pct(parent['qps_change_pct'])}  P50 {_pct(parent['p50_change_pct'])}  "
+            f"P99 {_pct(parent['p99_change_pct'])}"
+        )
+    return "\n".join(lines)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.1f}%"
+
+
+@click.command()
+@click.argument("experiment", type=EXPERIMENT_PATH)
+@click.option("--quick", is_flag=True, help="Seconds-long PROVISIONAL protocol (demos, tests).")
+@click.option("--duration", type=float, metavar="S", help="Measured seconds (<600 provisional).")
+@click.option("--warmup", type=float, metavar="S", help="Fixed warmup instead of until-stable.")
+@click.option("--chain", is_flag=True, help="First measure ancestors that lack a comparable run.")
+@click.option("--repeats", type=click.IntRange(1, 100), default=1, help="Measure N times.")
+@click.option("--json", "as_json", is_flag=True, help="Last stdout line: the run summary JSON.")
+@click.pass_context
+def run(
+    ctx: click.Context,
+    experiment: str,
+    quick: bool,
+    duration: float | None,
+    warmup: float | None,
+    chain: bool,
+    repeats: int,
+    as_json: bool,
+) -> None:
+    """Measure EXPERIMENT: one-variable check, warmup, measurement, validity, storage.
+
+    Refuses a step whose parent has no valid run under the same protocol, or whose
+    environment or target code differs from the parent run's.
+    """
+    from optlab.runner import RunOptions
+    from optlab.runner import run as run_experiment
+
+    options = RunOptions(quick, duration, warmup, chain, repeats)
+    live = sys.stderr.isatty() and not as_json
+    progress: PlainProgress | LiveProgress = LiveProgress() if live else PlainProgress()
+
+    def show(outcome: RunOutcome) -> None:
+        text = render_summary(outcome)
+        if as_json:
+            click.echo(text, err=True)
+        else:
+            progress.note(text)
+
+    try:
+        outcomes = run_experiment(Path(experiment), open_store(ctx), options, progress, show)
+    finally:
+        progress.close()
+    if as_json and outcomes:
+        click.echo(json.dumps(outcomes[-1].summary, default=str))
+    if any(o.status == "KILLED" for o in outcomes):
+        ctx.exit(130)
+    if any(o.status == "FAILED" for o in outcomes):
+        ctx.exit(1)
+
+
+@click.command()
+@click.argument("experiment", required=False)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per run.")
+@click.pass_context
+def log(ctx: click.Context, experiment: str | None, as_json: bool) -> None:
+    """List runs (oldest first) with status, validity, protocol and headline numbers."""
+    store = open_store(ctx)
+    runs = store.list_runs(experiment)
+    if as_json:
+        for r in runs:
+            click.echo(
+                json.dumps(
+                    {
+                        "run_id": r.id,
+                        "experiment": r.experiment,
+                        "status": r.status,
+                        "valid": r.valid,
+                        "provisional": r.provisional,
+                        "protocol": r.protocol_name,
+                        "qps": r.qps,
+                        "requests": r.requests,
+                        "errors": r.errors,
+                        "reasons": list(r.reasons),
+                        "started_at": r.started_at.isoformat(),
+                        "error": r.error_message,
+                    }
+                )
+            )
+        return
+    if not runs:
+        click.echo("no runs yet" + (f" for {experiment}" if experiment else ""))
+        return
+    click.echo(
+        f"{'id':>4}  {'experiment':<20}{'status':<10}{'verdict':<22}{'QPS':>10}"
+        f"{'P99 ms':>10}  started"
+    )
+    for r in runs:
+        total = ((r.summary or {}).get("latency_ms") or {}).get("total") or {}
+        verdict = "-" if r.valid is None else ("VALID" if r.valid else "INVALID")
+        if r.provisional:
+            verdict += " PROVISIONAL"
+        click.echo(
+            f"{r.id:>4}  {r.experiment:<20}{r.status:<10}{verdict:<22}{_ms(r.qps):>10}"
+            f"{_ms(total.get('p99')):>10}  {r.started_at:%Y-%m-%d %H:%M:%S}"
+        )
+        for reason in r.reasons:
+            click.echo(f"{'':6}{reason}")

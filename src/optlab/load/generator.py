@@ -1,0 +1,422 @@
+"""The load generator: drives a thread-safe target callable and records every request.
+
+Closed loop: ``concurrency`` threads, each sending its next request as soon as the last one
+returned. Its latency is measured from the actual send, so it is labelled closed loop: a stall
+holds the clients back and hides itself (coordinated omission).
+
+Open loop (constant or Poisson arrivals) and trace replay: a pool of worker threads, each of
+which claims the next INTENDED send time from the shared schedule, waits until it and calls
+the target. Latency is measured from the intended time, as wrk2 does, so a request that could
+not leave on time (every worker busy, the GIL held) is charged for its wait, and requests that
+arrive during a stall are still sent on time by idle workers and wait inside the target.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from optlab.config.models import ClosedLoad, OpenLoad, ReplayLoad
+from optlab.errors import ConfigError
+from optlab.load.schedules import (
+    constant_offsets,
+    poisson_offsets,
+    read_trace,
+    replay_offsets,
+)
+from optlab.metrics.stages import CURRENT, RequestTiming
+
+if TYPE_CHECKING:
+    from optlab.metrics.log import Collector, WorkerLog
+
+__all__ = ["LATE_NS", "REPLAY_MAX_IN_FLIGHT", "LoadGenerator", "StopReport"]
+
+# Sleeping is only accurate to ~50-100 us on Linux (timer slack, wake-up), so the last stretch
+# before an intended time is spun. The spin calls sleep(0), which releases the GIL, so a
+# spinning worker never holds up another worker's dispatch for a whole switch interval.
+import os
+SPIN_NS = int(os.environ.get("SPIN_NS", "200000"))
+LATE_NS = 1_000_000  # a request that left more than this after its intended time was late
+LATE_FRACTION = 0.01  # more late requests than this and the generator fell behind
+REPLAY_MAX_IN_FLIGHT = 512
+MESSAGE_CHARS = 200
+# Time zero is set a little after the threads are released, so the first intended sends are
+# not already due while the workers are still waking.
+START_LEAD_NS = 2_000_000
+
+
+@dataclass(frozen=True)
+class StopReport:
+    """What the generator did. ``abandoned`` requests were still inside the target when the
+    drain timed out; their threads are daemons and are left to finish (or not) on their own."""
+
+    issued: int
+    completed: int
+    abandoned: int
+    fell_behind: bool
+    late: int = 0  # open loop: requests sent more than LATE_NS after their intended time
+    failure: BaseException | None = None  # a BaseException raised inside a worker, if any
+
+
+class _Counters:
+    """Per-worker counts. Only the owning thread writes them, so they need no lock; readers
+    sum them and may be a request behind, which is all `in_flight` promises."""
+
+    __slots__ = ("completed", "issued", "late")
+
+    def __init__(self) -> None:
+        self.issued = 0
+        self.completed = 0
+        self.late = 0
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        return str(exc)[:MESSAGE_CHARS]
+    except Exception:  # a broken __str__ must not kill the worker
+        return f"<{type(exc).__name__} with an unprintable message>"
+
+
+class LoadGenerator:
+    """Drive ``call`` with ``requests`` under a closed, open or replayed load.
+
+    Requests are used round robin. In a replay, a trace id that is an integer picks
+    ``requests[id % len(requests)]``; entries without an id take the next one round robin.
+    """
+
+    def __init__(
+        self,
+        call: Callable[[Any], Any],
+        requests: Sequence[Any],
+        load: ClosedLoad | OpenLoad | ReplayLoad,
+        *,
+        timeout_s: float,
+        seed: int = 0,
+        trace_dir: Path | None = None,
+    ) -> None:
+        if not requests:
+            raise ConfigError(
+                "the target has no requests to send",
+                hint="the target's inputs(workload) must return at least one request",
+            )
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        self._call = call
+        self._requests = list(requests)
+        self._load = load
+        self._timeout_ns = round(timeout_s * 1e9)
+        self._seed = seed
+        self._trace: list[tuple[int, int | None]] | None = None
+        if isinstance(load, ReplayLoad):
+            self._trace = self._read_trace(load, trace_dir)
+        self._threads: list[threading.Thread] = []
+        self._counters: list[_Counters] = []
+        self._claim_lock = threading.Lock()
+        self._leader = threading.Lock()
+        self._schedule: Iterator[tuple[int, int]] | None = None
+        self._round_robin = itertools.count()
+        # Held by the generator while it runs; released by stop(). Workers waiting for their
+        # intended time wait on it with a timeout, so stop() wakes them at once, and waiting
+        # on a Lock is one C call where an Event would build a Condition per wait.
+        self._stop_lock = threading.Lock()
+        self._signal_lock = threading.Lock()
+        # Workers wait here until every thread exists. Each passes the lock on as it leaves,
+        # so they wake one after another: an Event would wake all of them at once, and with
+        # hundreds of threads the herd fighting over the GIL made the first requests ~20 ms late.
+        self._gate = threading.Lock()
+        self._running = False
+        self._stop_signalled = False
+        self._closed = False
+        self._started = False
+        self._t0 = 0
+        self._failure: BaseException | None = None
+        self._report: StopReport | None = None
+
+    # -- public API ---------------------------------------------------------------------------
+    @property
+    def in_flight(self) -> int:
+        """Requests sent and not yet returned."""
+        return sum(c.issued - c.completed for c in self._counters)
+
+    @property
+    def failure(self) -> BaseException | None:
+        """A BaseException (KeyboardInterrupt, SystemExit, a harness bug) that stopped the
+        generator; poll it while the load runs. Target exceptions are recorded, never here."""
+        return self._failure
+
+    @property
+    def open_loop(self) -> bool:
+        return not isinstance(self._load, ClosedLoad)
+
+    def start(self, collector: Collector) -> None:
+        """Start the worker threads and return. Time zero of the schedule is taken once every
+        thread exists, so thread creation does not make the first requests late."""
+        if self._started:
+            raise RuntimeError("a LoadGenerator can be started once")
+        self._started = True
+        load = self._load
+        if isinstance(load, ClosedLoad):
+            workers, body = load.concurrency, self._closed_worker
+        else:
+            self._schedule = self._make_schedule(load)
+            workers = load.max_in_flight if isinstance(load, OpenLoad) else REPLAY_MAX_IN_FLIGHT
+            body = self._open_worker_lf if os.environ.get("LF") else self._open_worker
+        self._stop_lock.acquire()
+        self._gate.acquire()
+        self._running = True
+        for i in range(workers):
+            counters = _Counters()
+            self._counters.append(counters)
+            thread = threading.Thread(
+                target=self._run,
+                args=(body, counters, collector.new_log()),
+                name=f"optlab-load-{i}",
+                daemon=True,  # a target stuck forever must not keep the process alive
+            )
+            self._threads.append(thread)
+            thread.start()
+        self._t0 = time.perf_counter_ns() + START_LEAD_NS
+        self._gate.release()
+
+    def stop(self, drain_timeout_s: float = 5.0) -> StopReport:
+        """Stop issuing; wait up to ``drain_timeout_s`` for requests in flight to return.
+
+        Never raises for what happened inside a worker: a failure is reported in the
+        StopReport (and `failure`), so the caller can still store what was measured.
+        """
+        if self._report is not None:
+            return self._report
+        if not self._started:
+            raise RuntimeError("stop() before start()")
+        self._signal_stop()
+        deadline = time.monotonic() + max(0.0, drain_timeout_s)
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        # From here on, requests that return are not recorded: the caller is about to close
+        # the collector. A worker between this check and its record() can still slip one in.
+        self._closed = True
+        issued = sum(c.issued for c in self._counters)
+        completed = sum(c.completed for c in self._counters)
+        late = sum(c.late for c in self._counters)
+        self._report = StopReport(
+            issued=issued,
+            completed=completed,
+            abandoned=issued - completed,
+            fell_behind=self.open_loop and issued > 0 and late > LATE_FRACTION * issued,
+            late=late,
+            failure=self._failure,
+        )
+        return self._report
+
+    # -- schedule -----------------------------------------------------------------------------
+    def _read_trace(self, load: ReplayLoad, trace_dir: Path | None) -> list[tuple[int, int | None]]:
+        path = Path(load.trace)
+        if not path.is_absolute() and trace_dir is not None:
+            path = trace_dir / path
+        entries = read_trace(path, load.time_scale)
+        trace: list[tuple[int, int | None]] = []
+        n = len(self._requests)
+        for offset, request_id in entries:
+            if request_id is None:
+                trace.append((offset, None))
+                continue
+            try:
+                index = int(request_id)
+            except ValueError:
+                raise ConfigError(
+                    f"trace {path}: request id {request_id!r} is not an integer",
+                    hint="a trace id picks the request by index (modulo the number of "
+                    "requests); leave it out to send the requests round robin",
+                ) from None
+            trace.append((offset, index % n))
+        return trace
+
+    def _make_schedule(self, load: OpenLoad | ReplayLoad) -> Iterator[tuple[int, int]]:
+        n = len(self._requests)
+        if isinstance(load, ReplayLoad):
+            assert self._trace is not None
+            return self._replay_schedule(self._trace, n)
+        if load.arrival == "constant":
+            offsets = constant_offsets(load.rate)
+        else:
+            offsets = poisson_offsets(load.rate, self._seed)
+        return zip(offsets, itertools.cycle(range(n)), strict=False)
+
+    @staticmethod
+    def _replay_schedule(
+        trace: Sequence[tuple[int, int | None]], n: int
+    ) -> Iterator[tuple[int, int]]:
+        round_robin = itertools.cycle(range(n))
+        for offset, index in replay_offsets(trace):
+            yield offset, next(round_robin) if index is None else index
+
+    def _claim(self) -> tuple[int, int]:
+        # Generators are not thread-safe; the lock is held for one next(), ~100 ns, except
+        # once per POISSON_CHUNK arrivals when numpy draws the next chunk.
+        assert self._schedule is not None
+        with self._claim_lock:
+            return next(self._schedule)
+
+    # -- stopping -----------------------------------------------------------------------------
+    def _signal_stop(self) -> None:
+        with self._signal_lock:
+            self._running = False
+            if not self._stop_signalled:
+                self._stop_signalled = True
+                self._stop_lock.release()
+
+    def _run(
+        self,
+        body: Callable[[_Counters, WorkerLog], None],
+        counters: _Counters,
+        log: WorkerLog,
+    ) -> None:
+        try:
+            self._gate.acquire()
+            self._gate.release()
+            body(counters, log)
+        except BaseException as exc:
+            # KeyboardInterrupt or SystemExit raised by the target, or a bug in the harness:
+            # stop everything and keep it for the caller (`failure`, StopReport.failure),
+            # then re-raise so threading.excepthook prints it: never swallowed silently.
+            with self._signal_lock:
+                if self._failure is None:
+                    self._failure = exc
+            self._signal_stop()
+            raise
+
+    # -- workers: the hot path; locals everywhere because attribute lookups cost per request --
+    def _closed_worker(self, counters: _Counters, log: WorkerLog) -> None:
+        call, requests, n = self._call, self._requests, len(self._requests)
+        round_robin = self._round_robin
+        record, clock, timeout_ns = log.record, time.perf_counter_ns, self._timeout_ns
+        set_current, new_timing = CURRENT.set, RequestTiming
+        while self._running:
+            request = requests[next(round_robin) % n]
+            timing = new_timing()
+            # This thread's context belongs to the generator and the next request overwrites
+            # it, so no reset is needed: one contextvar call per request, not two.
+            set_current(timing)
+            counters.issued += 1
+            start = clock()
+            try:
+                call(request)
+            except Exception as exc:
+                end = clock()
+                error: str | None = type(exc).__name__
+                message: str | None = _describe(exc)
+            else:
+                end = clock()
+                error = message = None
+                if end - start > timeout_ns:
+                    # A synchronous Python call cannot be cancelled: the timeout is judged
+                    # when the call returns, and the thread was busy until then.
+                    error, message = "timeout", self._timeout_message(end - start)
+            if self._closed:
+                return
+            counters.completed += 1
+            record(end, end - start, 0, 0, timing, error, message)
+
+    def _open_worker(self, counters: _Counters, log: WorkerLog) -> None:
+        call, requests, claim = self._call, self._requests, self._claim
+        record, clock, timeout_ns = log.record, time.perf_counter_ns, self._timeout_ns
+        set_current, new_timing = CURRENT.set, RequestTiming
+        stop_lock, sleep, t0 = self._stop_lock, time.sleep, self._t0
+        while self._running:
+            offset, index = claim()
+            intended = t0 + offset
+            now = clock()
+            if intended - now > SPIN_NS:
+                if stop_lock.acquire(timeout=(intended - now - SPIN_NS) / 1e9):
+                    stop_lock.release()  # pass the wake-up on to the next waiting worker
+                    return
+                now = clock()
+            while now < intended:
+                sleep(0)
+                now = clock()
+            if not self._running:
+                return  # claimed but never sent: not issued
+            send_lag = now - intended
+            if send_lag > LATE_NS:
+                counters.late += 1
+            request = requests[index]
+            timing = new_timing()
+            set_current(timing)
+            counters.issued += 1
+            start = clock()
+            try:
+                call(request)
+            except Exception as exc:
+                end = clock()
+                error: str | None = type(exc).__name__
+                message: str | None = _describe(exc)
+            else:
+                end = clock()
+                error = message = None
+                if end - start > timeout_ns:
+                    # Judged from the actual send: the target's time, not the generator's.
+                    error, message = "timeout", self._timeout_message(end - start)
+            if self._closed:
+                return
+            counters.completed += 1
+            # Latency from the INTENDED send time: the coordinated-omission correction.
+            record(end, end - intended, send_lag, start - intended, timing, error, message)
+
+    def _open_worker_lf(self, counters: _Counters, log: WorkerLog) -> None:
+        call, requests = self._call, self._requests
+        record, clock, timeout_ns = log.record, time.perf_counter_ns, self._timeout_ns
+        set_current, new_timing = CURRENT.set, RequestTiming
+        stop_lock, sleep, t0 = self._stop_lock, time.sleep, self._t0
+        leader = self._leader
+        schedule = self._schedule
+        while self._running:
+            with leader:
+                if not self._running:
+                    return
+                offset, index = next(schedule)
+                intended = t0 + offset
+                now = clock()
+                if intended - now > SPIN_NS:
+                    if stop_lock.acquire(timeout=(intended - now - SPIN_NS) / 1e9):
+                        stop_lock.release()
+                        return
+                    now = clock()
+                while now < intended:
+                    sleep(0)
+                    now = clock()
+            if not self._running:
+                return
+            send_lag = now - intended
+            if send_lag > LATE_NS:
+                counters.late += 1
+            request = requests[index]
+            timing = new_timing()
+            set_current(timing)
+            counters.issued += 1
+            start = clock()
+            try:
+                call(request)
+            except Exception as exc:
+                end = clock()
+                error: str | None = type(exc).__name__
+                message: str | None = _describe(exc)
+            else:
+                end = clock()
+                error = message = None
+                if end - start > timeout_ns:
+                    error, message = "timeout", self._timeout_message(end - start)
+            if self._closed:
+                return
+            counters.completed += 1
+            record(end, end - intended, send_lag, start - intended, timing, error, message)
+
+    def _timeout_message(self, elapsed_ns: int) -> str:
+        return (
+            f"returned after {elapsed_ns / 1e6:.1f} ms, over the "
+            f"{self._timeout_ns / 1e6:g} ms timeout"
+        )

@@ -1,0 +1,193 @@
+"""When each request is meant to leave: INTENDED send offsets in ns from the start of the load.
+
+Pure functions, so a schedule can be tested without threads or clocks. The generator measures
+open-loop latency from these intended times (wrk2's correction for coordinated omission), which
+is why they are computed up front rather than derived from when the previous request went out.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from optlab.errors import ConfigError
+
+__all__ = [
+    "TraceEntry",
+    "constant_offsets",
+    "poisson_offsets",
+    "read_trace",
+    "replay_offsets",
+]
+
+NS_PER_S = 1_000_000_000
+POISSON_CHUNK = 4096
+
+TraceEntry = tuple[int, str | None]  # (intended offset in ns, request id or None)
+
+_TIME_KEYS = ("t", "offset_s")
+_ID_KEYS = ("id", "request_id")
+_TRACE_HINT = (
+    'a trace is JSONL ({"t": 0.25, "id": "3"} per line; keys t or offset_s, id or request_id) '
+    "or CSV with a header naming a t or offset_s column and optionally id or request_id; "
+    "offsets are seconds from the start, never negative"
+)
+
+
+def constant_offsets(rate: float) -> Iterator[int]:
+    """0, 1/rate, 2/rate, ... in ns: each offset from its index, so rounding never drifts."""
+    if not rate > 0:
+        raise ValueError(f"rate must be positive, got {rate}")
+    period = NS_PER_S / rate
+    i = 0
+    while True:
+        yield round(i * period)
+        i += 1
+
+
+def poisson_offsets(rate: float, seed: int) -> Iterator[int]:
+    """Arrivals of a Poisson process: exponential gaps with mean 1/rate, reproducible by seed.
+
+    Gaps are drawn in chunks (one numpy call per POISSON_CHUNK arrivals) and accumulated in
+    float ns, then rounded per arrival, so long runs do not accumulate rounding error.
+    """
+    if not rate > 0:
+        raise ValueError(f"rate must be positive, got {rate}")
+    rng = np.random.default_rng(seed)
+    scale = NS_PER_S / rate
+    last = 0.0
+    while True:
+        times = np.cumsum(rng.exponential(scale, POISSON_CHUNK)) + last
+        last = float(times[-1])
+        # tolist() turns the chunk into Python ints once, not one numpy scalar per arrival.
+        yield from np.rint(times).astype(np.int64).tolist()
+
+
+def replay_offsets(entries: Sequence[TraceEntry]) -> Iterator[TraceEntry]:
+    """The trace, looped for as long as the measurement lasts.
+
+    Each pass is shifted by the trace's period: its last offset plus its mean gap, so the
+    looped trace keeps its mean rate and the first request of a pass never lands on the last
+    one of the previous pass. A one-entry trace repeats every max(offset, 1 s).
+    """
+    if not entries:
+        raise ValueError("a replay needs at least one trace entry")
+    first, last = entries[0][0], entries[-1][0]
+    if len(entries) > 1:
+        period = last + max(1, round((last - first) / (len(entries) - 1)))
+    else:
+        period = max(last, NS_PER_S)
+    shift = 0
+    while True:
+        for offset, request_id in entries:
+            yield offset + shift, request_id
+        shift += period
+
+
+def read_trace(path: Path | str, time_scale: float = 1.0) -> list[TraceEntry]:
+    """Read a JSONL or CSV trace into (offset ns, id) pairs, sorted by offset.
+
+    ``time_scale`` multiplies every offset: 2.0 replays the trace at half its rate, 0.5 at
+    double. Out-of-order offsets are sorted (with a warning: a trace merged from several
+    logs is often slightly out of order); negative or non-finite offsets are refused.
+    """
+    path = Path(path)
+    if not time_scale > 0:
+        raise ConfigError(f"trace {path}: time_scale must be positive, got {time_scale}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            f"trace file {path} not found",
+            hint="workload.load.trace is relative to the experiment file's folder",
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"trace file {path} cannot be read: {exc}", hint=_TRACE_HINT) from exc
+    if path.suffix.lower() == ".csv" or (
+        path.suffix.lower() not in (".jsonl", ".json", ".ndjson") and not text.lstrip().startswith("{")
+    ):
+        rows = _csv_rows(path, text)
+    else:
+        rows = _jsonl_rows(path, text)
+    entries: list[tuple[int, int, str | None]] = []
+    for line, seconds, request_id in rows:
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ConfigError(
+                f"{path}:{line}: offset {seconds!r} is negative or not a number", hint=_TRACE_HINT
+            )
+        entries.append((round(seconds * time_scale * NS_PER_S), line, request_id))
+    if not entries:
+        raise ConfigError(f"trace file {path} has no requests", hint=_TRACE_HINT)
+    out_of_order = next(
+        (b[1] for a, b in zip(entries, entries[1:], strict=False) if b[0] < a[0]), None
+    )
+    if out_of_order is not None:
+        warnings.warn(
+            f"{path}:{out_of_order}: offsets are not in order; the trace was sorted by offset",
+            stacklevel=2,
+        )
+        entries.sort(key=lambda e: e[0])  # stable: equal offsets keep their file order
+    return [(offset, request_id) for offset, _, request_id in entries]
+
+
+def _jsonl_rows(path: Path, text: str) -> Iterator[tuple[int, float, str | None]]:
+    for line, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}:{line}: not JSON ({exc.msg})", hint=_TRACE_HINT) from None
+        if not isinstance(obj, dict):
+            raise ConfigError(f"{path}:{line}: expected a JSON object", hint=_TRACE_HINT)
+        seconds = _field(obj, _TIME_KEYS)
+        if seconds is None:
+            raise ConfigError(f"{path}:{line}: no 't' or 'offset_s' key", hint=_TRACE_HINT)
+        request_id = _field(obj, _ID_KEYS)
+        yield line, _seconds(path, line, seconds), None if request_id is None else str(request_id)
+
+
+def _csv_rows(path: Path, text: str) -> Iterator[tuple[int, float, str | None]]:
+    reader = csv.reader(text.splitlines())
+    header = next(reader, None)
+    if header is None:
+        raise ConfigError(f"trace file {path} is empty", hint=_TRACE_HINT)
+    names = [name.strip().lower() for name in header]
+    time_col = next((names.index(k) for k in _TIME_KEYS if k in names), None)
+    if time_col is None:
+        raise ConfigError(
+            f"{path}:1: the CSV header {header} has no 't' or 'offset_s' column", hint=_TRACE_HINT
+        )
+    id_col = next((names.index(k) for k in _ID_KEYS if k in names), None)
+    for row in reader:
+        line = reader.line_num
+        if not row or all(not cell.strip() for cell in row):
+            continue
+        if len(row) != len(names):
+            raise ConfigError(
+                f"{path}:{line}: {len(row)} fields where the header has {len(names)}",
+                hint=_TRACE_HINT,
+            )
+        request_id = row[id_col].strip() if id_col is not None else ""
+        yield line, _seconds(path, line, row[time_col].strip()), request_id or None
+
+
+def _field(obj: dict[str, object], keys: Sequence[str]) -> object | None:
+    return next((obj[k] for k in keys if obj.get(k) is not None), None)
+
+
+def _seconds(path: Path, line: int, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ConfigError(f"{path}:{line}: offset {value!r} is not a number", hint=_TRACE_HINT)
+    try:
+        return float(value)
+    except ValueError:
+        raise ConfigError(
+            f"{path}:{line}: offset {value!r} is not a number", hint=_TRACE_HINT
+        ) from None

@@ -1,0 +1,420 @@
+"""Hand-off of completed requests from load-generator threads to one aggregating collector.
+
+Each generator thread owns a :class:`WorkerLog` and appends to flat ``array('q')`` buffers under
+its own lock, so the hot path never allocates per request (beyond a user's stage dict) and never
+contends with other generator threads. About once a second the :class:`Collector` swaps every
+log's buffers for empty ones and folds the samples into fixed-size histograms and per-second
+windows; only the raw samples of still-open windows are kept, so memory does not grow with the
+number of requests.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from array import array
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from optlab.metrics.histogram import LatencyHistogram
+from optlab.metrics.stages import RequestTiming
+
+__all__ = ["SEND_LAG", "START_LAG", "TOTAL", "Collector", "Window", "WorkerLog"]
+
+TOTAL = "total"
+SEND_LAG = "send_lag"
+START_LAG = "start_lag"
+
+_NS = 1_000_000_000
+_NS_PER_MS = 1e6
+
+Int64Array = npt.NDArray[np.int64]
+
+
+class _Buffers:
+    """One generation of a log's samples; swapped out whole so the collector never copies."""
+
+    __slots__ = ("end", "errors", "send_lag", "stage_dicts", "stage_rows", "start_lag", "total")
+
+    def __init__(self) -> None:
+        self.end = array("q")
+        self.total = array("q")
+        self.send_lag = array("q")
+        self.start_lag = array("q")
+        # Row numbers into the arrays above, for the (usually few) requests that recorded stages.
+        self.stage_rows = array("q")
+        self.stage_dicts: list[dict[str, int]] = []
+        # Errors are rare and carry strings, so a plain list is fine: (end_ns, type, message).
+        self.errors: list[tuple[int, str, str | None]] = []
+
+    def __len__(self) -> int:
+        return len(self.end) + len(self.errors)
+
+
+class WorkerLog:
+    """One per load-generator thread: the thread records, the collector swaps buffers ~1/s."""
+
+    __slots__ = ("_buf", "_lock")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._buf = _Buffers()
+
+    def record(
+        self,
+        end_ns: int,
+        total_ns: int,
+        send_lag_ns: int,
+        start_lag_ns: int,
+        timing: RequestTiming | None,
+        error: str | None = None,
+        message: str | None = None,
+    ) -> None:
+        """Record one completed request.
+
+        ``end_ns`` is ``time.perf_counter_ns()`` at completion; ``total_ns`` the latency (from the
+        intended send time under open loop); ``send_lag_ns`` intended -> dispatched;
+        ``start_lag_ns`` intended -> target entered. ``error`` is None for success, else an error
+        type name, with ``message`` an example text. Failed requests are counted but kept out of
+        every latency series.
+        """
+        with self._lock:
+            buf = self._buf
+            if error is None:
+                buf.end.append(end_ns)
+                buf.total.append(total_ns)
+                buf.send_lag.append(send_lag_ns)
+                buf.start_lag.append(start_lag_ns)
+                if timing is not None and timing.stages is not None:
+                    buf.stage_rows.append(len(buf.end) - 1)
+                    buf.stage_dicts.append(timing.stages)
+            else:
+                buf.errors.append((end_ns, error, message))
+
+    def _swap(self) -> _Buffers:
+        fresh = _Buffers()
+        with self._lock:
+            taken, self._buf = self._buf, fresh
+        return taken
+
+    def pending(self) -> int:
+        """Samples recorded but not yet drained."""
+        with self._lock:
+            return len(self._buf)
+
+
+@dataclass(frozen=True)
+class Window:
+    """One window (one second by default) of a phase, keyed by its offset from the phase start.
+
+    ``t_s`` is the window index: the whole seconds since the phase start with the default 1 s
+    windows. Percentiles are exact over the window's successful requests.
+    """
+
+    phase: str
+    t_s: int
+    completed: int
+    errors: int
+    qps: float
+    p50_ms: float | None
+    p99_ms: float | None
+    send_lag_p99_ms: float | None
+
+
+@dataclass
+class _OpenWindow:
+    totals: list[Int64Array] = field(default_factory=list)
+    send_lags: list[Int64Array] = field(default_factory=list)
+    errors: int = 0
+
+
+@dataclass
+class _ErrorStat:
+    count: int
+    example: str | None
+
+
+@dataclass
+class _Phase:
+    name: str
+    start_ns: int
+    end_ns: int | None = None  # the next phase's start; None while it is the latest phase
+    histograms: dict[str, LatencyHistogram] = field(default_factory=dict)
+    ok: int = 0
+    errors: dict[str, _ErrorStat] = field(default_factory=dict)
+    open_windows: dict[int, _OpenWindow] = field(default_factory=dict)
+    next_window: int = 0  # index of the first window not yet emitted
+    windows: list[Window] = field(default_factory=list)
+
+    def histogram(self, series: str) -> LatencyHistogram:
+        hist = self.histograms.get(series)
+        if hist is None:
+            hist = self.histograms[series] = LatencyHistogram()
+        return hist
+
+
+class Collector:
+    """Aggregates every :class:`WorkerLog` into per-phase histograms and per-window statistics.
+
+    ``drain`` is meant to be called about once a second from a single thread; the query methods
+    may be called from any thread. A window is complete once a drain has seen a sample at least
+    ``close_grace_s`` past its end, or the phase after it has begun, or :meth:`finish` was
+    called. Sample times decide, not the drain's clock, so synthetic timestamps work and the
+    empty windows of a stall appear once samples resume. The grace covers a generator thread
+    that took its ``end_ns`` just before a drain but got the lock just after it (a GIL switch
+    can sit in between); a sample that still arrives after its window was emitted counts in the
+    phase's histograms and totals, and in ``late``.
+    """
+
+    def __init__(self, window_s: float = 1.0, *, close_grace_s: float = 0.25) -> None:
+        if window_s <= 0:
+            raise ValueError("window_s must be positive")
+        if close_grace_s < 0:
+            raise ValueError("close_grace_s must not be negative")
+        self.window_s = window_s
+        self._window_ns = int(round(window_s * _NS))
+        self._grace_ns = int(round(close_grace_s * _NS))
+        self._logs: list[WorkerLog] = []
+        self._logs_lock = threading.Lock()
+        # Serialises drain() against queries and set_phase(); never taken by WorkerLog.record.
+        self._lock = threading.RLock()
+        self._phases: list[_Phase] = []
+        self._by_name: dict[str, _Phase] = {}
+        self._horizon_ns: int | None = None  # latest end_ns seen
+        self._new_windows: list[Window] = []
+        self.unassigned = 0  # samples that ended before the first phase began
+        self.late = 0  # samples whose window had already been emitted
+
+    def new_log(self) -> WorkerLog:
+        log = WorkerLog()
+        with self._logs_lock:
+            self._logs.append(log)
+        return log
+
+    def set_phase(self, phase: str, start_ns: int) -> None:
+        """Start ``phase`` at ``start_ns``; it also ends the previous phase there.
+
+        Samples are assigned to the latest phase whose start is <= their ``end_ns``. Call it no
+        later than the next drain after ``start_ns``: samples already folded stay where they are.
+        A closing phase such as ``"done"`` marks the true end of the last measured window.
+        """
+        with self._lock:
+            if phase in self._by_name:
+                raise ValueError(f"phase {phase!r} was already started")
+            if self._phases and start_ns < self._phases[-1].start_ns:
+                raise ValueError("phases must start in time order")
+            if self._phases:
+                self._phases[-1].end_ns = start_ns
+            entry = _Phase(phase, start_ns)
+            self._phases.append(entry)
+            self._by_name[phase] = entry
+
+    # -- folding -------------------------------------------------------------------------------
+
+    def drain(self) -> None:
+        """Swap every log's buffers and fold the samples in. Safe alongside ``record()``."""
+        with self._logs_lock:
+            logs = list(self._logs)
+        taken = [log._swap() for log in logs]
+        with self._lock:
+            for buf in taken:
+                self._fold(buf)
+            if self._horizon_ns is not None:
+                self._advance(self._horizon_ns - self._grace_ns, final=False)
+
+    def _phase_index(self, end_ns: Int64Array) -> npt.NDArray[np.intp]:
+        starts = np.fromiter((p.start_ns for p in self._phases), dtype=np.int64)
+        return np.searchsorted(starts, end_ns, side="right") - 1
+
+    def _fold(self, buf: _Buffers) -> None:
+        if buf.end:
+            self._fold_ok(buf)
+        if buf.errors:
+            self._fold_errors(buf.errors)
+
+    def _fold_ok(self, buf: _Buffers) -> None:
+        end = np.frombuffer(buf.end, dtype=np.int64)
+        total = np.frombuffer(buf.total, dtype=np.int64)
+        send_lag = np.frombuffer(buf.send_lag, dtype=np.int64)
+        start_lag = np.frombuffer(buf.start_lag, dtype=np.int64)
+        self._see(int(end.max()))
+        which = self._phase_index(end)
+        self.unassigned += int(np.count_nonzero(which < 0))
+        for index, phase in enumerate(self._phases):
+            mask = which == index
+            if not mask.any():
+                continue
+            p_end, p_total, p_send = end[mask], total[mask], send_lag[mask]
+            phase.ok += int(p_end.size)
+            phase.histogram(TOTAL).record_array(p_total)
+            phase.histogram(SEND_LAG).record_array(p_send)
+            phase.histogram(START_LAG).record_array(start_lag[mask])
+            slots = (p_end - phase.start_ns) // self._window_ns
+            # Sorting once groups the samples by window without a Python loop per sample.
+            order = np.argsort(slots, kind="stable")
+            slots, p_total, p_send = slots[order], p_total[order], p_send[order]
+            keys, first = np.unique(slots, return_index=True)
+            bounds = [*first.tolist(), int(slots.size)]
+            for k, key in enumerate(keys.tolist()):
+                if key < phase.next_window:
+                    self.late += bounds[k + 1] - bounds[k]
+                    continue
+                window = phase.open_windows.setdefault(key, _OpenWindow())
+                window.totals.append(p_total[bounds[k] : bounds[k + 1]])
+                window.send_lags.append(p_send[bounds[k] : bounds[k + 1]])
+        if buf.stage_dicts:
+            self._fold_stages(which, buf.stage_rows, buf.stage_dicts)
+
+    def _fold_stages(
+        self, which: npt.NDArray[np.intp], rows: array[int], dicts: list[dict[str, int]]
+    ) -> None:
+        phase_of_row = which[np.frombuffer(rows, dtype=np.int64)].tolist()
+        grouped: dict[tuple[int, str], list[int]] = {}
+        for phase_index, stages in zip(phase_of_row, dicts, strict=True):
+            if phase_index < 0:
+                continue
+            for name, ns in stages.items():
+                key = (phase_index, name)
+                values = grouped.get(key)
+                if values is None:
+                    grouped[key] = [ns]
+                else:
+                    values.append(ns)
+        for (phase_index, name), values in grouped.items():
+            series = self._phases[phase_index].histogram(name)
+            series.record_array(np.fromiter(values, dtype=np.int64, count=len(values)))
+
+    def _fold_errors(self, errors: list[tuple[int, str, str | None]]) -> None:
+        end = np.fromiter((e[0] for e in errors), dtype=np.int64, count=len(errors))
+        self._see(int(end.max()))
+        which = self._phase_index(end).tolist()
+        for phase_index, (end_ns, kind, message) in zip(which, errors, strict=True):
+            if phase_index < 0:
+                self.unassigned += 1
+                continue
+            phase = self._phases[phase_index]
+            stat = phase.errors.get(kind)
+            if stat is None:
+                phase.errors[kind] = _ErrorStat(1, message)
+            else:
+                stat.count += 1
+                if stat.example is None:
+                    stat.example = message
+            key = (end_ns - phase.start_ns) // self._window_ns
+            if key < phase.next_window:
+                self.late += 1
+            else:
+                phase.open_windows.setdefault(key, _OpenWindow()).errors += 1
+
+    def _see(self, end_ns: int) -> None:
+        if self._horizon_ns is None or end_ns > self._horizon_ns:
+            self._horizon_ns = end_ns
+
+    # -- windows -------------------------------------------------------------------------------
+
+    def _advance(self, horizon_ns: int, *, final: bool) -> None:
+        """Emit every window that ends at or before ``horizon_ns`` (all of them when final)."""
+        for phase in self._phases:
+            last = self._last_closable(phase, horizon_ns, final)
+            while phase.next_window <= last:
+                window = self._close(phase, phase.next_window, final)
+                phase.windows.append(window)
+                self._new_windows.append(window)
+                phase.next_window += 1
+
+    def _last_closable(self, phase: _Phase, horizon_ns: int, final: bool) -> int:
+        w = self._window_ns
+        if phase.end_ns is not None and (final or horizon_ns >= phase.end_ns):
+            # The phase is over: its last window is the one holding the instant before its end.
+            return max(phase.end_ns - 1 - phase.start_ns, -1) // w
+        if final:
+            return max(phase.open_windows, default=phase.next_window - 1)
+        return (horizon_ns - phase.start_ns) // w - 1
+
+    def _close(self, phase: _Phase, key: int, final: bool) -> Window:
+        data = phase.open_windows.pop(key, None) or _OpenWindow()
+        start = phase.start_ns + key * self._window_ns
+        span_ns = self._window_ns
+        if phase.end_ns is not None:
+            span_ns = min(span_ns, phase.end_ns - start)
+        elif final:
+            # Without a closing phase the best end estimate for the last window is "now".
+            now = time.perf_counter_ns()
+            if start < now < start + span_ns:
+                span_ns = now - start
+        totals = np.concatenate(data.totals) if data.totals else None
+        send_lags = np.concatenate(data.send_lags) if data.send_lags else None
+        completed = 0 if totals is None else int(totals.size)
+        return Window(
+            phase=phase.name,
+            t_s=key,
+            completed=completed,
+            errors=data.errors,
+            qps=completed / (span_ns / _NS) if span_ns > 0 else 0.0,
+            p50_ms=_percentile_ms(totals, 50.0),
+            p99_ms=_percentile_ms(totals, 99.0),
+            send_lag_p99_ms=_percentile_ms(send_lags, 99.0),
+        )
+
+    def finish(self) -> None:
+        """Final drain; closes every open window."""
+        self.drain()
+        with self._lock:
+            self._advance(self._horizon_ns or 0, final=True)
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def _phase(self, phase: str) -> _Phase | None:
+        return self._by_name.get(phase)
+
+    def windows(self, phase: str) -> list[Window]:
+        with self._lock:
+            entry = self._phase(phase)
+            return [] if entry is None else list(entry.windows)
+
+    def histograms(self, phase: str) -> dict[str, LatencyHistogram]:
+        """Copies of the phase's histograms: "total", "send_lag", "start_lag" and user stages."""
+        with self._lock:
+            entry = self._phase(phase)
+            if entry is None:
+                return {}
+            return {name: hist.copy() for name, hist in entry.histograms.items()}
+
+    def error_counts(self, phase: str) -> dict[str, tuple[int, str | None]]:
+        with self._lock:
+            entry = self._phase(phase)
+            if entry is None:
+                return {}
+            return {kind: (stat.count, stat.example) for kind, stat in entry.errors.items()}
+
+    def totals(self, phase: str) -> tuple[int, int]:
+        """(completed ok, errors) of the phase."""
+        with self._lock:
+            entry = self._phase(phase)
+            if entry is None:
+                return (0, 0)
+            return entry.ok, sum(stat.count for stat in entry.errors.values())
+
+    def take_new_windows(self) -> list[Window]:
+        with self._lock:
+            taken, self._new_windows = self._new_windows, []
+            return taken
+
+    def held_samples(self) -> int:
+        """Raw samples held anywhere (undrained logs plus open windows); bounded by ~2 windows."""
+        with self._logs_lock:
+            logs = list(self._logs)
+        held = sum(log.pending() for log in logs)
+        with self._lock:
+            for phase in self._phases:
+                for window in phase.open_windows.values():
+                    held += sum(int(chunk.size) for chunk in window.totals)
+        return held
+
+
+def _percentile_ms(values: Int64Array | None, q: float) -> float | None:
+    if values is None or values.size == 0:
+        return None
+    return float(np.percentile(values, q, method="linear")) / _NS_PER_MS

@@ -1,0 +1,89 @@
+"""The measurement protocol a run follows, resolved from the config and the command line."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from optlab.config.models import FULL_MAX_DURATION_S, FULL_MIN_DURATION_S, Protocol
+from optlab.errors import ConfigError
+
+FULL_WARMUP_MIN_S = 30.0
+FULL_WARMUP_MAX_S = 300.0
+STABILITY_WINDOW_S = 5.0  # the last three windows of 5 s must agree (perf_analyzer's rule)
+STABILITY_WINDOWS = 3
+STABILITY_TOLERANCE = 0.10
+QUICK_WARMUP_S = 1.0
+QUICK_DURATION_S = 5.0
+# Above this, the load generator (not the target) set the pace: requests left late.
+MAX_SEND_LAG_P99_MS = 2.0
+
+
+@dataclass(frozen=True)
+class EffectiveProtocol:
+    """Everything that decides how a run is measured. Runs compare only under equal protocols."""
+
+    name: Literal["full", "quick"]
+    warmup: Literal["stable", "fixed"]
+    warmup_s: float  # the fixed warmup, or the minimum before stability is judged
+    warmup_max_s: float
+    duration_s: float
+    max_error_rate: float
+    max_send_lag_p99_ms: float = MAX_SEND_LAG_P99_MS
+    stability_window_s: float = STABILITY_WINDOW_S
+    stability_tolerance: float = STABILITY_TOLERANCE
+
+    @property
+    def provisional(self) -> bool:
+        if self.name == "quick":
+            return True
+        return self.duration_s < FULL_MIN_DURATION_S or (
+            self.warmup == "fixed" and self.warmup_s < FULL_WARMUP_MIN_S
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "provisional": self.provisional}
+
+    def comparable_key(self) -> dict[str, Any]:
+        """What must match between a step's run and its parent's run."""
+        return asdict(self)
+
+
+def effective_protocol(
+    protocol: Protocol,
+    *,
+    quick: bool = False,
+    duration_s: float | None = None,
+    warmup_s: float | None = None,
+) -> EffectiveProtocol:
+    """Config protocol + command-line overrides. Overrides win; quick wins over full."""
+    name: Literal["full", "quick"] = "quick" if quick else protocol.name
+    duration = duration_s if duration_s is not None else protocol.duration_s
+    warmup = warmup_s if warmup_s is not None else protocol.warmup_s
+    if duration is not None and not 0 < duration <= FULL_MAX_DURATION_S:
+        raise ConfigError(
+            f"--duration {duration:g} s is outside (0, {FULL_MAX_DURATION_S:g}] s",
+            hint="full runs measure 600-900 s; shorter runs are provisional",
+        )
+    if warmup is not None and not 0 <= warmup <= FULL_WARMUP_MAX_S:
+        raise ConfigError(
+            f"--warmup {warmup:g} s is outside [0, {FULL_WARMUP_MAX_S:g}] s",
+            hint="leave it out to warm up until stable",
+        )
+    if name == "quick":
+        return EffectiveProtocol(
+            name="quick",
+            warmup="fixed",
+            warmup_s=QUICK_WARMUP_S if warmup is None else warmup,
+            warmup_max_s=QUICK_WARMUP_S if warmup is None else warmup,
+            duration_s=QUICK_DURATION_S if duration is None else duration,
+            max_error_rate=protocol.max_error_rate,
+        )
+    return EffectiveProtocol(
+        name="full",
+        warmup="stable" if warmup is None else "fixed",
+        warmup_s=FULL_WARMUP_MIN_S if warmup is None else warmup,
+        warmup_max_s=FULL_WARMUP_MAX_S if warmup is None else warmup,
+        duration_s=FULL_MIN_DURATION_S if duration is None else duration,
+        max_error_rate=protocol.max_error_rate,
+    )

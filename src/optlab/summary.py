@@ -1,0 +1,148 @@
+"""Turning what a run collected into stored rows and the run summary (DESIGN.md section 7)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from optlab.store import GpuSample, ResourceSample, RunErrorCount, StageStatsRow, WindowStats
+
+if TYPE_CHECKING:
+    from optlab.metrics.histogram import LatencyHistogram
+    from optlab.metrics.log import Window
+    from optlab.metrics.resources import ResourceReading
+
+SUMMARY_KEYS = ("p50", "p95", "p99", "p999", "max", "mean")
+PHASES = ("warmup", "measure")
+
+
+def stage_rows(phase: str, histograms: dict[str, LatencyHistogram]) -> list[StageStatsRow]:
+    rows = []
+    for stage, histogram in sorted(histograms.items()):
+        s = histogram.summary_ms()
+        rows.append(
+            StageStatsRow(
+                stage=stage,
+                phase=phase,
+                count=histogram.count,
+                histogram=histogram.encode(),
+                min_ms=_f(s["min"]),
+                mean_ms=_f(s["mean"]),
+                stddev_ms=_f(s["stddev"]),
+                p50_ms=_f(s["p50"]),
+                p90_ms=_f(s["p90"]),
+                p95_ms=_f(s["p95"]),
+                p99_ms=_f(s["p99"]),
+                p999_ms=_f(s["p999"]),
+                max_ms=_f(s["max"]),
+            )
+        )
+    return rows
+
+
+def _f(value: float | int | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def window_rows(windows: Sequence[Window]) -> list[WindowStats]:
+    return [
+        WindowStats(
+            phase=w.phase,
+            t_s=w.t_s,
+            completed=w.completed,
+            errors=w.errors,
+            qps=w.qps,
+            p50_ms=w.p50_ms,
+            p99_ms=w.p99_ms,
+            send_lag_p99_ms=w.send_lag_p99_ms,
+        )
+        for w in windows
+        if w.phase in PHASES
+    ]
+
+
+def resource_rows(readings: Sequence[ResourceReading]) -> list[ResourceSample]:
+    rows = []
+    for r in readings:
+        if r.phase not in PHASES:
+            continue
+        gpus = None
+        if r.gpus is not None:
+            gpus = tuple(
+                GpuSample(
+                    index=g.index,
+                    util_pct=g.util_pct,
+                    mem_used_bytes=g.mem_used_bytes,
+                    mem_total_bytes=g.mem_total_bytes,
+                    temperature_c=g.temperature_c,
+                    power_w=g.power_w,
+                    sm_clock_mhz=g.sm_clock_mhz,
+                    throttle_reasons=(
+                        tuple(g.throttle_reasons) if g.throttle_reasons is not None else None
+                    ),
+                )
+                for g in r.gpus
+            )
+        rows.append(
+            ResourceSample(
+                phase=r.phase,
+                t_s=r.t_s,
+                cpu_process_pct=r.cpu_process_pct,
+                cpu_system_pct=r.cpu_system_pct,
+                cpu_per_core=tuple(r.cpu_per_core) if r.cpu_per_core is not None else None,
+                rss_bytes=r.rss_bytes,
+                mem_used_bytes=r.mem_used_bytes,
+                mem_total_bytes=r.mem_total_bytes,
+                iowait_pct=r.iowait_pct,
+                gpus=gpus,
+            )
+        )
+    return rows
+
+
+def error_rows(errors: dict[str, tuple[int, str | None]]) -> list[RunErrorCount]:
+    return [
+        RunErrorCount(kind, count, example) for kind, (count, example) in sorted(errors.items())
+    ]
+
+
+def latency_summary(histograms: dict[str, LatencyHistogram]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for stage, histogram in sorted(histograms.items(), key=lambda kv: (kv[0] != "total", kv[0])):
+        s = histogram.summary_ms()
+        out[stage] = {key: s[key] for key in SUMMARY_KEYS} | {"count": histogram.count}
+    return out
+
+
+def _stats(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    return {"mean": statistics.fmean(values), "max": max(values)}
+
+
+def resource_summary(readings: Sequence[ResourceReading], peak_rss: int | None) -> dict[str, Any]:
+    measured = [r for r in readings if r.phase == "measure"]
+
+    def pick(attr: str) -> list[float]:
+        return [float(v) for r in measured if (v := getattr(r, attr)) is not None]
+
+    gpu_util = [g.util_pct for r in measured for g in (r.gpus or []) if g.util_pct is not None]
+    gpu_mem = [
+        float(g.mem_used_bytes)
+        for r in measured
+        for g in (r.gpus or [])
+        if g.mem_used_bytes is not None
+    ]
+    return {
+        "samples": len(measured),
+        "cpu_process_pct": _stats(pick("cpu_process_pct")),
+        "cpu_system_pct": _stats(pick("cpu_system_pct")),
+        "iowait_pct": _stats(pick("iowait_pct")),
+        "rss_bytes": _stats(pick("rss_bytes")),
+        "rss_peak_bytes": peak_rss,
+        "mem_used_bytes": _stats(pick("mem_used_bytes")),
+        # Absent without a GPU: recorded as absent, never as zero.
+        "gpu_util_pct": _stats([float(v) for v in gpu_util]),
+        "gpu_mem_used_bytes": _stats(gpu_mem),
+    }

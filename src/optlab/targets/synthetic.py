@@ -1,0 +1,168 @@
+"""A synthetic service with a known service time: the ground truth for tests and benchmarks.
+
+Stalls freeze the server: service time only accrues outside the stall windows
+``[k * stall_every, k * stall_every + stall)`` for k = 1, 2, ... (seconds from construction),
+so a request in service or waiting when a stall begins is held until it ends, like a
+stop-the-world GC pause. :func:`simulate_open_loop` computes the latencies a single-server FIFO
+queue with the same stalls gives, which is what an honest open-loop measurement must report.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import Field, ValidationError, model_validator
+
+from optlab.config.knobs import StrictModel
+from optlab.errors import ConfigError
+from optlab.metrics.stages import stage
+
+__all__ = ["SyntheticKnobs", "SyntheticTarget", "build", "inputs", "simulate_open_loop"]
+
+DEFAULT_INPUTS = 64
+# time.sleep overshoots by ~50-100 us (timer slack, wake-up); the rest is spun.
+SPIN_NS = 200_000
+
+
+class SyntheticKnobs(StrictModel):
+    """Knobs of the synthetic target."""
+
+    distribution: Literal["fixed", "lognormal"] = "fixed"
+    service_ms: float = Field(1.0, ge=0, le=60_000, description="fixed time, or the median")
+    sigma: float = Field(0.5, ge=0, le=5, description="lognormal shape")
+    single_server: bool = Field(False, description="one request at a time: requests queue")
+    stall_every_s: float | None = Field(None, gt=0, description="a stall every this many s")
+    stall_ms: float = Field(0.0, ge=0, description="how long each stall freezes the server")
+    error_rate: float = Field(0.0, ge=0, le=1, description="fraction raising RuntimeError")
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _stall_shorter_than_period(self) -> SyntheticKnobs:
+        if self.stall_every_s is not None and self.stall_ms >= self.stall_every_s * 1000:
+            raise ValueError(
+                f"stall_ms ({self.stall_ms:g}) must be shorter than stall_every_s "
+                f"({self.stall_every_s:g} s): the server would never run"
+            )
+        return self
+
+
+def _stalled_before(t: int, every: int, stall: int) -> int:
+    """Stalled ns in [0, t): stall windows start at every, 2*every, ..."""
+    k = t // every
+    if k < 1:
+        return 0
+    return (k - 1) * stall + min(stall, t - k * every)
+
+
+def finish_time(start: int, service: int, every: int | None, stall: int) -> int:
+    """When a request that enters service at ``start`` with ``service`` ns of work is done.
+
+    Work progresses only outside stalls; a request whose work runs out exactly as a stall
+    begins (or that needs none and arrives during one) leaves when the stall ends.
+    """
+    if every is None or stall <= 0:
+        return start + service
+    work = start - _stalled_before(start, every, stall) + service
+    if work < every:
+        return work
+    # After the first period, each period adds (every - stall) of work after its stall.
+    period, rest = divmod(work - every, every - stall)
+    return (period + 1) * every + stall + rest
+
+
+def simulate_open_loop(
+    arrivals_ns: Sequence[int], service_ns: int, stall_every_ns: int | None, stall_ns: int
+) -> npt.NDArray[np.int64]:
+    """Latency of each request from its arrival in a single-server FIFO queue with stalls.
+
+    Arrivals are ns from the server's construction (the stall clock's zero), in order.
+    """
+    latencies = np.empty(len(arrivals_ns), dtype=np.int64)
+    free_at = -math.inf
+    for i, arrival in enumerate(arrivals_ns):
+        begin = int(max(arrival, free_at))
+        done = finish_time(begin, service_ns, stall_every_ns, stall_ns)
+        latencies[i] = done - arrival
+        free_at = done
+    return latencies
+
+
+class SyntheticTarget:
+    """callable(request) -> request after the configured service time; thread-safe."""
+
+    def __init__(self, knobs: SyntheticKnobs) -> None:
+        self.knobs = knobs
+        self._t0 = time.perf_counter_ns()
+        self._service_ns = round(knobs.service_ms * 1e6)
+        self._every_ns = None if knobs.stall_every_s is None else round(knobs.stall_every_s * 1e9)
+        self._stall_ns = round(knobs.stall_ms * 1e6)
+        # random.Random's methods are atomic under the GIL (lognormvariate does not use
+        # gauss()'s cached state), so one generator serves every thread.
+        self._rng = random.Random(knobs.seed)
+        self._mu = math.log(knobs.service_ms) if knobs.service_ms > 0 else -math.inf
+        self._lock = threading.Lock() if knobs.single_server else None
+
+    def __call__(self, request: Any) -> Any:
+        if self._lock is None:
+            with stage("service"):
+                self._serve()
+        else:
+            with stage("queue"):
+                self._lock.acquire()
+            try:
+                with stage("service"):
+                    self._serve()
+            finally:
+                self._lock.release()
+        if self.knobs.error_rate and self._rng.random() < self.knobs.error_rate:
+            raise RuntimeError("synthetic error (error_rate)")
+        return request
+
+    def _service_time(self) -> int:
+        if self.knobs.distribution == "fixed" or self._service_ns == 0:
+            return self._service_ns
+        return round(self._rng.lognormvariate(self._mu, self.knobs.sigma) * 1e6)
+
+    def _serve(self) -> None:
+        service = self._service_time()
+        start = time.perf_counter_ns() - self._t0
+        deadline = self._t0 + finish_time(start, service, self._every_ns, self._stall_ns)
+        _sleep_until(deadline)
+
+
+def _sleep_until(deadline_ns: int) -> None:
+    """Sleep for the bulk, then spin the last SPIN_NS: a 1 ms wait lands within ~50 us."""
+    clock = time.perf_counter_ns
+    remaining = deadline_ns - clock()
+    if remaining > SPIN_NS:
+        time.sleep((remaining - SPIN_NS) / 1e9)
+    while clock() < deadline_ns:
+        time.sleep(0)  # releases the GIL, so spinning never starves the load generator
+
+
+def build(knobs: dict[str, Any]) -> SyntheticTarget:
+    """The target's factory: validates the knobs, then builds the target."""
+    try:
+        model = SyntheticKnobs.model_validate(knobs)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "knobs"
+        raise ConfigError(
+            f"synthetic target: knobs.{where}: {first['msg']}",
+            hint=f"the synthetic target's knobs are {', '.join(SyntheticKnobs.model_fields)}",
+        ) from exc
+    return SyntheticTarget(model)
+
+
+def inputs(workload: Any) -> list[Any]:
+    """Requests are just indices; ``workload.inputs.count`` sets how many (default 64)."""
+    extra = getattr(workload, "inputs", None)
+    count = extra.get("count", DEFAULT_INPUTS) if isinstance(extra, dict) else DEFAULT_INPUTS
+    return list(range(int(count)))

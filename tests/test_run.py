@@ -1,0 +1,224 @@
+"""`optlab run` end to end over the synthetic target: storage, refusals and the lifecycle."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import Result
+
+from optlab.store import Store
+from tests.conftest import REPO, write
+
+Invoke = Callable[..., Result]
+FAST = ("--quick", "--duration", "1.5", "--warmup", "0.3")
+
+
+@pytest.fixture
+def synth(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "synthetic"
+    shutil.copytree(REPO / "experiments" / "examples" / "synthetic", folder)
+    monkeypatch.chdir(tmp_path)
+    return folder
+
+
+def _summary(result: Result) -> dict[str, object]:
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_quick_chain_stores_everything(synth: Path, invoke: Invoke, sqlite_url: str) -> None:
+    base = _summary(invoke("run", str(synth / "baseline.yaml"), *FAST, "--json"))
+    assert base["status"] == "FINISHED" and base["provisional"] is True
+    assert base["valid"] is True, base["reasons"]
+    latency = base["latency_ms"]
+    assert isinstance(latency, dict)
+    # lognormal with a 2 ms median: the measured P50 is close to it, and total covers service.
+    assert 1.6 < latency["total"]["p50"] < 3.5
+    assert latency["service"]["p50"] <= latency["total"]["p50"]
+    assert set(latency["total"]) >= {"p50", "p95", "p99", "p999", "max", "mean"}
+    assert base["qps"] > 500  # 4 clients x ~2 ms
+    step = _summary(invoke("run", str(synth / "01-faster-service.yaml"), *FAST, "--json"))
+    parent = step["parent"]
+    assert isinstance(parent, dict) and parent["run_id"] == base["run_id"]
+    assert parent["variable"] == "service_ms"
+    assert parent["p50_change_pct"] < -25  # 2 ms -> 1 ms median service time
+    assert parent["qps_change_pct"] > 25
+
+    store = Store.open(sqlite_url)
+    run_id = int(step["run_id"])  # type: ignore[call-overload]
+    stages = {(s.stage, s.phase) for s in store.get_stage_stats(run_id)}
+    assert {("total", "measure"), ("service", "measure"), ("total", "warmup")} <= stages
+    windows = store.get_windows(run_id, "measure")
+    assert len(windows) >= 1 and all(w.completed > 0 for w in windows)
+    samples = store.get_resource_samples(run_id)
+    assert samples and samples[0].cpu_per_core is not None and samples[0].gpus is None
+    record = store.get_run(run_id)
+    assert record.status == "FINISHED" and record.valid and record.environment_id is not None
+    log = invoke("log")
+    assert log.exit_code == 0 and "synthetic-faster-service" in log.stdout
+
+
+def test_step_refused_until_parent_measured_then_chain(synth: Path, invoke: Invoke) -> None:
+    step = str(synth / "01-faster-service.yaml")
+    refused = invoke("run", step, *FAST)
+    assert refused.exit_code == 2
+    assert "parent 'synthetic-baseline' has no valid run under the quick" in refused.stderr
+    assert "--chain" in refused.stderr
+    chained = invoke("run", step, *FAST, "--chain", "--json")
+    assert chained.exit_code == 0, chained.output
+    runs = invoke("log", "--json").stdout.strip().splitlines()
+    assert [json.loads(r)["experiment"] for r in runs] == [
+        "synthetic-baseline",
+        "synthetic-faster-service",
+    ]
+
+
+def test_other_protocol_or_environment_refused(
+    synth: Path, invoke: Invoke, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert invoke("run", str(synth / "baseline.yaml"), *FAST).exit_code == 0
+    step = str(synth / "01-faster-service.yaml")
+    other = invoke("run", step, "--quick", "--duration", "2", "--warmup", "0.3")
+    assert other.exit_code == 2 and "no valid run under the quick (2.0 s" in other.stderr
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    env = invoke("run", step, *FAST)
+    assert env.exit_code == 2
+    assert "environment differs" in env.stderr and "software.env.OMP_NUM_THREADS" in env.stderr
+    assert "re-measure the parent" in env.stderr
+
+
+def test_two_variables_refused_before_any_run(synth: Path, invoke: Invoke) -> None:
+    write(
+        synth,
+        "two.yaml",
+        "name: two\nparent: synthetic-baseline\nchange: {service_ms: 1.0, sigma: 0.1}\n",
+    )
+    result = invoke("run", str(synth / "two.yaml"), *FAST, "--chain")
+    assert result.exit_code == 2 and "changes 2 variables" in result.stderr
+    assert invoke("log").stdout.startswith("no runs yet")
+
+
+def test_python_target_code_change_refused(tmp_path: Path, invoke: Invoke) -> None:
+    folder = tmp_path / "py"
+    folder.mkdir()
+    module = write(folder, "echo_target.py", "def build(knobs):\n    return lambda r: r\n")
+    write(
+        folder,
+        "base.yaml",
+        "name: echo\ntarget: {kind: python, factory: 'echo_target:build'}\n"
+        "knobs: {size: 1}\nworkload: {load: {mode: closed, concurrency: 1}}\n",
+    )
+    write(folder, "step.yaml", "name: echo-big\nparent: echo\nchange: {size: 2}\n")
+    assert invoke("run", str(folder / "base.yaml"), *FAST).exit_code == 0
+    module.write_text("def build(knobs):\n    return lambda r: (r, r)\n")
+    result = invoke("run", str(folder / "step.yaml"), *FAST)
+    assert result.exit_code == 2
+    assert "the target's code differs" in result.stderr and "echo_target" in result.stderr
+
+
+def test_failing_factory_leaves_a_failed_run(tmp_path: Path, invoke: Invoke) -> None:
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    write(folder, "bad_target.py", "def build(knobs):\n    raise RuntimeError('no GPU here')\n")
+    write(
+        folder,
+        "base.yaml",
+        "name: bad\ntarget: {kind: python, factory: 'bad_target:build'}\n"
+        "workload: {load: {mode: closed, concurrency: 1}}\n",
+    )
+    result = invoke("run", str(folder / "base.yaml"), *FAST, "--json")
+    assert result.exit_code == 1
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "FAILED" and summary["valid"] is False
+    assert "RuntimeError: no GPU here" in summary["reasons"][0]
+
+
+def _spawn(synth: Path, db: Path, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "optlab",
+            "--db",
+            f"sqlite:///{db}",
+            "run",
+            str(synth / "baseline.yaml"),
+            *args,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for_measure(db: Path, timeout_s: float = 60) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        if not db.exists():
+            continue
+        try:
+            con = sqlite3.connect(db, timeout=5)
+            row = con.execute(
+                "select r.id from runs r join run_windows w on w.run_id = r.id "
+                "where r.status = 'RUNNING' and w.phase = 'measure' limit 1"
+            ).fetchone()
+            con.close()
+        except sqlite3.OperationalError:
+            continue
+        if row:
+            return int(row[0])
+    raise AssertionError("the run never reached its measurement phase")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_leaves_a_killed_run_with_partial_data(
+    synth: Path, tmp_path: Path, invoke: Invoke, sqlite_url: str, signum: int
+) -> None:
+    db = Path(sqlite_url.removeprefix("sqlite:///"))
+    assert invoke("run", str(synth / "baseline.yaml"), *FAST).exit_code == 0
+    proc = _spawn(synth, db, "--quick", "--duration", "60", "--warmup", "0.3")
+    run_id = _wait_for_measure(db)
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    store = Store.open(sqlite_url)
+    killed = store.get_run(run_id)
+    assert killed.status == "KILLED" and killed.valid is False
+    assert killed.requests and killed.requests > 0
+    assert any("interrupted" in r for r in killed.reasons)
+    assert {s.stage for s in store.get_stage_stats(run_id, "measure")} >= {"total"}
+    assert store.get_windows(run_id, "measure")
+    earlier = store.get_run(run_id - 1)
+    assert earlier.status == "FINISHED" and earlier.valid
+
+
+def test_sigkill_is_marked_crashed_at_the_next_start(
+    synth: Path, invoke: Invoke, sqlite_url: str
+) -> None:
+    db = Path(sqlite_url.removeprefix("sqlite:///"))
+    assert invoke("run", str(synth / "baseline.yaml"), *FAST).exit_code == 0
+    proc = _spawn(synth, db, "--quick", "--duration", "60", "--warmup", "0.3")
+    run_id = _wait_for_measure(db)
+    proc.kill()
+    proc.communicate(timeout=30)
+    store = Store.open(sqlite_url)
+    assert store.get_run(run_id).status == "RUNNING"
+    again = invoke("run", str(synth / "baseline.yaml"), *FAST)
+    assert again.exit_code == 0, again.output
+    assert f"run {run_id} was left RUNNING" in again.stderr
+    assert store.get_run(run_id).status == "CRASHED"
+    assert store.get_run(run_id - 1).status == "FINISHED"
+    assert len(store.get_windows(run_id, "measure")) >= 1  # flushed data survives the crash
