@@ -530,11 +530,11 @@ def run(
             on_outcome(outcome)
         if outcome.status == "KILLED":
             break
-        if outcome.status != "FINISHED" or not outcome.summary["valid"]:
-            if link is not chain[-1]:
-                raise RefusedError(
-                    f"{link.name}'s run {outcome.run_id} is {outcome.status}"
-                    f"{'' if outcome.summary['valid'] else ' and INVALID'}; the chain stops here",
-                    hint="see its reasons with `optlab log`; fix them and run again",
-                )
+        usable = outcome.status == "FINISHED" and outcome.summary["valid"]
+        if not usable and link is not chain[-1]:
+            raise RefusedError(
+                f"{link.name}'s run {outcome.run_id} is {outcome.status}"
+                f"{'' if outcome.summary['valid'] else ' and INVALID'}; the chain stops here",
+                hint="see its reasons with `optlab log`; fix them and run again",
+            )
     return outcomes

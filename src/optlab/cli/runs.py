@@ -109,7 +109,8 @@ def render_summary(outcome: RunOutcome) -> str:
     parent = s.get("parent")
     if parent:
         lines.append(
-            f"  vs {parent['experiment']} (run {parent['run_id']}, {parent['change'] or 'repeat'}): "
+            f"  vs {parent['experiment']} (run {parent['run_id']}, "
+            f"{parent['change'] or 'repeat'}): "
             f"QPS {_pct(parent['qps_change_pct'])}  P50 {_pct(parent['p50_change_pct'])}  "
             f"P99 {_pct(parent['p99_change_pct'])}"
         )
