@@ -16,6 +16,11 @@ from pathlib import Path
 import pytest
 from click.testing import Result
 
+from optlab.cli.runs import PlainProgress
+from optlab.config.models import ResolvedConfig
+from optlab.lineage import prepare
+from optlab.protocol import EffectiveProtocol
+from optlab.runner import RunOptions, _Measurement
 from optlab.store import Store
 from tests.conftest import REPO, write
 
@@ -95,6 +100,15 @@ def test_other_protocol_or_environment_refused(
     assert env.exit_code == 2
     assert "environment differs" in env.stderr and "software.env.OMP_NUM_THREADS" in env.stderr
     assert "re-measure the parent" in env.stderr
+
+
+def test_repeats_measure_n_times(synth: Path, invoke: Invoke) -> None:
+    result = invoke("run", str(synth / "baseline.yaml"), *FAST, "--repeats", "2")
+    assert result.exit_code == 0, result.output
+    runs = [json.loads(line) for line in invoke("log", "--json").stdout.splitlines()]
+    assert [(r["experiment"], r["status"]) for r in runs] == [
+        ("synthetic-baseline", "FINISHED")
+    ] * 2
 
 
 def test_two_variables_refused_before_any_run(synth: Path, invoke: Invoke) -> None:
@@ -222,3 +236,55 @@ def test_sigkill_is_marked_crashed_at_the_next_start(
     assert store.get_run(run_id).status == "CRASHED"
     assert store.get_run(run_id - 1).status == "FINISHED"
     assert len(store.get_windows(run_id, "measure")) >= 1  # flushed data survives the crash
+
+
+def _measure_with(synth: Path, url: str, knobs: str, protocol: EffectiveProtocol) -> _Measurement:
+    """Run the real measurement loop under a custom protocol (the full one takes minutes)."""
+    path = write(
+        synth,
+        "stability.yaml",
+        f"name: stability\ntarget: {{kind: builtin, name: synthetic}}\nknobs: {knobs}\n"
+        "workload: {load: {mode: closed, concurrency: 2}}\n",
+    )
+    store = Store.open(url)
+    link = prepare(path, store).head
+    run_id = store.create_run(
+        experiment="stability",
+        protocol_name="full",
+        protocol={},
+        provisional=True,
+        environment_id=None,
+        code_identity={},
+        git_commit=None,
+        git_dirty=None,
+    )
+    config = ResolvedConfig.model_validate(link.stored.config)
+    measurement = _Measurement(
+        store, link, config, protocol, run_id, PlainProgress(), RunOptions(), None
+    )
+    measurement.execute([synth])
+    return measurement
+
+
+def test_warmup_ends_when_stable_or_at_its_limit(synth: Path, sqlite_url: str) -> None:
+    protocol = EffectiveProtocol(
+        name="full",
+        warmup="stable",
+        warmup_s=1.0,
+        warmup_max_s=8.0,
+        duration_s=1.0,
+        max_error_rate=0.001,
+        stability_window_s=1.0,
+    )
+    steady = _measure_with(synth, sqlite_url, "{service_ms: 2.0}", protocol)
+    assert steady.stabilised is True
+    assert 3.0 <= steady.warmup_s < 6.0  # three agreeing 1 s windows, not the 8 s limit
+    # A stall of 0.6 s every 1.3 s makes consecutive seconds disagree: never stable.
+    bumpy = _measure_with(
+        synth,
+        sqlite_url.replace(".db", "2.db"),
+        "{service_ms: 2.0, stall_every_s: 1.3, stall_ms: 600}",
+        protocol,
+    )
+    assert bumpy.stabilised is False
+    assert bumpy.warmup_s >= 8.0

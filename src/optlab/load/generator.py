@@ -4,11 +4,12 @@ Closed loop: ``concurrency`` threads, each sending its next request as soon as t
 returned. Its latency is measured from the actual send, so it is labelled closed loop: a stall
 holds the clients back and hides itself (coordinated omission).
 
-Open loop (constant or Poisson arrivals) and trace replay: a pool of worker threads, each of
-which claims the next INTENDED send time from the shared schedule, waits until it and calls
-the target. Latency is measured from the intended time, as wrk2 does, so a request that could
-not leave on time (every worker busy, the GIL held) is charged for its wait, and requests that
-arrive during a stall are still sent on time by idle workers and wait inside the target.
+Open loop (constant or Poisson arrivals) and trace replay: a pool of worker threads. One idle
+worker at a time takes the next INTENDED send time from the schedule, waits for it, hands that
+role to the next idle worker and calls the target. Latency is measured from the intended time,
+as wrk2 does, so a request that could not leave on time (every worker busy, the GIL held) is
+charged for its wait, and requests that arrive during a stall are still sent on time by idle
+workers and wait inside the target, where their latency includes the stall.
 """
 
 from __future__ import annotations
@@ -39,8 +40,7 @@ __all__ = ["LATE_NS", "REPLAY_MAX_IN_FLIGHT", "LoadGenerator", "StopReport"]
 # Sleeping is only accurate to ~50-100 us on Linux (timer slack, wake-up), so the last stretch
 # before an intended time is spun. The spin calls sleep(0), which releases the GIL, so a
 # spinning worker never holds up another worker's dispatch for a whole switch interval.
-import os
-SPIN_NS = int(os.environ.get("SPIN_NS", "200000"))
+SPIN_NS = 200_000
 LATE_NS = 1_000_000  # a request that left more than this after its intended time was late
 LATE_FRACTION = 0.01  # more late requests than this and the generator fell behind
 REPLAY_MAX_IN_FLIGHT = 512
@@ -116,7 +116,8 @@ class LoadGenerator:
             self._trace = self._read_trace(load, trace_dir)
         self._threads: list[threading.Thread] = []
         self._counters: list[_Counters] = []
-        self._claim_lock = threading.Lock()
+        # Only the thread holding this takes from the schedule (generators are not
+        # thread-safe) and waits for the next intended time; see _open_worker.
         self._leader = threading.Lock()
         self._schedule: Iterator[tuple[int, int]] | None = None
         self._round_robin = itertools.count()
@@ -165,7 +166,7 @@ class LoadGenerator:
         else:
             self._schedule = self._make_schedule(load)
             workers = load.max_in_flight if isinstance(load, OpenLoad) else REPLAY_MAX_IN_FLIGHT
-            body = self._open_worker_lf if os.environ.get("LF") else self._open_worker
+            body = self._open_worker
         self._stop_lock.acquire()
         self._gate.acquire()
         self._running = True
@@ -255,13 +256,6 @@ class LoadGenerator:
         for offset, index in replay_offsets(trace):
             yield offset, next(round_robin) if index is None else index
 
-    def _claim(self) -> tuple[int, int]:
-        # Generators are not thread-safe; the lock is held for one next(), ~100 ns, except
-        # once per POISSON_CHUNK arrivals when numpy draws the next chunk.
-        assert self._schedule is not None
-        with self._claim_lock:
-            return next(self._schedule)
-
     # -- stopping -----------------------------------------------------------------------------
     def _signal_stop(self) -> None:
         with self._signal_lock:
@@ -323,24 +317,37 @@ class LoadGenerator:
             record(end, end - start, 0, 0, timing, error, message)
 
     def _open_worker(self, counters: _Counters, log: WorkerLog) -> None:
-        call, requests, claim = self._call, self._requests, self._claim
+        call, requests, leader = self._call, self._requests, self._leader
         record, clock, timeout_ns = log.record, time.perf_counter_ns, self._timeout_ns
         set_current, new_timing = CURRENT.set, RequestTiming
         stop_lock, sleep, t0 = self._stop_lock, time.sleep, self._t0
-        while self._running:
-            offset, index = claim()
-            intended = t0 + offset
-            now = clock()
-            if intended - now > SPIN_NS:
-                if stop_lock.acquire(timeout=(intended - now - SPIN_NS) / 1e9):
-                    stop_lock.release()  # pass the wake-up on to the next waiting worker
+        schedule = self._schedule
+        assert schedule is not None
+        while True:
+            # Leader/followers: the one thread holding `leader` takes the next intended time
+            # and waits for it; idle threads queue on the lock. Releasing it at dispatch
+            # promotes a follower, which arms itself for the next time while this thread is
+            # inside the target. A thread back from a fast target usually takes the lock again
+            # before a follower has even woken, so at high rates with a fast target one thread
+            # does the work without a context switch per request.
+            leader.acquire()
+            try:
+                if not self._running:
                     return
+                offset, index = next(schedule)
+                intended = t0 + offset
                 now = clock()
-            while now < intended:
-                sleep(0)
-                now = clock()
-            if not self._running:
-                return  # claimed but never sent: not issued
+                if intended - now > SPIN_NS:
+                    if stop_lock.acquire(timeout=(intended - now - SPIN_NS) / 1e9):
+                        stop_lock.release()  # pass the wake-up on
+                        return
+                    now = clock()
+                while now < intended:
+                    sleep(0)
+                    now = clock()
+            finally:
+                leader.release()
+            # Late only when no thread was idle (or the GIL was held): the lag says so.
             send_lag = now - intended
             if send_lag > LATE_NS:
                 counters.late += 1
@@ -365,54 +372,6 @@ class LoadGenerator:
                 return
             counters.completed += 1
             # Latency from the INTENDED send time: the coordinated-omission correction.
-            record(end, end - intended, send_lag, start - intended, timing, error, message)
-
-    def _open_worker_lf(self, counters: _Counters, log: WorkerLog) -> None:
-        call, requests = self._call, self._requests
-        record, clock, timeout_ns = log.record, time.perf_counter_ns, self._timeout_ns
-        set_current, new_timing = CURRENT.set, RequestTiming
-        stop_lock, sleep, t0 = self._stop_lock, time.sleep, self._t0
-        leader = self._leader
-        schedule = self._schedule
-        while self._running:
-            with leader:
-                if not self._running:
-                    return
-                offset, index = next(schedule)
-                intended = t0 + offset
-                now = clock()
-                if intended - now > SPIN_NS:
-                    if stop_lock.acquire(timeout=(intended - now - SPIN_NS) / 1e9):
-                        stop_lock.release()
-                        return
-                    now = clock()
-                while now < intended:
-                    sleep(0)
-                    now = clock()
-            if not self._running:
-                return
-            send_lag = now - intended
-            if send_lag > LATE_NS:
-                counters.late += 1
-            request = requests[index]
-            timing = new_timing()
-            set_current(timing)
-            counters.issued += 1
-            start = clock()
-            try:
-                call(request)
-            except Exception as exc:
-                end = clock()
-                error: str | None = type(exc).__name__
-                message: str | None = _describe(exc)
-            else:
-                end = clock()
-                error = message = None
-                if end - start > timeout_ns:
-                    error, message = "timeout", self._timeout_message(end - start)
-            if self._closed:
-                return
-            counters.completed += 1
             record(end, end - intended, send_lag, start - intended, timing, error, message)
 
     def _timeout_message(self, elapsed_ns: int) -> str:
