@@ -161,6 +161,7 @@ class _Measurement:
         self.warmup_s = 0.0
         self.measured_s = 0.0
         self.stabilised: bool | None = None
+        self.last_window: Any = None
 
     # -- the loop -------------------------------------------------------------------------
     def _tick(self, phase: str, started: float, planned: float) -> float:
@@ -179,23 +180,25 @@ class _Measurement:
         if now - self.last_flush >= FLUSH_S:
             self._flush()
         last = next((w for w in reversed(windows) if w.phase == phase), None)
+        if last is not None:
+            self.last_window = last
+        shown = self.last_window if self.last_window and self.last_window.phase == phase else None
         cpu = next((r.cpu_process_pct for r in reversed(self.readings)), None)
         gpus = self.readings[-1].gpus if self.readings else None
         gpu = gpus[0].util_pct if gpus else None
-        if last is not None or windows == []:
-            self.progress.update(
-                LiveStatus(
-                    self.link.name,
-                    phase,
-                    now - started,
-                    planned,
-                    last.qps if last else None,
-                    last.p50_ms if last else None,
-                    last.p99_ms if last else None,
-                    cpu,
-                    gpu,
-                )
+        self.progress.update(
+            LiveStatus(
+                self.link.name,
+                phase,
+                now - started,
+                planned,
+                shown.qps if shown else None,
+                shown.p50_ms if shown else None,
+                shown.p99_ms if shown else None,
+                cpu,
+                gpu,
             )
+        )
         return now - started
 
     def _flush(self) -> None:

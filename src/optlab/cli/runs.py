@@ -64,7 +64,10 @@ class LiveProgress:
         self.live.start()
 
     def update(self, status: LiveStatus) -> None:
-        self.live.update(_status_line(status))
+        from rich.text import Text
+
+        # Text, not a str: "[experiment]" would be read as rich markup and vanish.
+        self.live.update(Text(_status_line(status)))
 
     def note(self, text: str) -> None:
         self.console.print(text, markup=False, highlight=False)
