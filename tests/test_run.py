@@ -288,3 +288,36 @@ def test_warmup_ends_when_stable_or_at_its_limit(synth: Path, sqlite_url: str) -
     )
     assert bumpy.stabilised is False
     assert bumpy.warmup_s >= 8.0
+
+
+def test_user_target_chain_attributes_stages_across_the_batching_thread(
+    tmp_path: Path, invoke: Invoke, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "textclf"
+    shutil.copytree(REPO / "experiments" / "examples" / "textclf", folder)
+    monkeypatch.chdir(tmp_path)
+    result = invoke("run", str(folder / "01-dynamic-batch.yaml"), *FAST, "--chain", "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    latency = summary["latency_ms"]
+    # forward runs on the batching thread, yet every request carries its share of it.
+    assert {"total", "preprocess", "forward", "postprocess"} <= set(latency)
+    assert latency["forward"]["count"] == latency["total"]["count"]
+    assert latency["forward"]["p50"] < latency["total"]["p50"]
+    assert summary["parent"]["variable"] == "batching"
+
+
+def test_wrong_signature_names_the_factory(tmp_path: Path, invoke: Invoke) -> None:
+    folder = tmp_path / "sig"
+    folder.mkdir()
+    write(folder, "sig_target.py", "def build(knobs):\n    return lambda: 1\n")
+    write(
+        folder,
+        "base.yaml",
+        "name: sig\ntarget: {kind: python, factory: 'sig_target:build'}\n"
+        "workload: {load: {mode: closed, concurrency: 1}}\n",
+    )
+    result = invoke("run", str(folder / "base.yaml"), *FAST, "--json")
+    assert result.exit_code == 1
+    reason = json.loads(result.stdout.strip().splitlines()[-1])["reasons"][0]
+    assert "target.factory 'sig_target:build' returned a callable with signature ()" in reason

@@ -60,6 +60,8 @@ def test_p999_and_harness_notes_do_not_invalidate() -> None:
     assert any("start-lag P99 3.00 ms" in n for n in judged.notes)
     closed = verdict(replace(GOOD, open_loop=False, send_lag_p99_ms=None))
     assert closed.valid and any("closed loop" in n for n in closed.notes)
+    short = verdict(replace(GOOD, first_half_qps=None, second_half_qps=None))
+    assert short.valid and any("stability not judged" in n for n in short.notes)
 
 
 def test_exactly_at_the_error_limit_is_valid() -> None:
@@ -77,8 +79,8 @@ def test_stability_rule() -> None:
 
 def test_halves() -> None:
     assert halves([10, 10, 20, 20]) == (10, 20)
-    assert halves([10, 99, 20]) == (10, 20)  # the middle second of an odd count is left out
-    assert halves([5]) == (None, None)
+    assert halves([10, 10, 99, 20, 20]) == (10, 20)  # the middle of an odd count is left out
+    assert halves([5, 5, 5]) == (None, None)  # too short to call a trend
 
 
 def test_protocol_resolution() -> None:

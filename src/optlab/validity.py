@@ -79,7 +79,9 @@ def verdict(facts: RunFacts) -> Verdict:
             "harness's, not the target's"
         )
     first, second = facts.first_half_qps, facts.second_half_qps
-    if first and second:
+    if first is None or second is None:
+        notes.append("too short to compare the first and second half: stability not judged")
+    elif first and second:
         drift = abs(second - first) / max(first, second)
         if drift > facts.stability_tolerance:
             reasons.append(
@@ -109,10 +111,13 @@ def is_stable(
     return True
 
 
+MIN_WINDOWS_FOR_HALVES = 4  # two seconds a half; fewer is noise, not a trend
+
+
 def halves(qps_per_second: Sequence[float]) -> tuple[float | None, float | None]:
-    """Mean QPS of the first and second half of the measured seconds."""
+    """Mean QPS of the first and second half of the measured seconds (None when too short)."""
     n = len(qps_per_second)
-    if n < 2:
+    if n < MIN_WINDOWS_FOR_HALVES:
         return None, None
     first, second = qps_per_second[: n // 2], qps_per_second[n - n // 2 :]
     return sum(first) / len(first), sum(second) / len(second)

@@ -13,6 +13,7 @@ import math
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
@@ -30,6 +31,7 @@ NS_PER_S = 1_000_000_000
 POISSON_CHUNK = 4096
 
 TraceEntry = tuple[int, str | None]  # (intended offset in ns, request id or None)
+T = TypeVar("T")
 
 _TIME_KEYS = ("t", "offset_s")
 _ID_KEYS = ("id", "request_id")
@@ -69,7 +71,7 @@ def poisson_offsets(rate: float, seed: int) -> Iterator[int]:
         yield from np.rint(times).astype(np.int64).tolist()
 
 
-def replay_offsets(entries: Sequence[TraceEntry]) -> Iterator[TraceEntry]:
+def replay_offsets(entries: Sequence[tuple[int, T]]) -> Iterator[tuple[int, T]]:
     """The trace, looped for as long as the measurement lasts.
 
     Each pass is shifted by the trace's period: its last offset plus its mean gap, so the
@@ -110,7 +112,8 @@ def read_trace(path: Path | str, time_scale: float = 1.0) -> list[TraceEntry]:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"trace file {path} cannot be read: {exc}", hint=_TRACE_HINT) from exc
     if path.suffix.lower() == ".csv" or (
-        path.suffix.lower() not in (".jsonl", ".json", ".ndjson") and not text.lstrip().startswith("{")
+        path.suffix.lower() not in (".jsonl", ".json", ".ndjson")
+        and not text.lstrip().startswith("{")
     ):
         rows = _csv_rows(path, text)
     else:

@@ -1,0 +1,232 @@
+"""How many requests/s optlab's load generator drives through a no-op target, in one process.
+
+Three figures, each measured in the same run as a bare loop that only calls the target and
+stores ``perf_counter_ns`` deltas in an ``array('q')`` (the ceiling for any Python harness on
+this interpreter and machine), and printed as a ratio to it:
+
+* closed loop, 1 thread and 2 threads, with full recording: every request goes through
+  ``WorkerLog.record`` and a Collector drained from the main thread every ``--drain-s`` seconds,
+  as the runner's tick does;
+* open loop, constant arrivals, swept over rates: achieved rate, send-lag P50/P99 and whether
+  the generator kept its schedule (send-lag P99 < 1 ms and >= 99% of the rate achieved).
+
+Goals (DESIGN.md section 4 and the issue): closed loop >= 200,000 requests/s; open loop keeps
+its schedule up to >= 50,000 requests/s. It is a measurement, not a test: PASS/MISS is printed
+and the exit status is 0 either way.
+
+Run: ``PYTHONPATH=src python benchmarks/harness_overhead.py [--smoke]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from optlab.config.models import ClosedLoad, OpenLoad
+from optlab.load.generator import LoadGenerator
+from optlab.metrics.log import SEND_LAG, TOTAL, Collector
+
+# The runner drains the collector on every tick (optlab.runner.TICK_S = 0.25 s). It is copied,
+# not imported: importing the runner pulls in the store (SQLAlchemy, alembic) for nothing.
+RUNNER_TICK_S = 0.25
+CLOSED_GOAL_RPS = 200_000
+OPEN_GOAL_RPS = 50_000
+SCHEDULE_LAG_P99_MS = 1.0  # the generator's own LATE_NS, and the protocol's send-lag limit
+RATE_KEPT_FRACTION = 0.99  # an open loop that sent fewer than this share of its arrivals fell behind
+DEFAULT_RATES = (1_000, 5_000, 10_000, 20_000, 50_000, 100_000)
+REQUESTS = list(range(64))  # like the synthetic target's default inputs
+BARE_CHECK_EVERY = 1_000  # the bare loop reads the deadline once per this many calls
+
+
+def noop(request: Any) -> Any:
+    """The target: returns at once, so everything measured is the harness."""
+    return request
+
+
+@dataclass(frozen=True)
+class Driven:
+    label: str
+    seconds: float
+    completed: int
+    errors: int
+    recorded: int  # samples in the "total" histogram: proves every request was recorded
+    send_lag_p50_ms: float | None
+    send_lag_p99_ms: float | None
+    late: int
+
+    @property
+    def rate(self) -> float:
+        return self.completed / self.seconds
+
+
+def bare_loop(seconds: float) -> float:
+    """Requests/s of the simplest harness: call, take two clock readings, append the delta."""
+    call, clock, request = noop, time.perf_counter_ns, REQUESTS[0]
+    deltas = array("q")
+    append = deltas.append
+    start = clock()
+    deadline = start + int(seconds * 1e9)
+    while True:
+        # Checking the deadline once per batch keeps the loop as bare as it can be.
+        for _ in range(BARE_CHECK_EVERY):
+            t = clock()
+            call(request)
+            append(clock() - t)
+        now = clock()
+        if now >= deadline:
+            return len(deltas) / ((now - start) / 1e9)
+
+
+def _tick_until(collector: Collector, until_ns: int, drain_s: float) -> None:
+    # The main thread plays the runner: sleep a tick, drain, repeat; never sleep past the end.
+    clock = time.perf_counter_ns
+    while (left := until_ns - clock()) > 0:
+        time.sleep(min(drain_s, left / 1e9))
+        collector.drain()
+
+
+def drive(
+    label: str, load: ClosedLoad | OpenLoad, warmup_s: float, seconds: float, drain_s: float
+) -> Driven:
+    """Run the generator for warmup + seconds; figures come from the measured phase only."""
+    collector = Collector()
+    generator = LoadGenerator(noop, REQUESTS, load, timeout_s=60.0)
+    clock = time.perf_counter_ns
+    collector.set_phase("warmup", clock())
+    generator.start(collector)
+    # The warmup absorbs thread creation (hundreds of threads for the open loop) and the
+    # first drains, so the measured phase sees the generator in its steady state.
+    _tick_until(collector, clock() + int(warmup_s * 1e9), drain_s)
+    start = clock()
+    collector.set_phase("measure", start)
+    _tick_until(collector, start + int(seconds * 1e9), drain_s)
+    end = clock()
+    # Phases go by completion time, so requests finishing after `end` fall in "done".
+    collector.set_phase("done", end)
+    report = generator.stop(drain_timeout_s=5.0)
+    collector.finish()
+    if report.failure is not None:
+        raise RuntimeError(f"{label}: the generator failed") from report.failure
+    ok, errors = collector.totals("measure")
+    hists = collector.histograms("measure")
+    total = hists.get(TOTAL)
+    lag = hists.get(SEND_LAG)
+    p50 = lag.value_at_percentile_ns(50.0) if lag is not None else None
+    p99 = lag.value_at_percentile_ns(99.0) if lag is not None else None
+    return Driven(
+        label=label,
+        seconds=(end - start) / 1e9,
+        completed=ok,
+        errors=errors,
+        recorded=0 if total is None else total.count,
+        send_lag_p50_ms=None if p50 is None else p50 / 1e6,
+        send_lag_p99_ms=None if p99 is None else p99 / 1e6,
+        late=report.late,
+    )
+
+
+def kept_schedule(result: Driven, rate: float) -> bool:
+    lag = result.send_lag_p99_ms
+    return (
+        lag is not None
+        and lag < SCHEDULE_LAG_P99_MS
+        and result.rate >= RATE_KEPT_FRACTION * rate
+    )
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="a few seconds in all")
+    parser.add_argument("--seconds", type=float, help="measured seconds per figure (default 3)")
+    parser.add_argument("--rates", type=float, nargs="+", help="open-loop rates to sweep")
+    parser.add_argument(
+        "--max-in-flight", type=int, default=None,
+        help="open-loop worker threads (default: OpenLoad's default, what `optlab run` uses)",
+    )
+    parser.add_argument("--drain-s", type=float, default=RUNNER_TICK_S, help="collector drain")
+    args = parser.parse_args(argv)
+    seconds = args.seconds or (0.5 if args.smoke else 3.0)
+    warmup_s = 0.3 if args.smoke else 1.0
+    rates: Sequence[float] = args.rates or ((1_000, 20_000) if args.smoke else DEFAULT_RATES)
+    extra: dict[str, Any] = {}
+    if args.max_in_flight is not None:
+        extra["max_in_flight"] = args.max_in_flight
+    pool = OpenLoad(mode="open", rate=1, **extra).max_in_flight
+
+    print(
+        f"# harness_overhead: Python {platform.python_version()}, {os.cpu_count()} CPUs, "
+        f"{seconds:g} s per figure after {warmup_s:g} s warmup, drain every {args.drain_s:g} s"
+    )
+    bare = bare_loop(seconds)
+    print(f"bare loop            {bare:12,.0f} requests/s  (ratio 1.000)")
+
+    closed: list[Driven] = []
+    for threads in (1, 2):
+        result = drive(
+            f"closed loop {threads} thread{'s' if threads > 1 else ''}",
+            ClosedLoad(mode="closed", concurrency=threads),
+            warmup_s,
+            seconds,
+            args.drain_s,
+        )
+        closed.append(result)
+        full = "all recorded" if result.recorded == result.completed else (
+            f"RECORDED {result.recorded} of {result.completed}"
+        )
+        print(
+            f"{result.label:<20} {result.rate:12,.0f} requests/s  (ratio {result.rate / bare:.3f})"
+            f"  {result.completed:,} requests, {full}"
+        )
+
+    print(f"# open loop: constant arrivals, {pool} worker threads (max_in_flight)")
+    best: float | None = None
+    best_rate = 0.0
+    for rate in rates:
+        load = OpenLoad(mode="open", rate=rate, arrival="constant", **extra)
+        result = drive(f"open {rate:g}/s", load, warmup_s, seconds, args.drain_s)
+        kept = kept_schedule(result, rate)
+        best_rate = max(best_rate, result.rate)
+        if kept:
+            best = rate if best is None else max(best, rate)
+        print(
+            f"open loop {rate:>9,.0f}/s  achieved {result.rate:10,.0f}/s "
+            f"(ratio {result.rate / bare:.3f})  send-lag P50 {ms(result.send_lag_p50_ms)} ms  "
+            f"P99 {ms(result.send_lag_p99_ms)} ms  late>1ms {result.late:,}  "
+            f"kept schedule: {'yes' if kept else 'NO'}"
+        )
+
+    top_closed = max(r.rate for r in closed)
+    print("# goals")
+    print(
+        f"closed loop >= {CLOSED_GOAL_RPS:,} requests/s: best {top_closed:,.0f} "
+        f"(1 thread {closed[0].rate:,.0f}, 2 threads {closed[1].rate:,.0f}; "
+        f"bare loop {bare:,.0f}) {verdict(top_closed >= CLOSED_GOAL_RPS)}"
+    )
+    best_text = "none" if best is None else f"{best:,.0f}/s"
+    print(
+        f"open loop keeps its schedule (send-lag P99 < {SCHEDULE_LAG_P99_MS:g} ms) up to >= "
+        f"{OPEN_GOAL_RPS:,}/s: highest rate kept {best_text} of those swept "
+        f"(highest achieved {best_rate:,.0f}/s) "
+        f"{verdict(best is not None and best >= OPEN_GOAL_RPS)}"
+    )
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
