@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import sys
 import time
 from array import array
@@ -39,7 +40,7 @@ RUNNER_TICK_S = 0.25
 CLOSED_GOAL_RPS = 200_000
 OPEN_GOAL_RPS = 50_000
 SCHEDULE_LAG_P99_MS = 1.0  # the generator's own LATE_NS, and the protocol's send-lag limit
-RATE_KEPT_FRACTION = 0.99  # an open loop that sent fewer than this share of its arrivals fell behind
+RATE_KEPT_FRACTION = 0.99  # sending fewer than this share of the arrivals is falling behind
 DEFAULT_RATES = (1_000, 5_000, 10_000, 20_000, 50_000, 100_000)
 REQUESTS = list(range(64))  # like the synthetic target's default inputs
 BARE_CHECK_EVERY = 1_000  # the bare loop reads the deadline once per this many calls
@@ -59,7 +60,8 @@ class Driven:
     recorded: int  # samples in the "total" histogram: proves every request was recorded
     send_lag_p50_ms: float | None
     send_lag_p99_ms: float | None
-    late: int
+    drain_p50_ms: float
+    drain_max_ms: float
 
     @property
     def rate(self) -> float:
@@ -84,12 +86,19 @@ def bare_loop(seconds: float) -> float:
             return len(deltas) / ((now - start) / 1e9)
 
 
-def _tick_until(collector: Collector, until_ns: int, drain_s: float) -> None:
+def _tick_until(
+    collector: Collector, until_ns: int, drain_s: float, drains_ms: list[float] | None = None
+) -> None:
     # The main thread plays the runner: sleep a tick, drain, repeat; never sleep past the end.
+    # A drain holds the GIL while it folds, so its duration is printed: it is time in which
+    # no worker can send or record.
     clock = time.perf_counter_ns
     while (left := until_ns - clock()) > 0:
         time.sleep(min(drain_s, left / 1e9))
+        before = clock()
         collector.drain()
+        if drains_ms is not None:
+            drains_ms.append((clock() - before) / 1e6)
 
 
 def drive(
@@ -106,7 +115,8 @@ def drive(
     _tick_until(collector, clock() + int(warmup_s * 1e9), drain_s)
     start = clock()
     collector.set_phase("measure", start)
-    _tick_until(collector, start + int(seconds * 1e9), drain_s)
+    drains_ms: list[float] = []
+    _tick_until(collector, start + int(seconds * 1e9), drain_s, drains_ms)
     end = clock()
     # Phases go by completion time, so requests finishing after `end` fall in "done".
     collector.set_phase("done", end)
@@ -128,16 +138,15 @@ def drive(
         recorded=0 if total is None else total.count,
         send_lag_p50_ms=None if p50 is None else p50 / 1e6,
         send_lag_p99_ms=None if p99 is None else p99 / 1e6,
-        late=report.late,
+        drain_p50_ms=statistics.median(drains_ms) if drains_ms else 0.0,
+        drain_max_ms=max(drains_ms, default=0.0),
     )
 
 
 def kept_schedule(result: Driven, rate: float) -> bool:
     lag = result.send_lag_p99_ms
     return (
-        lag is not None
-        and lag < SCHEDULE_LAG_P99_MS
-        and result.rate >= RATE_KEPT_FRACTION * rate
+        lag is not None and lag < SCHEDULE_LAG_P99_MS and result.rate >= RATE_KEPT_FRACTION * rate
     )
 
 
@@ -155,7 +164,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, help="measured seconds per figure (default 3)")
     parser.add_argument("--rates", type=float, nargs="+", help="open-loop rates to sweep")
     parser.add_argument(
-        "--max-in-flight", type=int, default=None,
+        "--max-in-flight",
+        type=int,
+        default=None,
         help="open-loop worker threads (default: OpenLoad's default, what `optlab run` uses)",
     )
     parser.add_argument("--drain-s", type=float, default=RUNNER_TICK_S, help="collector drain")
@@ -168,9 +179,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra["max_in_flight"] = args.max_in_flight
     pool = OpenLoad(mode="open", rate=1, **extra).max_in_flight
 
+    load1, _, _ = os.getloadavg()
+    # The load average is printed because on a shared machine other processes move every figure.
     print(
         f"# harness_overhead: Python {platform.python_version()}, {os.cpu_count()} CPUs, "
-        f"{seconds:g} s per figure after {warmup_s:g} s warmup, drain every {args.drain_s:g} s"
+        f"load average {load1:.2f}; {seconds:g} s per figure after {warmup_s:g} s warmup, "
+        f"collector drained every {args.drain_s:g} s"
     )
     bare = bare_loop(seconds)
     print(f"bare loop            {bare:12,.0f} requests/s  (ratio 1.000)")
@@ -185,12 +199,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.drain_s,
         )
         closed.append(result)
-        full = "all recorded" if result.recorded == result.completed else (
-            f"RECORDED {result.recorded} of {result.completed}"
+        full = (
+            "all recorded"
+            if result.recorded == result.completed
+            else (f"RECORDED {result.recorded} of {result.completed}")
         )
         print(
             f"{result.label:<20} {result.rate:12,.0f} requests/s  (ratio {result.rate / bare:.3f})"
-            f"  {result.completed:,} requests, {full}"
+            f"  {result.completed:,} requests, {full}; drain P50 {result.drain_p50_ms:.1f} ms "
+            f"max {result.drain_max_ms:.1f} ms"
         )
 
     print(f"# open loop: constant arrivals, {pool} worker threads (max_in_flight)")
@@ -206,8 +223,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"open loop {rate:>9,.0f}/s  achieved {result.rate:10,.0f}/s "
             f"(ratio {result.rate / bare:.3f})  send-lag P50 {ms(result.send_lag_p50_ms)} ms  "
-            f"P99 {ms(result.send_lag_p99_ms)} ms  late>1ms {result.late:,}  "
-            f"kept schedule: {'yes' if kept else 'NO'}"
+            f"P99 {ms(result.send_lag_p99_ms)} ms  drain P50 {result.drain_p50_ms:.1f} ms "
+            f"max {result.drain_max_ms:.1f} ms  kept schedule: {'yes' if kept else 'NO'}"
         )
 
     top_closed = max(r.rate for r in closed)

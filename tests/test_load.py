@@ -378,3 +378,23 @@ def test_the_generator_refuses_no_requests_and_a_second_start() -> None:
     with pytest.raises(RuntimeError):
         generator.start(Collector())
     generator.stop()
+
+
+def test_a_failed_start_leaves_no_thread_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
+    started = itertools.count()
+    real_start = threading.Thread.start
+
+    def start(self: threading.Thread) -> None:
+        if self.name.startswith("optlab-load-") and next(started) == 3:
+            raise RuntimeError("can't start new thread")
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    generator = LoadGenerator(lambda r: r, [0], open_(100.0, max_in_flight=10), timeout_s=1.0)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        generator.start(Collector())
+    began = time.monotonic()
+    report = generator.stop(drain_timeout_s=5.0)
+    assert time.monotonic() - began < 1.0
+    assert report.issued == 0
+    assert all(not thread.is_alive() for thread in generator._threads)

@@ -45,6 +45,7 @@ LATE_NS = 1_000_000  # a request that left more than this after its intended tim
 LATE_FRACTION = 0.01  # more late requests than this and the generator fell behind
 REPLAY_MAX_IN_FLIGHT = 512
 MESSAGE_CHARS = 200
+MAX_LOGS = 4
 # Time zero is set a little after the threads are released, so the first intended sends are
 # not already due while the workers are still waking.
 START_LEAD_NS = 2_000_000
@@ -121,9 +122,10 @@ class LoadGenerator:
         self._leader = threading.Lock()
         self._schedule: Iterator[tuple[int, int]] | None = None
         self._round_robin = itertools.count()
-        # Held by the generator while it runs; released by stop(). Workers waiting for their
-        # intended time wait on it with a timeout, so stop() wakes them at once, and waiting
-        # on a Lock is one C call where an Event would build a Condition per wait.
+        # Held by the generator while it runs; released by stop(). The open loop's leader
+        # waits for the next intended time on it with a timeout, so stop() wakes it at once
+        # (a 1 req/s schedule must not delay stop by a second); waiting on a Lock is one C
+        # call, where Event.wait builds a Condition per wait.
         self._stop_lock = threading.Lock()
         self._signal_lock = threading.Lock()
         # Workers wait here until every thread exists. Each passes the lock on as it leaves,
@@ -170,17 +172,27 @@ class LoadGenerator:
         self._stop_lock.acquire()
         self._gate.acquire()
         self._running = True
-        for i in range(workers):
-            counters = _Counters()
-            self._counters.append(counters)
-            thread = threading.Thread(
-                target=self._run,
-                args=(body, counters, collector.new_log()),
-                name=f"optlab-load-{i}",
-                daemon=True,  # a target stuck forever must not keep the process alive
-            )
-            self._threads.append(thread)
-            thread.start()
+        # Workers share a few logs (WorkerLog.record takes the log's lock, so sharing is
+        # safe): the collector's drain costs time per log while holding the GIL, and with a
+        # log per thread, 512 open-loop threads made every drain delay sends by milliseconds.
+        logs = [collector.new_log() for _ in range(min(workers, MAX_LOGS))]
+        try:
+            for i in range(workers):
+                counters = _Counters()
+                thread = threading.Thread(
+                    target=self._run,
+                    args=(body, counters, logs[i % len(logs)]),
+                    name=f"optlab-load-{i}",
+                    daemon=True,  # a target stuck forever must not keep the process alive
+                )
+                thread.start()  # RuntimeError when the OS refuses another thread
+                self._counters.append(counters)
+                self._threads.append(thread)
+        except BaseException:
+            # Let the threads already started through the gate to see the stop and exit.
+            self._signal_stop()
+            self._gate.release()
+            raise
         self._t0 = time.perf_counter_ns() + START_LEAD_NS
         self._gate.release()
 
@@ -345,6 +357,8 @@ class LoadGenerator:
                 while now < intended:
                     sleep(0)
                     now = clock()
+                if not self._running:
+                    return  # stopped while spinning: not sent
             finally:
                 leader.release()
             # Late only when no thread was idle (or the GIL was held): the lag says so.
