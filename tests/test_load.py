@@ -223,12 +223,12 @@ def test_open_loop_sees_a_stall_that_closed_loop_hides() -> None:
     """Coordinated omission: the same stalling server, measured both ways."""
     knobs = {"service_ms": 1.0, "single_server": True, "stall_every_s": 1.0, "stall_ms": 300.0}
     target = build(knobs)
-    target_t0 = target._t0
+    target_t0 = target.t0_ns
     report, collector, generator = measure(target, open_(100.0), 3.0)
     measured = summary(collector)
     assert measured["p99"] >= 150.0, measured
     # Against the ground truth: the same arrivals through a simulated FIFO server.
-    start = generator._t0 - target_t0
+    start = generator.t0_ns - target_t0
     arrivals = [start + i * 10_000_000 for i in range(report.issued)]
     truth = simulate_open_loop(arrivals, 1_000_000, 1_000_000_000, 300_000_000) / 1e6
     assert measured["p99"] == pytest.approx(float(np.percentile(truth, 99)), rel=0.2)
@@ -242,11 +242,25 @@ def test_open_loop_sees_a_stall_that_closed_loop_hides() -> None:
 
 def test_open_loop_dispatches_on_time_while_the_target_stalls() -> None:
     """Requests due during a 500 ms stall leave on time from idle workers and wait inside."""
-    knobs = {"service_ms": 1.0, "stall_every_s": 0.7, "stall_ms": 500.0}
-    report, collector, _ = measure(build(knobs), open_(200.0), 1.5)
-    assert summary(collector)["max"] >= 400.0
-    assert summary(collector, "send_lag")["p50"] < 1.0
-    assert report.late <= 0.05 * report.issued  # not stuck behind the stall
+    target = build({"service_ms": 1.0, "stall_every_s": 0.7, "stall_ms": 500.0})
+    entered: list[int] = []
+
+    def call(request: Any) -> Any:
+        entered.append(time.perf_counter_ns())
+        return target(request)
+
+    _, collector, generator = measure(call, open_(200.0), 1.5)
+    # Dispatch follows the schedule's order, so the i-th entry belongs to the i-th send time.
+    intended = generator.t0_ns + 5_000_000 * np.arange(len(entered))
+    lag_ms = (np.sort(entered) - intended) / 1e6
+    since = (intended - target.t0_ns) / 1e9
+    in_stall = (since >= 0.7) & (since % 0.7 < 0.5)
+    assert in_stall.sum() >= 50
+    # Judged on the sends due inside the stall: when it ends, ~100 requests leave the target
+    # at once and their threads fight for the GIL, which is the target's doing, not the stall's.
+    assert np.median(lag_ms[in_stall]) < 1.0
+    assert np.percentile(lag_ms[in_stall], 90) < 5.0
+    assert summary(collector)["max"] >= 400.0  # and they waited inside the target
 
 
 def test_open_loop_with_too_few_workers_falls_behind_and_says_so() -> None:

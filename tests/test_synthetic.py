@@ -103,7 +103,7 @@ def test_single_server_queues_and_records_the_wait() -> None:
 def test_a_stall_holds_a_request_until_it_ends() -> None:
     target = build({"service_ms": 1.0, "stall_every_s": 0.2, "stall_ms": 100.0})
     # Arrive 10 ms into the first stall (which starts 0.2 s after construction).
-    delay = target._t0 + 210 * MS - time.perf_counter_ns()
+    delay = target.t0_ns + 210 * MS - time.perf_counter_ns()
     time.sleep(delay / 1e9)
     elapsed, _ = timed_call(target)
     assert elapsed == pytest.approx(91, abs=15)

@@ -38,8 +38,8 @@ if TYPE_CHECKING:
 __all__ = ["LATE_NS", "REPLAY_MAX_IN_FLIGHT", "LoadGenerator", "StopReport"]
 
 # Sleeping is only accurate to ~50-100 us on Linux (timer slack, wake-up), so the last stretch
-# before an intended time is spun. The spin calls sleep(0), which releases the GIL, so a
-# spinning worker never holds up another worker's dispatch for a whole switch interval.
+# before an intended time is spun. The spin calls sleep(0), which releases the GIL, so the
+# spinning leader never keeps the target's threads from the GIL for a whole switch interval.
 SPIN_NS = 200_000
 LATE_NS = 1_000_000  # a request that left more than this after its intended time was late
 LATE_FRACTION = 0.01  # more late requests than this and the generator fell behind
@@ -155,6 +155,12 @@ class LoadGenerator:
     @property
     def open_loop(self) -> bool:
         return not isinstance(self._load, ClosedLoad)
+
+    @property
+    def t0_ns(self) -> int:
+        """``perf_counter_ns`` of the schedule's time zero: intended send i is t0_ns + offset i.
+        0 before start()."""
+        return self._t0
 
     def start(self, collector: Collector) -> None:
         """Start the worker threads and return. Time zero of the schedule is taken once every

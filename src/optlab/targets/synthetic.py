@@ -109,6 +109,11 @@ class SyntheticTarget:
         self._mu = math.log(knobs.service_ms) if knobs.service_ms > 0 else -math.inf
         self._lock = threading.Lock() if knobs.single_server else None
 
+    @property
+    def t0_ns(self) -> int:
+        """``perf_counter_ns`` at construction: time zero of the stall clock."""
+        return self._t0
+
     def __call__(self, request: Any) -> Any:
         if self._lock is None:
             with stage("service"):
