@@ -162,12 +162,15 @@ class _Measurement:
         self.measured_s = 0.0
         self.stabilised: bool | None = None
         self.last_window: Any = None
+        self.generator: Any = None
 
     # -- the loop -------------------------------------------------------------------------
     def _tick(self, phase: str, started: float, planned: float) -> float:
         # Never sleep past the planned end: a 5 s measurement should measure 5 s, not 5.2.
         time.sleep(max(0.0, min(TICK_S, planned - (time.monotonic() - started))))
         self.collector.drain()
+        if self.generator is not None and self.generator.failure is not None:
+            raise RuntimeError(f"a load-generator thread failed: {self.generator.failure!r}")
         now = time.monotonic()
         windows = self.collector.take_new_windows()
         self.pending_windows += windows
@@ -267,6 +270,7 @@ class _Measurement:
                 self.collector.set_phase("warmup", time.perf_counter_ns())
                 self.sampler.set_phase("warmup")
                 self.sampler.start()
+                self.generator = generator
                 generator.start(self.collector)
                 self._warm_up()
                 self._measure()
@@ -285,6 +289,10 @@ class _Measurement:
         with _shielded():
             if generator is not None:
                 report = generator.stop(self.options.drain_timeout_s)
+                if report.failure is not None and status == "FINISHED":
+                    # A worker died of something other than a target error: numbers are partial.
+                    status = "FAILED"
+                    error = f"a load-generator thread failed: {report.failure!r}"
             self.collector.finish()
             self.sampler.stop()
             final = self.sampler.take()
