@@ -53,6 +53,22 @@ class _Buffers:
         return len(self.end) + len(self.errors)
 
 
+def _merge(taken: list[_Buffers]) -> _Buffers:
+    if len(taken) == 1:
+        return taken[0]
+    merged = _Buffers()
+    for buf in taken:
+        offset = len(merged.end)
+        merged.end += buf.end
+        merged.total += buf.total
+        merged.send_lag += buf.send_lag
+        merged.start_lag += buf.start_lag
+        merged.stage_rows.extend(row + offset for row in buf.stage_rows)
+        merged.stage_dicts += buf.stage_dicts
+        merged.errors += buf.errors
+    return merged
+
+
 class WorkerLog:
     """One per load-generator thread: the thread records, the collector swaps buffers ~1/s."""
 
@@ -219,8 +235,9 @@ class Collector:
             logs = list(self._logs)
         taken = [log._swap() for log in logs]
         with self._lock:
-            for buf in taken:
-                self._fold(buf)
+            # One numpy pass over every log's samples: each pass costs fixed work under the GIL,
+            # and many small passes made the generator's threads late right after each drain.
+            self._fold(_merge(taken))
             if self._horizon_ns is not None:
                 self._advance(self._horizon_ns - self._grace_ns, final=False)
 
