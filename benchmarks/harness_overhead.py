@@ -20,6 +20,7 @@ Run: ``PYTHONPATH=src python benchmarks/harness_overhead.py [--smoke]``.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import platform
 import statistics
@@ -28,6 +29,7 @@ import time
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from optlab.config.models import ClosedLoad, OpenLoad
@@ -44,6 +46,7 @@ RATE_KEPT_FRACTION = 0.99  # sending fewer than this share of the arrivals is fa
 DEFAULT_RATES = (1_000, 5_000, 10_000, 20_000, 50_000, 100_000)
 REQUESTS = list(range(64))  # like the synthetic target's default inputs
 BARE_CHECK_EVERY = 1_000  # the bare loop reads the deadline once per this many calls
+SRC = Path(__file__).resolve().parents[1] / "src" / "optlab"
 
 
 def noop(request: Any) -> Any:
@@ -90,8 +93,8 @@ def _tick_until(
     collector: Collector, until_ns: int, drain_s: float, drains_ms: list[float] | None = None
 ) -> None:
     # The main thread plays the runner: sleep a tick, drain, repeat; never sleep past the end.
-    # A drain holds the GIL while it folds, so its duration is printed: it is time in which
-    # no worker can send or record.
+    # Its duration is printed: a drain holds the GIL while it folds (no worker can send
+    # meanwhile), and under a closed loop it also waits for the GIL the busy workers hold.
     clock = time.perf_counter_ns
     while (left := until_ns - clock()) > 0:
         time.sleep(min(drain_s, left / 1e9))
@@ -150,6 +153,16 @@ def kept_schedule(result: Driven, rate: float) -> bool:
     )
 
 
+def code_id() -> str:
+    # The generator and collector are still changing: name the code each figure came from.
+    parts = []
+    for rel in ("load/generator.py", "metrics/log.py"):
+        path = SRC / rel
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:8] if path.exists() else "?"
+        parts.append(f"{Path(rel).name} {digest}")
+    return ", ".join(parts)
+
+
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
@@ -183,8 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The load average is printed because on a shared machine other processes move every figure.
     print(
         f"# harness_overhead: Python {platform.python_version()}, {os.cpu_count()} CPUs, "
-        f"load average {load1:.2f}; {seconds:g} s per figure after {warmup_s:g} s warmup, "
-        f"collector drained every {args.drain_s:g} s"
+        f"load average {load1:.2f}; code: {code_id()}; {seconds:g} s per figure after "
+        f"{warmup_s:g} s warmup, collector drained every {args.drain_s:g} s"
     )
     bare = bare_loop(seconds)
     print(f"bare loop            {bare:12,.0f} requests/s  (ratio 1.000)")

@@ -403,6 +403,19 @@ def _num(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
+def _config_and_protocol(
+    link: Link, options: RunOptions
+) -> tuple[ResolvedConfig, EffectiveProtocol]:
+    config = ResolvedConfig.model_validate(link.stored.config)
+    protocol = effective_protocol(
+        config.protocol,
+        quick=options.quick,
+        duration_s=options.duration_s,
+        warmup_s=options.warmup_s,
+    )
+    return config, protocol
+
+
 def _measure_link(
     store: Store,
     link: Link,
@@ -412,13 +425,7 @@ def _measure_link(
     fingerprint: dict[str, Any],
     env_hash: str,
 ) -> RunOutcome:
-    config = ResolvedConfig.model_validate(link.stored.config)
-    protocol = effective_protocol(
-        config.protocol,
-        quick=options.quick,
-        duration_s=options.duration_s,
-        warmup_s=options.warmup_s,
-    )
+    config, protocol = _config_and_protocol(link, options)
     paths = _paths(link)
     code = code_identity(config.target.model_dump(mode="json"), paths)
     parent_run = None
@@ -491,13 +498,7 @@ def _needs_run(
     """True when `link` has no valid run this chain can build on (same protocol, env, code)."""
     from optlab.comparability import valid_runs
 
-    config = ResolvedConfig.model_validate(link.stored.config)
-    protocol = effective_protocol(
-        config.protocol,
-        quick=options.quick,
-        duration_s=options.duration_s,
-        warmup_s=options.warmup_s,
-    )
+    config, protocol = _config_and_protocol(link, options)
     if not valid_runs(store, link.name, link.stored, protocol):
         return True
     code = code_identity(config.target.model_dump(mode="json"), _paths(link))
