@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib.resources
 import os
 import re
+import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +78,25 @@ def _sqlite_file(url: URL) -> Path | None:
     return Path(database)
 
 
+def _switch_to_wal(cursor: Any) -> None:
+    """Switch to WAL, riding out the moment when another connection is switching too.
+
+    The switch needs an exclusive lock, and SQLite may refuse it at once ("database is
+    locked") without calling the busy handler while another connection creates or switches
+    the same file. WAL is stored in the file, so once any connection has switched, every
+    later one is in WAL already.
+    """
+    for attempt in range(50):
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            time.sleep(0.01 * (attempt + 1))
+    cursor.execute("PRAGMA journal_mode=WAL")  # the last try reports its own error
+
+
 def _set_sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     # Take transaction control away from the sqlite3 module (it never wraps DDL in a
     # transaction, and begins late); `_begin_sqlite` starts transactions instead.
@@ -86,7 +107,7 @@ def _set_sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
         # failing; WAL lets reports read while a runner writes; SQLite ignores foreign
         # keys unless asked.
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-        cursor.execute("PRAGMA journal_mode=WAL")
+        _switch_to_wal(cursor)
         cursor.execute("PRAGMA foreign_keys=ON")
     finally:
         cursor.close()
