@@ -137,6 +137,7 @@ class Window:
     p50_ms: float | None
     p99_ms: float | None
     send_lag_p99_ms: float | None
+    span_s: float = 1.0  # shorter only for the last window of a phase
 
 
 @dataclass
@@ -202,6 +203,7 @@ class Collector:
         self._new_windows: list[Window] = []
         self.unassigned = 0  # samples that ended before the first phase began
         self.late = 0  # samples whose window had already been emitted
+        self.trimmed = 0  # samples in a sub-half-window sliver at the end of a phase
 
     def new_log(self) -> WorkerLog:
         log = WorkerLog()
@@ -337,9 +339,15 @@ class Collector:
             last = self._last_closable(phase, horizon_ns, final)
             while phase.next_window <= last:
                 window = self._close(phase, phase.next_window, final)
+                phase.next_window += 1
+                if window.span_s < 0.5 * self._window_ns / _NS:
+                    # A sliver left when the phase ended a moment after a whole window: its
+                    # QPS would be noise (0, or 1 request over 1 ms). Its requests stay in the
+                    # histograms and totals; only the time series leaves it out.
+                    self.trimmed += window.completed + window.errors
+                    continue
                 phase.windows.append(window)
                 self._new_windows.append(window)
-                phase.next_window += 1
 
     def _last_closable(self, phase: _Phase, horizon_ns: int, final: bool) -> int:
         w = self._window_ns
@@ -373,6 +381,7 @@ class Collector:
             p50_ms=_percentile_ms(totals, 50.0),
             p99_ms=_percentile_ms(totals, 99.0),
             send_lag_p99_ms=_percentile_ms(send_lags, 99.0),
+            span_s=span_ns / _NS,
         )
 
     def finish(self) -> None:
