@@ -140,23 +140,6 @@ def test_python_target_code_change_refused(tmp_path: Path, invoke: Invoke) -> No
     assert "the target's code differs" in result.stderr and "echo_target" in result.stderr
 
 
-def test_failing_factory_leaves_a_failed_run(tmp_path: Path, invoke: Invoke) -> None:
-    folder = tmp_path / "bad"
-    folder.mkdir()
-    write(folder, "bad_target.py", "def build(knobs):\n    raise RuntimeError('no GPU here')\n")
-    write(
-        folder,
-        "base.yaml",
-        "name: bad\ntarget: {kind: python, factory: 'bad_target:build'}\n"
-        "workload: {load: {mode: closed, concurrency: 1}}\n",
-    )
-    result = invoke("run", str(folder / "base.yaml"), *FAST, "--json")
-    assert result.exit_code == 1
-    summary = json.loads(result.stdout.strip().splitlines()[-1])
-    assert summary["status"] == "FAILED" and summary["valid"] is False
-    assert "RuntimeError: no GPU here" in summary["reasons"][0]
-
-
 def _spawn(synth: Path, db: Path, *args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     return subprocess.Popen(
@@ -314,17 +297,34 @@ def test_user_target_chain_attributes_stages_across_the_batching_thread(
     assert summary["parent"]["variable"] == "batching"
 
 
-def test_wrong_signature_names_the_factory(tmp_path: Path, invoke: Invoke) -> None:
-    folder = tmp_path / "sig"
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        (
+            "def build(knobs):\n    raise RuntimeError('no GPU here')\n",
+            "target.factory 'broken_target:build' raised RuntimeError: no GPU here",
+        ),
+        (
+            "def build(knobs):\n    return lambda: 1\n",
+            "target.factory 'broken_target2:build' returned a callable with signature ()",
+        ),
+    ],
+)
+def test_a_broken_target_leaves_a_failed_run(
+    tmp_path: Path, invoke: Invoke, source: str, reason: str
+) -> None:
+    folder = tmp_path / "broken"
     folder.mkdir()
-    write(folder, "sig_target.py", "def build(knobs):\n    return lambda: 1\n")
+    module = reason.split("'")[1].split(":")[0]  # one module name per case: imports are cached
+    write(folder, f"{module}.py", source)
     write(
         folder,
         "base.yaml",
-        "name: sig\ntarget: {kind: python, factory: 'sig_target:build'}\n"
+        f"name: broken\ntarget: {{kind: python, factory: '{module}:build'}}\n"
         "workload: {load: {mode: closed, concurrency: 1}}\n",
     )
     result = invoke("run", str(folder / "base.yaml"), *FAST, "--json")
     assert result.exit_code == 1
-    reason = json.loads(result.stdout.strip().splitlines()[-1])["reasons"][0]
-    assert "target.factory 'sig_target:build' returned a callable with signature ()" in reason
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "FAILED" and summary["valid"] is False
+    assert reason in summary["reasons"][0]
