@@ -42,6 +42,7 @@ def test_wheel_contains_migrations(wheel: Path) -> None:
     assert "optlab/_migrations/script.py.mako" in names
     assert any(n.startswith("optlab/_migrations/versions/0001") for n in names)
     assert "optlab/cli/main.py" in names
+    assert "optlab/targets/builtin/classifier.pt" in names  # the reference weights ship too
 
 
 def test_installed_wheel_upgrades_a_database(wheel: Path, tmp_path: Path) -> None:
