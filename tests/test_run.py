@@ -19,8 +19,8 @@ from click.testing import Result
 from optlab.cli.runs import PlainProgress
 from optlab.config.models import ResolvedConfig
 from optlab.lineage import prepare
+from optlab.measurement import RunOptions, _Measurement
 from optlab.protocol import EffectiveProtocol
-from optlab.runner import RunOptions, _Measurement
 from optlab.store import Store
 from tests.conftest import REPO, write
 

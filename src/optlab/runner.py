@@ -1,81 +1,29 @@
-"""`optlab run`: warm up, measure, judge validity, store; the run lifecycle and its signals.
-
-A run row is created RUNNING before the target is built, so a failure anywhere
-after that leaves a FAILED row with the error; Ctrl-C or SIGTERM stop the load,
-drain what is in flight (bounded), and leave a KILLED row with the partial data.
+"""`optlab run`: check the plan and the parent run, then measure (ancestors first with
+`--chain`), `--repeats` times. One measurement's lifecycle lives in `optlab.measurement`.
 """
 
 from __future__ import annotations
 
-import signal
-import threading
-import time
-import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
-from typing import Any, Protocol
+from typing import Any
 
 import psutil
 
 from optlab.comparability import comparable_run
-from optlab.config.models import OpenLoad, ReplayLoad, ResolvedConfig
+from optlab.config.models import ResolvedConfig
 from optlab.environment import collect_fingerprint, material_hash
 from optlab.errors import OptlabError, RefusedError
 from optlab.lineage import Link, prepare
-from optlab.protocol import STABILITY_WINDOWS, EffectiveProtocol, effective_protocol
+from optlab.measurement import LiveStatus, Progress, RunOptions, _Measurement
+from optlab.protocol import EffectiveProtocol, effective_protocol
 from optlab.store import RunRecord, Store
-from optlab.summary import (
-    error_rows,
-    latency_summary,
-    resource_rows,
-    resource_summary,
-    stage_rows,
-    window_rows,
-)
 from optlab.targets.identity import code_identity
-from optlab.validity import RunFacts, Verdict, halves, is_stable, verdict
 
-HARNESS_SERIES = ("send_lag", "start_lag")
-TICK_S = 0.25
-HEARTBEAT_S = 1.0
-FLUSH_S = 5.0  # time series and resource samples reach the database at least this often
+__all__ = ["LiveStatus", "Progress", "RunOptions", "RunOutcome", "run"]
+
 STALE_HEARTBEAT_S = 60.0
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGTERM, turned into what Ctrl-C raises so both end a run the same way."""
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    quick: bool = False
-    duration_s: float | None = None
-    warmup_s: float | None = None
-    chain: bool = False
-    repeats: int = 1
-    drain_timeout_s: float = 5.0
-
-
-@dataclass(frozen=True)
-class LiveStatus:
-    experiment: str
-    phase: str
-    elapsed_s: float
-    planned_s: float
-    qps: float | None
-    p50_ms: float | None
-    p99_ms: float | None
-    cpu_pct: float | None
-    gpu_pct: float | None
-
-
-class Progress(Protocol):
-    def update(self, status: LiveStatus) -> None: ...
-
-    def note(self, text: str) -> None: ...
 
 
 @dataclass
@@ -94,313 +42,6 @@ def _paths(link: Link) -> list[Path]:
     else:
         folder = Path(link.stored.source_path).parent
     return [folder, Path.cwd()] if folder != Path.cwd() else [folder]
-
-
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise Interrupted(f"signal {signal.Signals(signum).name}")
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-@contextmanager
-def _shielded() -> Iterator[None]:
-    """While the partial run is written, a second Ctrl-C must not leave it half-stored."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    previous_term = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        signal.signal(signal.SIGTERM, previous_term)
-
-
-class _Measurement:
-    """One run of one experiment, from RUNNING to a terminal status."""
-
-    def __init__(
-        self,
-        store: Store,
-        link: Link,
-        config: ResolvedConfig,
-        protocol: EffectiveProtocol,
-        run_id: int,
-        progress: Progress,
-        options: RunOptions,
-        parent_run: RunRecord | None,
-    ) -> None:
-        from optlab.metrics.log import Collector
-        from optlab.metrics.resources import ResourceSampler
-
-        self.store, self.link, self.config = store, link, config
-        self.protocol, self.run_id, self.progress, self.options = (
-            protocol,
-            run_id,
-            progress,
-            options,
-        )
-        self.parent_run = parent_run
-        self.collector = Collector()
-        self.sampler = ResourceSampler()
-        self.readings: list[Any] = []
-        self.pending_windows: list[Any] = []
-        self.pending_readings: list[Any] = []
-        self.last_flush = self.last_beat = time.monotonic()
-        self.warmup_s = 0.0
-        self.measured_s = 0.0
-        self.stabilised: bool | None = None
-        self.last_window: Any = None
-        self.generator: Any = None
-
-    # -- the loop -------------------------------------------------------------------------
-    def _tick(self, phase: str, started: float, planned: float) -> float:
-        # Never sleep past the planned end: a 5 s measurement should measure 5 s, not 5.2.
-        time.sleep(max(0.0, min(TICK_S, planned - (time.monotonic() - started))))
-        self.collector.drain()
-        if self.generator is not None and self.generator.failure is not None:
-            raise RuntimeError(f"a load-generator thread failed: {self.generator.failure!r}")
-        now = time.monotonic()
-        windows = self.collector.take_new_windows()
-        self.pending_windows += windows
-        readings = self.sampler.take()
-        self.readings += readings
-        self.pending_readings += readings
-        if now - self.last_beat >= HEARTBEAT_S:
-            self.store.heartbeat(self.run_id)
-            self.last_beat = now
-        if now - self.last_flush >= FLUSH_S:
-            self._flush()
-        last = next((w for w in reversed(windows) if w.phase == phase), None)
-        if last is not None:
-            self.last_window = last
-        shown = self.last_window if self.last_window and self.last_window.phase == phase else None
-        cpu = next((r.cpu_process_pct for r in reversed(self.readings)), None)
-        gpus = self.readings[-1].gpus if self.readings else None
-        gpu = gpus[0].util_pct if gpus else None
-        self.progress.update(
-            LiveStatus(
-                self.link.name,
-                phase,
-                now - started,
-                planned,
-                shown.qps if shown else None,
-                shown.p50_ms if shown else None,
-                shown.p99_ms if shown else None,
-                cpu,
-                gpu,
-            )
-        )
-        return now - started
-
-    def _flush(self) -> None:
-        self.store.add_windows(self.run_id, window_rows(self.pending_windows))
-        self.store.add_resource_samples(self.run_id, resource_rows(self.pending_readings))
-        self.pending_windows, self.pending_readings = [], []
-        self.last_flush = time.monotonic()
-
-    def _warm_up(self) -> None:
-        p = self.protocol
-        started = time.monotonic()
-        while True:
-            elapsed = self._tick("warmup", started, p.warmup_max_s)
-            self.warmup_s = elapsed
-            if p.warmup == "fixed" and elapsed >= p.warmup_s:
-                return
-            if p.warmup == "stable" and elapsed >= p.warmup_s and self._stable():
-                self.stabilised = True
-                return
-            if elapsed >= p.warmup_max_s:
-                self.stabilised = False if p.warmup == "stable" else None
-                return
-
-    def _stable(self) -> bool:
-        per_group = int(self.protocol.stability_window_s)
-        windows = self.collector.windows("warmup")
-        usable = len(windows) // per_group * per_group
-        start = len(windows) - usable
-        groups = [windows[i : i + per_group] for i in range(start, len(windows), per_group)]
-        qps = [sum(w.qps for w in g) / len(g) for g in groups]
-        p50s = [[w.p50_ms for w in g if w.p50_ms is not None] for g in groups]
-        p50 = [sum(v) / len(v) if v else None for v in p50s]
-        return is_stable(qps, p50, STABILITY_WINDOWS, self.protocol.stability_tolerance)
-
-    def _measure(self) -> None:
-        started = time.monotonic()
-        self.collector.set_phase("measure", time.perf_counter_ns())
-        self.sampler.set_phase("measure")
-        try:
-            while self.measured_s < self.protocol.duration_s:
-                self.measured_s = self._tick("measure", started, self.protocol.duration_s)
-        finally:
-            self.measured_s = time.monotonic() - started
-            self.collector.set_phase("drain", time.perf_counter_ns())
-            self.sampler.set_phase("drain")
-
-    def execute(self, paths: list[Path]) -> tuple[str, Verdict, dict[str, Any]]:
-        from optlab.load.generator import LoadGenerator
-        from optlab.targets.base import load_target
-
-        status, error, interrupted, report = "FINISHED", None, False, None
-        target = None
-        generator = None
-        try:
-            with _sigterm_as_interrupt():
-                target = load_target(self.config, paths)
-                workload = self.config.workload
-                generator = LoadGenerator(
-                    target.call,
-                    target.requests,
-                    workload.load,
-                    timeout_s=workload.timeout_ms / 1000,
-                    seed=workload.seed,
-                    trace_dir=paths[0],
-                )
-                self.collector.set_phase("warmup", time.perf_counter_ns())
-                self.sampler.set_phase("warmup")
-                self.sampler.start()
-                self.generator = generator
-                generator.start(self.collector)
-                self._warm_up()
-                self._measure()
-        except KeyboardInterrupt as exc:
-            status, interrupted = "KILLED", True
-            error = f"interrupted ({exc or 'Ctrl-C'}) after {self.measured_s:.1f} s measured"
-        except Exception as exc:
-            status = "FAILED"
-            error = (
-                f"{exc.message}\nhint: {exc.hint}"
-                if isinstance(exc, OptlabError) and exc.hint
-                else "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            )
-            if not isinstance(exc, OptlabError):
-                error += "\n" + "".join(traceback.format_tb(exc.__traceback__)[-3:])
-        with _shielded():
-            if generator is not None:
-                report = generator.stop(self.options.drain_timeout_s)
-                if report.failure is not None and status == "FINISHED":
-                    # A worker died of something other than a target error: numbers are partial.
-                    status = "FAILED"
-                    error = f"a load-generator thread failed: {report.failure!r}"
-            self.collector.finish()
-            self.sampler.stop()
-            final = self.sampler.take()
-            self.readings += final
-            self.pending_readings += final
-            self.pending_windows += self.collector.take_new_windows()
-            if target is not None:
-                try:
-                    target.close()
-                except Exception as exc:  # a failing close must not lose the run
-                    self.progress.note(f"target close() raised {type(exc).__name__}: {exc}")
-            return self._store(status, error, interrupted, report)
-
-    def _store(
-        self, status: str, error: str | None, interrupted: bool, report: Any
-    ) -> tuple[str, Verdict, dict[str, Any]]:
-        self._flush()
-        c = self.collector
-        for phase in ("warmup", "measure"):
-            histograms = c.histograms(phase)
-            if histograms:
-                self.store.add_stage_stats(self.run_id, stage_rows(phase, histograms))
-        errors = c.error_counts("measure")
-        self.store.add_run_errors(self.run_id, error_rows(errors))
-        ok, failed = c.totals("measure")
-        histograms = c.histograms("measure")
-        stages = {k: v for k, v in histograms.items() if k not in HARNESS_SERIES}
-        harness = {k: v for k, v in histograms.items() if k in HARNESS_SERIES}
-        total = stages.get("total")
-        total_s = total.summary_ms() if total is not None else {}
-        lag = harness.get("send_lag")
-        start = harness.get("start_lag")
-        lag_s = lag.summary_ms() if lag is not None and lag.count else {}
-        start_s = start.summary_ms() if start is not None and start.count else {}
-        measured = max(self.measured_s, 1e-9)
-        first, second = halves([w.qps for w in c.windows("measure")])
-        load = self.config.workload.load
-        open_loop = isinstance(load, OpenLoad | ReplayLoad)
-        facts = RunFacts(
-            requested_s=self.protocol.duration_s,
-            measured_s=self.measured_s,
-            completed=ok,
-            errors=failed,
-            max_error_rate=self.protocol.max_error_rate,
-            send_lag_p99_ms=_num(lag_s.get("p99")) if open_loop else None,
-            max_send_lag_p99_ms=self.protocol.max_send_lag_p99_ms,
-            start_lag_p99_ms=_num(start_s.get("p99")),
-            total_p50_ms=_num(total_s.get("p50")),
-            first_half_qps=first,
-            second_half_qps=second,
-            stability_tolerance=self.protocol.stability_tolerance,
-            throttled=self.sampler.thermal_throttling_seen(),
-            interrupted=interrupted,
-            open_loop=open_loop,
-        )
-        judged = verdict(facts)
-        notes = list(judged.notes)
-        if self.stabilised is False:
-            notes.append(
-                f"warmup did not stabilise within {self.protocol.warmup_max_s:g} s; measured anyway"
-            )
-        if report is not None and report.abandoned:
-            notes.append(f"{report.abandoned} requests were still in flight after the drain")
-        valid = judged.valid if status == "FINISHED" else False
-        reasons = list(judged.reasons)
-        if status == "FAILED":
-            reasons.insert(0, "the run failed: " + (error or "").splitlines()[0])
-        qps = ok / measured if self.measured_s > 0 else None
-        summary: dict[str, Any] = {
-            "run_id": self.run_id,
-            "experiment": self.link.name,
-            "status": status,
-            "valid": valid,
-            "provisional": self.protocol.provisional,
-            "reasons": reasons,
-            "notes": notes,
-            "protocol": self.protocol.name,
-            "load": load.mode,
-            "requests": ok,
-            "errors": failed,
-            "errors_by_type": {k: v[0] for k, v in errors.items()},
-            "qps": qps,
-            "warmup_s": round(self.warmup_s, 3),
-            "duration_s": round(self.measured_s, 3),
-            "latency_ms": latency_summary(stages),
-            "harness_ms": latency_summary(harness),
-            "resources": resource_summary(self.readings, self.sampler.peak_rss_bytes()),
-        }
-        if self.parent_run is not None:
-            summary["parent"] = step_against(self.parent_run, summary, self.link.plan)
-        self.store.finish_run(
-            self.run_id,
-            status=status,
-            valid=valid,
-            reasons=reasons,
-            requests=ok,
-            errors=failed,
-            qps=qps,
-            summary=summary,
-            warmup_s=self.warmup_s,
-            duration_s=self.measured_s,
-            error_message=error,
-        )
-        return status, judged, summary
-
-
-def _num(value: Any) -> float | None:
-    return None if value is None else float(value)
 
 
 def _config_and_protocol(
@@ -463,29 +104,6 @@ def _measure_link(
     measurement = _Measurement(store, link, config, protocol, run_id, progress, options, parent_run)
     status, _, summary = measurement.execute(paths)
     return RunOutcome(run_id, link.name, status, summary, parent_run)
-
-
-def step_against(parent: RunRecord, summary: dict[str, Any], plan: Any) -> dict[str, Any]:
-    """This run's change against the parent run it was checked against (relative, in %)."""
-    before = (parent.summary or {}).get("latency_ms", {}).get("total", {})
-    after = summary.get("latency_ms", {}).get("total", {})
-
-    def change(old: float | None, new: float | None) -> float | None:
-        if old in (None, 0) or new is None:
-            return None
-        return round((new - old) / old * 100, 2)
-
-    variable = plan.variable if plan is not None else None
-    return {
-        "experiment": parent.experiment,
-        "run_id": parent.id,
-        "variable": variable.name if variable is not None else None,
-        "change": variable.describe() if variable is not None else None,
-        "qps": parent.qps,
-        "qps_change_pct": change(parent.qps, summary.get("qps")),
-        **{f"{k}_ms": before.get(k) for k in ("p50", "p95", "p99")},
-        **{f"{k}_change_pct": change(before.get(k), after.get(k)) for k in ("p50", "p95", "p99")},
-    }
 
 
 def _needs_run(
