@@ -106,19 +106,9 @@ def _measure_link(
     return RunOutcome(run_id, link.name, status, summary, parent_run)
 
 
-def _needs_run(
-    store: Store,
-    link: Link,
-    parent: Link | None,
-    options: RunOptions,
-    fingerprint: dict[str, Any],
-) -> bool:
+def _needs_run(store: Store, link: Link, options: RunOptions, fingerprint: dict[str, Any]) -> bool:
     """True when `link` has no valid run this chain can build on (same protocol, env, code)."""
-    from optlab.comparability import valid_runs
-
     config, protocol = _config_and_protocol(link, options)
-    if not valid_runs(store, link.name, link.stored, protocol):
-        return True
     code = code_identity(config.target.model_dump(mode="json"), _paths(link))
     try:
         comparable_run(store, link.name, link.stored, protocol, fingerprint, code, None)
@@ -148,7 +138,7 @@ def run(
     if options.chain:
         for index, link in enumerate(chain[:-1]):
             parent = chain[index - 1] if index > 0 else None
-            if link.plan is not None and _needs_run(store, link, parent, options, fingerprint):
+            if link.plan is not None and _needs_run(store, link, options, fingerprint):
                 todo.append((link, parent))
     head_parent = chain[-2] if len(chain) > 1 else None
     todo += [(chain[-1], head_parent)] * options.repeats
