@@ -139,6 +139,9 @@ class _Measurement:
         self.stabilised: bool | None = None
         self.last_window: Any = None
         self.generator: Any = None
+        self.target: Any = None
+        self.accuracy: dict[str, Any] | None = None
+        self.target_metrics: dict[str, Any] | None = None
 
     # -- the loop -------------------------------------------------------------------------
     def _tick(self, phase: str, started: float, planned: float) -> float:
@@ -213,6 +216,8 @@ class _Measurement:
         return is_stable(qps, p50, STABILITY_WINDOWS, self.protocol.stability_tolerance)
 
     def _measure(self) -> None:
+        if self.target is not None and self.target.reset_metrics is not None:
+            self.target.reset_metrics()  # the target's own counters cover the measured phase
         started = time.monotonic()
         self.collector.set_phase("measure", time.perf_counter_ns())
         self.sampler.set_phase("measure")
@@ -233,7 +238,11 @@ class _Measurement:
         generator = None
         try:
             with _sigterm_as_interrupt():
-                target = load_target(self.config, paths)
+                target = self.target = load_target(self.config, paths)
+                if target.accuracy is not None:
+                    # Before the load, not during it: it would steal the engine's cores.
+                    self.progress.note(f"{self.link.name}: checking held-out accuracy")
+                    self.accuracy = target.accuracy()
                 workload = self.config.workload
                 generator = LoadGenerator(
                     target.call,
@@ -276,6 +285,11 @@ class _Measurement:
             self.pending_readings += final
             self.pending_windows += self.collector.take_new_windows()
             if target is not None:
+                if target.metrics is not None:
+                    try:
+                        self.target_metrics = target.metrics()
+                    except Exception as exc:  # a failing hook must not lose the run
+                        self.progress.note(f"target metrics() raised {type(exc).__name__}: {exc}")
                 try:
                     target.close()
                 except Exception as exc:  # a failing close must not lose the run
@@ -323,6 +337,8 @@ class _Measurement:
             throttled=self.sampler.thermal_throttling_seen(),
             interrupted=interrupted,
             open_loop=open_loop,
+            accuracy_drop_pts=_num((self.accuracy or {}).get("drop_pts")),
+            max_accuracy_drop_pts=self.config.slo.max_accuracy_drop_pts,
         )
         judged = verdict(facts)
         notes = list(judged.notes)
@@ -357,6 +373,10 @@ class _Measurement:
             "harness_ms": latency_summary(harness),
             "resources": resource_summary(self.readings, self.sampler.peak_rss_bytes()),
         }
+        if self.accuracy is not None:
+            summary["accuracy"] = self.accuracy
+        if self.target_metrics is not None:
+            summary["target"] = self.target_metrics
         if self.parent_run is not None:
             summary["parent"] = step_against(self.parent_run, summary, self.link.plan)
         self.store.finish_run(

@@ -39,6 +39,9 @@ class RunFacts:
     throttled: bool
     interrupted: bool
     open_loop: bool
+    # Held-out top-1 points lost against the fp32 reference model, for targets that report it.
+    accuracy_drop_pts: float | None = None
+    max_accuracy_drop_pts: float | None = None
 
 
 def verdict(facts: RunFacts) -> Verdict:
@@ -90,6 +93,14 @@ def verdict(facts: RunFacts) -> Verdict:
             )
     if facts.throttled:
         reasons.append("thermal throttling was seen on a GPU during the measurement")
+    drop, limit = facts.accuracy_drop_pts, facts.max_accuracy_drop_pts
+    if drop is not None and limit is not None and drop > limit:
+        # MLPerf's rule: a result that loses accuracy beyond the allowance does not count,
+        # however fast it was.
+        reasons.append(
+            f"accuracy: held-out top-1 is {drop:.2f} points below the fp32 reference model's "
+            f"(limit {limit:g} points, slo.max_accuracy_drop_pts)"
+        )
     if not facts.open_loop:
         notes.append("closed loop: latency is measured from the actual send (no CO correction)")
     return Verdict(not reasons, tuple(reasons), tuple(notes))

@@ -109,6 +109,7 @@ def render_summary(outcome: RunOutcome) -> str:
         if rss is not None
         else "  resources: no samples"
     )
+    lines.extend(_target_lines(s))
     parent = s.get("parent")
     if parent:
         lines.append(
@@ -118,6 +119,42 @@ def render_summary(outcome: RunOutcome) -> str:
             f"P99 {_pct(parent['p99_change_pct'])}"
         )
     return "\n".join(lines)
+
+
+def _target_lines(s: dict[str, Any]) -> list[str]:
+    """What the target reported about itself: accuracy, batch sizes, cache hits, engine."""
+    lines = []
+    accuracy = s.get("accuracy")
+    if accuracy:
+        agreement = accuracy.get("agreement")
+        lines.append(
+            f"  accuracy: held-out top-1 {accuracy['top1']:.2%} on {accuracy['n']} "
+            f"(fp32 reference {accuracy['reference_top1']:.2%}, "
+            f"{accuracy['drop_pts']:+.2f} points lost"
+            + ("" if agreement is None else f", agreement {agreement:.2%}")
+            + ")"
+        )
+    found = s.get("target") or {}
+    batching = found.get("batching")
+    if batching and batching.get("batches"):
+        lines.append(
+            f"  batching: {batching['batches']} batches, mean size "
+            f"{batching['mean_batch_size']:.2f}, rejected {batching.get('rejected', 0)}"
+        )
+    cache = found.get("cache")
+    if cache:
+        rate = cache.get("hit_rate")
+        lines.append(
+            f"  cache: hit rate {'-' if rate is None else f'{rate:.1%}'} "
+            f"({cache['hits']} hits, {cache['misses']} misses)"
+        )
+    engine = found.get("engine")
+    if engine:
+        lines.append(
+            f"  engine: {engine.get('engine')} {engine.get('precision')} on "
+            f"{', '.join(engine.get('providers') or [str(engine.get('device'))])}"
+        )
+    return lines
 
 
 def _pct(value: float | None) -> str:

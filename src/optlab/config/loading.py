@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from optlab.config.knobs import BuiltinKnobs
+from optlab.config.knobs import BuiltinKnobs, ImageInputs
 from optlab.config.models import (
     BASELINE_ONLY_KEYS,
     BaselineFile,
@@ -139,10 +139,18 @@ def resolve_baseline(experiment: ExperimentFile) -> dict[str, Any]:
     knobs = validate_knobs(
         spec.target, spec.knobs, experiment.source, ("knobs",), search_paths(experiment.source)
     )
+    workload = spec.workload
+    if isinstance(spec.target, BuiltinTarget) and spec.target.name == "image-classifier":
+        # Checked here, at load, so a typo in the payload spec names its line before any run.
+        try:
+            inputs = ImageInputs.model_validate(workload.inputs).model_dump(mode="json")
+        except ValidationError as exc:
+            raise config_error(exc, ImageInputs, experiment.source, ("workload", "inputs")) from exc
+        workload = workload.model_copy(update={"inputs": inputs})
     resolved = ResolvedConfig(
         target=spec.target,
         knobs=knobs,
-        workload=spec.workload,
+        workload=workload,
         protocol=spec.protocol,
         slo=spec.slo,
     )

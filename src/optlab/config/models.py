@@ -128,6 +128,13 @@ class Slo(StrictModel):
     p99_ms: float | None = Field(None, gt=0)
     p999_ms: float | None = Field(None, gt=0)
     min_qps: float | None = Field(None, gt=0)
+    max_accuracy_drop_pts: float | None = Field(
+        1.0,
+        ge=0,
+        le=100,
+        description="held-out top-1 points a run may lose against the fp32 reference model "
+        "before its verdict flags it (targets that report accuracy only)",
+    )
 
 
 class ResolvedConfig(StrictModel):

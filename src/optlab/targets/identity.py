@@ -48,12 +48,20 @@ def source_hash(origin: Path) -> str:
 
 
 def _builtin_identity() -> dict[str, Any]:
-    folder = Path(optlab.__file__).parent / "targets" / "builtin"
-    files = _tree(folder, None) if folder.is_dir() else []
+    # The built-in targets' code is the pipeline (with its weights and data rendering), the
+    # synthetic service, and the inference engines the pipeline runs.
+    package = Path(optlab.__file__).parent
+    parts = [
+        package / "targets" / "builtin",
+        package / "targets" / "synthetic.py",
+        package / "engines",
+    ]
+    files = [p for part in parts if part.is_dir() for p in _tree(part, None)]
+    files += [part for part in parts if part.is_file()]
     return {
         "kind": "builtin",
         "optlab": optlab.__version__,
-        "files_sha256": hash_files(files, folder) if files else None,
+        "files_sha256": hash_files(files, package) if files else None,
     }
 
 
