@@ -14,12 +14,22 @@ from optlab.errors import ConfigError, OptlabError
 
 @dataclass
 class LoadedTarget:
-    """A built target: a thread-safe callable(request) -> response, its requests, its hooks."""
+    """A built target: a thread-safe callable(request) -> response, its requests, its hooks.
+
+    Optional hooks, taken from the built object when it has them (as `setup` and `close` are):
+    `metrics()` -> a JSON-able dict of the target's own counters (batch sizes, cache hits),
+    stored with the run; `reset_metrics()`, called when the measured phase starts so those
+    counters cover it alone; `accuracy()` -> a dict with `top1` and, against a reference,
+    `drop_pts`, checked once before the load starts and stored with the run.
+    """
 
     call: Callable[[Any], Any]
     requests: Sequence[Any]
     description: str
     closers: list[Callable[[], None]] = field(default_factory=list)
+    metrics: Callable[[], dict[str, Any]] | None = None
+    reset_metrics: Callable[[], None] | None = None
+    accuracy: Callable[[], dict[str, Any]] | None = None
 
     def close(self) -> None:
         for closer in self.closers:
@@ -111,6 +121,10 @@ def _hooks(built: Any, loaded: LoadedTarget, name: str) -> None:
     close = getattr(built, "close", None)
     if callable(close):
         loaded.closers.append(close)
+    for hook in ("metrics", "reset_metrics", "accuracy"):
+        found = getattr(built, hook, None)
+        if callable(found):
+            setattr(loaded, hook, found)
 
 
 def _builtin_target(config: ResolvedConfig) -> LoadedTarget:
@@ -118,19 +132,22 @@ def _builtin_target(config: ResolvedConfig) -> LoadedTarget:
 
     target = config.target
     assert isinstance(target, BuiltinTarget)
+    # Both modules expose build(knobs) and inputs(workload), like a python target's factory.
+    module: Any
     if target.name == "synthetic":
-        from optlab.targets import synthetic
-
-        built = synthetic.build(config.knobs)
-        loaded = LoadedTarget(built, synthetic.inputs(config.workload), "builtin synthetic")
-        _hooks(built, loaded, "synthetic")
-        return loaded
-    raise TargetError(
-        f"the built-in {target.name!r} pipeline cannot be measured by this version of optlab "
-        "yet (it arrives with the reference-pipeline work)",
-        hint="measure `target: {kind: builtin, name: synthetic}` or a python target meanwhile; "
-        "`optlab diff` already checks its chain",
-    )
+        from optlab.targets import synthetic as module
+    else:
+        from optlab.targets.builtin import pipeline as module
+    built = module.build(config.knobs)
+    try:
+        loaded = LoadedTarget(built, module.inputs(config.workload), f"builtin {target.name}")
+        _hooks(built, loaded, target.name)
+    except BaseException:
+        close = getattr(built, "close", None)
+        if callable(close):
+            close()  # threads and engines the target started must not outlive a failed set-up
+        raise
+    return loaded
 
 
 def load_target(config: ResolvedConfig, paths: Sequence[Path]) -> LoadedTarget:
