@@ -46,7 +46,8 @@ def test_diff_names_the_one_variable(chain_dir: Path, invoke: Invoke) -> None:
     assert result.exit_code == 0, result.output
     assert "chain: baseline -> dynamic-batch" in result.stdout
     assert (
-        "batching: {mode: off} -> {mode: dynamic, max_batch_size: 8, max_wait_ms: 10.0, max_queue: 1024}"
+        "batching: {mode: off} -> {mode: dynamic, max_batch_size: 8, max_wait_ms: 10.0, "
+        "max_queue: 1024}"
         in result.stdout
     )
     assert "config of dynamic-batch: stored" in result.stderr

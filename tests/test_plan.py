@@ -77,7 +77,8 @@ def test_two_variables_refused_naming_both(chain_dir: Path, store: Store) -> Non
     message, hint = info.value.message, info.value.hint or ""
     assert "changes 2 variables" in message
     assert (
-        "batching: {mode: off} -> {mode: dynamic, max_batch_size: 8, max_wait_ms: 10.0, max_queue: 1024}" in message
+        "batching: {mode: off} -> {mode: dynamic, max_batch_size: 8, max_wait_ms: 10.0, "
+        "max_queue: 1024}" in message
     )
     assert "precision: fp32 -> fp16" in message
     assert "bad-batching.yaml: name two-batching, parent baseline" in hint

@@ -242,7 +242,7 @@ class _Measurement:
                 if target.accuracy is not None:
                     # Before the load, not during it: it would steal the engine's cores.
                     self.progress.note(f"{self.link.name}: checking held-out accuracy")
-                    self.accuracy = target.accuracy()
+                    self.accuracy = _checked_accuracy(target.accuracy())
                 workload = self.config.workload
                 generator = LoadGenerator(
                     target.call,
@@ -393,6 +393,20 @@ class _Measurement:
             error_message=error,
         )
         return status, judged, summary
+
+
+def _checked_accuracy(report: Any) -> dict[str, Any]:
+    from optlab.targets.base import TargetError
+
+    top1 = report.get("top1") if isinstance(report, dict) else None
+    if not isinstance(top1, int | float) or isinstance(top1, bool):
+        raise TargetError(
+            f"the target's accuracy() returned {report!r}",
+            hint="return a dict with `top1` (a fraction) and optionally `drop_pts` (points lost "
+            "against a reference), `n` and `agreement`",
+        )
+    checked: dict[str, Any] = report
+    return checked
 
 
 def _num(value: Any) -> float | None:

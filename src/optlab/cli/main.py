@@ -63,7 +63,7 @@ def cli(ctx: click.Context, db_url: str | None) -> None:
 
 
 def _register() -> None:
-    from optlab.cli import db, env, experiments, runs
+    from optlab.cli import db, demo, env, experiments, runs
 
     cli.add_command(env.env)
     cli.add_command(experiments.diff)
@@ -71,6 +71,7 @@ def _register() -> None:
     cli.add_command(runs.run)
     cli.add_command(runs.log)
     cli.add_command(db.db)
+    cli.add_command(demo.demo)
 
 
 _register()

@@ -125,15 +125,18 @@ def _target_lines(s: dict[str, Any]) -> list[str]:
     """What the target reported about itself: accuracy, batch sizes, cache hits, engine."""
     lines = []
     accuracy = s.get("accuracy")
-    if accuracy:
-        agreement = accuracy.get("agreement")
-        lines.append(
-            f"  accuracy: held-out top-1 {accuracy['top1']:.2%} on {accuracy['n']} "
-            f"(fp32 reference {accuracy['reference_top1']:.2%}, "
-            f"{accuracy['drop_pts']:+.2f} points lost"
-            + ("" if agreement is None else f", agreement {agreement:.2%}")
-            + ")"
-        )
+    if isinstance(accuracy, dict) and accuracy.get("top1") is not None:
+        # A user target's accuracy() may report only some of these.
+        parts = [f"held-out top-1 {float(accuracy['top1']):.2%}"]
+        if accuracy.get("n") is not None:
+            parts[0] += f" on {accuracy['n']}"
+        if accuracy.get("reference_top1") is not None:
+            parts.append(f"fp32 reference {float(accuracy['reference_top1']):.2%}")
+        if accuracy.get("drop_pts") is not None:
+            parts.append(f"{float(accuracy['drop_pts']):+.2f} points lost")
+        if accuracy.get("agreement") is not None:
+            parts.append(f"agreement {float(accuracy['agreement']):.2%}")
+        lines.append("  accuracy: " + ", ".join(parts))
     found = s.get("target") or {}
     batching = found.get("batching")
     if batching and batching.get("batches"):

@@ -1,0 +1,75 @@
+"""`optlab demo`: the README's main command."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from optlab.cli.runs import LiveProgress, PlainProgress, render_summary
+
+if TYPE_CHECKING:
+    from optlab.runner import RunOutcome
+
+
+@click.command()
+@click.option(
+    "--chain",
+    type=click.Choice(["auto", "cpu", "gpu"]),
+    default="auto",
+    show_default=True,
+    help="Which reference chain: auto picks gpu where CUDA is available, cpu otherwise.",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".optlab/demo"),
+    show_default=True,
+    help="Folder for the demo's fresh database (a new file each time).",
+)
+@click.option("--verbose", is_flag=True, help="Print each run's full summary as it finishes.")
+def demo(chain: str, out: Path, verbose: bool) -> None:
+    """Measure the reference chain under the quick protocol and print its stacked table.
+
+    Every step changes one knob of the built-in image classifier; each run is PROVISIONAL
+    (seconds, not the full protocol's 10 minutes). The database is new, so the demo never
+    touches your results; --db is not used.
+    """
+    from optlab.demo import choose_chain, fresh_database, run_demo
+    from optlab.reports.terminal import rich_table
+
+    chosen = choose_chain(chain)
+    database = fresh_database(out)
+    live = sys.stderr.isatty()
+    progress: PlainProgress | LiveProgress = LiveProgress() if live else PlainProgress()
+    progress.note(f"optlab demo: the {chosen} chain, quick protocol, into {database}")
+
+    def show(outcome: RunOutcome) -> None:
+        if verbose:
+            progress.note(render_summary(outcome))
+        else:
+            s = outcome.summary
+            verdict = "VALID" if s["valid"] else "INVALID"
+            progress.note(
+                f"  {s['experiment']}: {s['status']} {verdict}, QPS {s['qps'] or 0:.1f}, "
+                f"P99 {s['latency_ms'].get('total', {}).get('p99') or 0:.2f} ms"
+            )
+
+    try:
+        result = run_demo(chosen, database, progress, show)
+    finally:
+        progress.close()
+    from rich.console import Console
+
+    Console().print(
+        rich_table(
+            result.table,
+            title=f"stacked gains: {result.head} ({chosen} chain, quick protocol: PROVISIONAL)",
+        )
+    )
+    click.echo(
+        f"measured {len(result.outcomes)} runs in {result.seconds:.0f} s; database: {database}\n"
+        f"explore it: optlab --db sqlite:///{database} log"
+    )

@@ -1,0 +1,104 @@
+"""`optlab demo`: the reference chain that suits this machine, measured under the quick protocol
+into a fresh database, then its stacked-gains table.
+
+The chains ship with the package (`optlab/_experiments`, from the repository's `experiments/`),
+so the demo works from a wheel as well as from a checkout.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from optlab.errors import OptlabError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from optlab.runner import Progress, RunOutcome
+
+# Chain folder -> the head experiment's file in it.
+CHAINS = {"cpu": "04-preprocess.yaml", "gpu": "03-preprocess.yaml"}
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    chain: str
+    head: str
+    database: Path
+    outcomes: list[RunOutcome]
+    table: pd.DataFrame
+    seconds: float
+
+
+def experiments_dir() -> Path:
+    """The shipped chains: inside the wheel, or the repository's experiments/ in a checkout."""
+    packaged = importlib.resources.files("optlab") / "_experiments"
+    if packaged.is_dir():
+        return Path(str(packaged))
+    checkout = Path(__file__).resolve().parents[2] / "experiments"
+    if checkout.is_dir():
+        return checkout
+    raise OptlabError(
+        f"optlab's reference chains are missing (looked for {packaged} and {checkout})",
+        hint="reinstall optlab; a wheel must contain optlab/_experiments",
+    )
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def choose_chain(requested: str) -> str:
+    """`auto`: the seed's GPU chain where cuda is available, the CPU chain otherwise."""
+    if requested == "auto":
+        return "gpu" if cuda_available() else "cpu"
+    if requested not in CHAINS:
+        raise OptlabError(f"unknown demo chain {requested!r}", hint="use auto, cpu or gpu")
+    if requested == "gpu" and not cuda_available():
+        raise OptlabError(
+            "the gpu chain needs CUDA, and torch sees no CUDA device here",
+            hint="run `optlab demo` (auto) or `optlab demo --chain cpu`",
+        )
+    return requested
+
+
+def fresh_database(folder: Path) -> Path:
+    """A new SQLite file under `folder`: the demo never writes into an existing database."""
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = folder / f"demo-{stamp}.db"
+    suffix = 1
+    while path.exists():
+        suffix += 1
+        path = folder / f"demo-{stamp}-{suffix}.db"
+    return path
+
+
+def run_demo(
+    chain: str,
+    database: Path,
+    progress: Progress,
+    on_outcome: Callable[[RunOutcome], None] | None = None,
+) -> DemoResult:
+    """Measure the whole chain (quick protocol) into `database` and build its table."""
+    from optlab.reports.table import stacked_table
+    from optlab.runner import RunOptions, run
+    from optlab.store import Store
+
+    started = time.monotonic()
+    head_file = experiments_dir() / chain / CHAINS[chain]
+    store = Store.open(f"sqlite:///{database.resolve()}")
+    try:
+        outcomes = run(head_file, store, RunOptions(quick=True, chain=True), progress, on_outcome)
+        head = outcomes[-1].experiment
+        table = stacked_table(store, head)
+    finally:
+        store.close()
+    return DemoResult(chain, head, database, outcomes, table, time.monotonic() - started)

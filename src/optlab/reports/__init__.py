@@ -1,0 +1,1 @@
+"""Reports: the stacked-gains DataFrame (`table`) and its renderers (`terminal`)."""
