@@ -107,8 +107,11 @@ def test_cache_hits_repeated_payloads_and_counts_them() -> None:
     assert metrics["hits"] == 1 and metrics["misses"] == 1 and metrics["hit_rate"] == 0.5
 
 
-def test_accuracy_is_measured_through_the_configured_pipeline() -> None:
-    target = _build()
+@pytest.mark.parametrize("preprocess", ["numpy", "numpy-pooled"])
+def test_accuracy_is_measured_through_the_configured_pipeline(preprocess: str) -> None:
+    # numpy-pooled returns one reused buffer per thread: the accuracy check must copy each
+    # image before preprocessing the next (it once stacked 32 copies of the last: 13% top-1).
+    target = _build(preprocess=preprocess)
     try:
         report = target.accuracy()
     finally:

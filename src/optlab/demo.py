@@ -14,15 +14,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from optlab.errors import OptlabError
+from optlab.errors import OptlabError, RefusedError
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from optlab.runner import Progress, RunOutcome
 
+# The quick protocol's 5 s give the naive CPU baseline (~75 requests/s here) too few requests
+# for a valid P99 (662); the demo measures each step a little longer, still PROVISIONAL.
+DEMO_DURATION_S = 12.0
+DEMO_WARMUP_S = 2.0
+# A short run on a busy machine can come out INVALID (unstable halves); the chain stops at an
+# invalid step, so the demo measures that step again, at most this many times. Every run is
+# stored, the invalid ones included.
+DEMO_RETRIES = 2
 # Chain folder -> the head experiment's file in it.
-CHAINS = {"cpu": "04-preprocess.yaml", "gpu": "03-preprocess.yaml"}
+CHAINS = {"cpu": "04-int8.yaml", "gpu": "03-preprocess.yaml"}
 
 
 @dataclass(frozen=True)
@@ -95,8 +103,25 @@ def run_demo(
     started = time.monotonic()
     head_file = experiments_dir() / chain / CHAINS[chain]
     store = Store.open(f"sqlite:///{database.resolve()}")
+    outcomes: list[RunOutcome] = []
+
+    def collect(outcome: RunOutcome) -> None:
+        outcomes.append(outcome)
+        if on_outcome is not None:
+            on_outcome(outcome)
+
+    options = RunOptions(quick=True, duration_s=DEMO_DURATION_S, warmup_s=DEMO_WARMUP_S, chain=True)
     try:
-        outcomes = run(head_file, store, RunOptions(quick=True, chain=True), progress, on_outcome)
+        for attempt in range(DEMO_RETRIES + 1):
+            try:
+                run(head_file, store, options, progress, collect)
+                break
+            except RefusedError as exc:
+                last = outcomes[-1] if outcomes else None
+                # Only an INVALID run is noise worth measuring again; a FAILED one is a fault.
+                if last is None or last.status != "FINISHED" or attempt == DEMO_RETRIES:
+                    raise
+                progress.note(f"{exc.message}: measuring {last.experiment} again")
         head = outcomes[-1].experiment
         table = stacked_table(store, head)
     finally:

@@ -63,7 +63,8 @@ def demo(chain: str, out: Path, verbose: bool) -> None:
         progress.close()
     from rich.console import Console
 
-    Console().print(
+    # Piped or captured output is not squeezed to 80 columns: the table stays readable.
+    Console(width=None if sys.stdout.isatty() else 220).print(
         rich_table(
             result.table,
             title=f"stacked gains: {result.head} ({chosen} chain, quick protocol: PROVISIONAL)",

@@ -82,10 +82,26 @@ def chain_steps(store: Store, head: str) -> list[ChainStep]:
         if config is not None and config.change and config.variable:
             old = _knob(store, record.parent, config.variable)
             new = config.config.get("knobs", {}).get(config.variable)
-            change = f"{render_value(old)} -> {render_value(new)}"
+            change = describe_change(old, new, render_value)
         variable = config.variable if config else None
         steps.append(ChainStep(name, variable, change, runs[0] if runs else None, missing))
     return steps
+
+
+def describe_change(old: Any, new: Any, render: Any) -> str:
+    """`old -> new`, short enough for a table cell: a group knob shows its modes, then the new
+    mode's settings (`off -> dynamic (max_batch_size 8, max_wait_ms 2.0, ...)`)."""
+    if isinstance(old, dict) and isinstance(new, dict) and "mode" in new:
+        settings = ", ".join(f"{k} {render(v)}" for k, v in new.items() if k != "mode")
+        changed = f"{render(old.get('mode'))} -> {render(new['mode'])}"
+        if old.get("mode") == new["mode"]:
+            settings = ", ".join(
+                f"{k} {render(old.get(k))} -> {render(v)}"
+                for k, v in new.items()
+                if old.get(k) != v
+            )
+        return f"{changed} ({settings})" if settings else changed
+    return f"{render(old)} -> {render(new)}"
 
 
 def _config_hash(store: Store, name: str) -> str | None:
@@ -138,6 +154,7 @@ def _row(step: ChainStep) -> dict[str, Any]:
     accuracy = s.get("accuracy") or {}
     row["accuracy_top1"] = accuracy.get("top1")
     found = s.get("target") or {}
+    row["infer_ms_per_request"] = (found.get("infer") or {}).get("ms_per_request")
     row["mean_batch_size"] = (found.get("batching") or {}).get("mean_batch_size")
     row["cache_hit_rate"] = (found.get("cache") or {}).get("hit_rate")
     return row

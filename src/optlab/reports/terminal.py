@@ -42,16 +42,25 @@ def rich_table(frame: pd.DataFrame, title: str | None = None) -> Table:
     stages = stage_columns(frame)
     for column in stages:
         table.add_column(column[: -len("_p50_ms")] + " P50", justify="right")
-    extras = [c for c in ("accuracy_top1", "mean_batch_size", "cache_hit_rate") if c in frame]
+    extras = [
+        c
+        for c in ("infer_ms_per_request", "mean_batch_size", "accuracy_top1", "cache_hit_rate")
+        if c in frame
+    ]
     extras = [c for c in extras if frame[c].map(_present).any()]
-    headers = {"accuracy_top1": "top-1", "mean_batch_size": "batch", "cache_hit_rate": "cache hit"}
+    headers = {
+        "infer_ms_per_request": "infer/req",
+        "mean_batch_size": "batch",
+        "accuracy_top1": "top-1",
+        "cache_hit_rate": "cache hit",
+    }
     for column in extras:
         table.add_column(headers[column], justify="right")
     table.add_column("verdict")
     for _, row in frame.iterrows():
         cells = [
             str(row["experiment"]),
-            str(row["change"] or "(baseline)"),
+            f"{row['variable']}: {row['change']}" if _present(row.get("change")) else "(baseline)",
             _num(row.get("qps")),
             _pct(row.get("qps_cumulative_pct")),
             _num(row.get("p50_ms"), 2),
@@ -61,8 +70,8 @@ def rich_table(frame: pd.DataFrame, title: str | None = None) -> Table:
         cells += [_num(row.get(c), 2) for c in stages]
         for column in extras:
             value = row.get(column)
-            if column == "mean_batch_size":
-                cells.append(_num(value, 1))
+            if column in ("mean_batch_size", "infer_ms_per_request"):
+                cells.append(_num(value, 2 if column == "infer_ms_per_request" else 1))
             else:
                 cells.append(f"{float(value):.1%}" if _present(value) else "-")
         cells.append(_mark(row))

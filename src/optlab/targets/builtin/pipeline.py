@@ -15,6 +15,8 @@ from __future__ import annotations
 import functools
 import json
 import math
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -100,6 +102,12 @@ class ImageClassifier:
         except BaseException:
             self.close()
             raise
+        # Engine time per request: a batch's forward pass divided among its requests. The
+        # `infer` stage gives each request the whole pass, which is its latency, not its cost.
+        self._infer_lock = threading.Lock()
+        self._infer_ns = 0
+        self._inferred = 0
+        self._passes = 0
         cache = knobs.cache
         self.cache = (
             ResponseCache(cache.max_entries, cache.ttl_s) if isinstance(cache, CacheLRU) else None
@@ -122,7 +130,9 @@ class ImageClassifier:
             logits = self.batcher.submit(image)
         else:
             with self.pool.acquire() as engine, stage("infer"):
+                started = time.perf_counter_ns()
                 logits = engine.infer(image[None])[0]
+                self._count_infer(time.perf_counter_ns() - started, 1)
         with stage("postprocess"):
             response = encode_response(logits)
         if self.cache is not None and key is not None:
@@ -133,9 +143,17 @@ class ImageClassifier:
         self, worker: int, images: list[Any], timings: list[RequestTiming]
     ) -> Sequence[npt.NDArray[np.float32]]:
         with stage("infer", requests=timings):
+            started = time.perf_counter_ns()
             batch = self._stack(worker, images)
             logits = self.engines[worker].infer(batch)
+            self._count_infer(time.perf_counter_ns() - started, len(images))
         return list(logits)
+
+    def _count_infer(self, ns: int, requests: int) -> None:
+        with self._infer_lock:
+            self._infer_ns += ns
+            self._inferred += requests
+            self._passes += 1
 
     def _stack(self, worker: int, images: list[Any]) -> Any:
         if isinstance(images[0], np.ndarray):
@@ -150,6 +168,14 @@ class ImageClassifier:
             "engine": self.engines[0].description if self.engines else None,
             "instances": len(self.engines),
         }
+        with self._infer_lock:
+            ns, inferred, passes = self._infer_ns, self._inferred, self._passes
+        found["infer"] = {
+            "passes": passes,
+            "requests": inferred,
+            "busy_ms": round(ns / 1e6, 3),
+            "ms_per_request": round(ns / 1e6 / inferred, 4) if inferred else None,
+        }
         if self.batcher is not None:
             found["batching"] = self.batcher.metrics()
         if self.pool is not None:
@@ -159,6 +185,8 @@ class ImageClassifier:
         return found
 
     def reset_metrics(self) -> None:
+        with self._infer_lock:
+            self._infer_ns = self._inferred = self._passes = 0
         for part in (self.batcher, self.pool, self.cache):
             if part is not None:
                 part.reset_metrics()
@@ -169,14 +197,15 @@ class ImageClassifier:
         labels: list[int] = []
         engine = self.engines[0]
         for start in range(0, len(payloads), ACCURACY_BATCH):
-            images = [self.preprocess(p) for p in payloads[start : start + ACCURACY_BATCH]]
+            # Each image copied at once: the pooled variant returns the same reused buffer on
+            # every call, so keeping the returned arrays would stack N copies of the last one.
+            images = [_owned(self.preprocess(p)) for p in payloads[start : start + ACCURACY_BATCH]]
             if isinstance(images[0], np.ndarray):
-                # np.stack copies: the pooled variant's reused buffer is safe to overwrite.
                 batch: Any = np.stack(images)
             else:
                 import torch
 
-                batch = torch.stack([image.clone() for image in images])
+                batch = torch.stack(images)
             labels.extend(int(i) for i in np.asarray(engine.infer(batch)).argmax(axis=1))
         return labels
 
@@ -202,6 +231,10 @@ class ImageClassifier:
         for engine in self.engines:
             engine.close()
         self.engines = []
+
+
+def _owned(image: Any) -> Any:
+    return image.copy() if isinstance(image, np.ndarray) else image.clone()
 
 
 @functools.lru_cache(maxsize=1)
