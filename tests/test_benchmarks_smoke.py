@@ -34,6 +34,17 @@ EXPECTED: dict[str, list[str]] = {
         r"^  P99 +closed loop +[\d.]+ ms",
         r"^open-loop P99 and P99\.9 within 10% of the ground truth: .*" + VERDICT,
     ],
+    "batcher_overhead.py": [
+        r"^instance pool +acquire\+release +-?[\d.]+ µs/request",
+        r"^batch N= ?\d+ +direct +[\d.]+ µs +batcher +[\d.]+ µs +overhead +-?[\d.]+ µs/request "
+        r"+\(ratio [\d.]+\)",
+        r"^lone request +max_wait_ms +[\d.]+ +latency P50 [\d.]+ ms +P99 [\d.]+ ms",
+        r"^lone request at max_wait_ms .*" + VERDICT,
+    ],
+    "preprocess.py": [
+        r"^ 256 px  numpy +median",
+        r"^python at 256 px .*" + VERDICT,
+    ],
     "memory.py": [
         r"^run +10 s +[\d,]+ requests .*peak [\d.]+ MiB",
         r"^run +20 s +[\d,]+ requests .*peak [\d.]+ MiB",
