@@ -44,8 +44,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from optlab.load.timerslack import tighten_timer_slack
 from optlab.metrics.stages import RequestTiming
-from optlab.targets.builtin.batcher import DynamicBatcher, InstancePool, _tighten_timer_slack
+from optlab.targets.builtin.batcher import DynamicBatcher, InstancePool
 
 SIZES = (1, 8, 32)
 LONE_WAITS_MS = (1.0, 5.0)
@@ -259,7 +260,7 @@ class BareTimedWait:
         self._thread.join()
 
     def _work(self) -> None:
-        _tighten_timer_slack()
+        tighten_timer_slack()
         never = threading.Lock()
         never.acquire()
         while (done := self._requests.get()) is not None:

@@ -146,3 +146,20 @@ def config_error(
         "\n".join([head, *("  " + line for line in lines)]),
         hint="; ".join(fixes) if fixes else "see experiments/baseline.yaml for a valid layout",
     )
+
+
+ModelT = typing.TypeVar("ModelT", bound=BaseModel)
+
+
+def target_knobs(model: type[ModelT], knobs: dict[str, Any], target: str) -> ModelT:
+    """A built-in target's knobs, validated again where the target is built: a stored config
+    may have come from another version of optlab, or a caller may build the target directly."""
+    try:
+        return model.model_validate(knobs)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "knobs"
+        raise ConfigError(
+            f"{target}: knobs.{where}: {first['msg']}",
+            hint=f"the {target} target's knobs are {', '.join(model.model_fields)}",
+        ) from exc

@@ -14,10 +14,7 @@ workers and wait inside the target, where their latency includes the stall.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import itertools
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -33,9 +30,8 @@ from optlab.load.schedules import (
     read_trace,
     replay_offsets,
 )
+from optlab.load.timerslack import tighten_timer_slack
 from optlab.metrics.stages import CURRENT, RequestTiming
-
-PR_SET_TIMERSLACK = 29  # linux/prctl.h
 
 if TYPE_CHECKING:
     from optlab.metrics.log import Collector, WorkerLog
@@ -287,21 +283,6 @@ class LoadGenerator:
                 self._stop_signalled = True
                 self._stop_lock.release()
 
-    @staticmethod
-    def _tighten_timer_slack() -> None:
-        """Ask Linux to wake this thread within 1 µs of its deadline, not the default 50 µs.
-
-        Timer slack is per thread; on a VM the default made timed waits overshoot by ~100 µs
-        at the median and over 1 ms at P99, which showed up as send lag in the open loop.
-        """
-        if not sys.platform.startswith("linux"):
-            return
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-            libc.prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)
-        except (OSError, AttributeError):
-            return  # an exotic libc: keep the default slack
-
     def _run(
         self,
         body: Callable[[_Counters, WorkerLog], None],
@@ -309,7 +290,7 @@ class LoadGenerator:
         log: WorkerLog,
     ) -> None:
         try:
-            self._tighten_timer_slack()
+            tighten_timer_slack()
             self._gate.acquire()
             self._gate.release()
             body(counters, log)

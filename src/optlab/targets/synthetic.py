@@ -18,10 +18,10 @@ from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from optlab.config.knobs import StrictModel
-from optlab.errors import ConfigError
+from optlab.config.validation import target_knobs
 from optlab.metrics.stages import stage
 
 __all__ = ["SyntheticKnobs", "SyntheticTarget", "build", "inputs", "simulate_open_loop"]
@@ -154,15 +154,7 @@ def _sleep_until(deadline_ns: int) -> None:
 
 def build(knobs: dict[str, Any]) -> SyntheticTarget:
     """The target's factory: validates the knobs, then builds the target."""
-    try:
-        model = SyntheticKnobs.model_validate(knobs)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "knobs"
-        raise ConfigError(
-            f"synthetic target: knobs.{where}: {first['msg']}",
-            hint=f"the synthetic target's knobs are {', '.join(SyntheticKnobs.model_fields)}",
-        ) from exc
+    model = target_knobs(SyntheticKnobs, knobs, "synthetic")
     return SyntheticTarget(model)
 
 

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from typing import Any, Generic, TypeVar, cast
 
 from optlab.errors import OptlabError
+from optlab.load.timerslack import tighten_timer_slack
 from optlab.metrics.stages import RequestTiming, current_request
 
 __all__ = ["BatcherClosed", "DynamicBatcher", "InstancePool", "Overloaded", "QUEUE_STAGE"]
@@ -32,7 +33,6 @@ R = TypeVar("R")
 E = TypeVar("E")
 
 QUEUE_STAGE = "queue"
-PR_SET_TIMERSLACK = 29  # linux/prctl.h
 # Idle workers wake this often to notice an interpreter shutting down without close() (their
 # threads are non-daemon, so otherwise they would hold the process open forever).
 IDLE_POLL_S = 0.25
@@ -44,26 +44,6 @@ class Overloaded(OptlabError):
 
 class BatcherClosed(OptlabError):
     """A request was submitted after close(), or close() gave up on it."""
-
-
-def _tighten_timer_slack() -> None:
-    """Ask Linux to wake this thread within 1 µs of its deadline, not the default 50 µs.
-
-    The batch deadline is a timed wait; with the default slack (and a VM's timer) it overshot
-    by ~100 µs at the median and milliseconds at P99, which a lone request pays in full.
-    """
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        libc.prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)
-    except (OSError, AttributeError):
-        return  # an exotic libc: keep the default slack
 
 
 class _Pending(Generic[T, R]):
@@ -266,7 +246,7 @@ class DynamicBatcher(Generic[T, R]):
             return batch
 
     def _work(self, index: int) -> None:
-        _tighten_timer_slack()
+        tighten_timer_slack()
         run_batch, clock = self._run_batch, time.perf_counter_ns
         while (batch := self._next_batch()) is not None:
             started = clock()

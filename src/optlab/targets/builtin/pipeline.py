@@ -22,10 +22,9 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import ValidationError
 
 from optlab.config.knobs import BatchingDynamic, BuiltinKnobs, CacheLRU, ImageInputs
-from optlab.errors import ConfigError
+from optlab.config.validation import target_knobs
 from optlab.metrics.stages import RequestTiming, stage
 from optlab.targets.builtin.data import MODEL_SIDE, Sample
 
@@ -246,15 +245,7 @@ def _reference_top1() -> float:
 
 def build(knobs: dict[str, Any]) -> ImageClassifier:
     """The target's factory: validates the knobs (already checked at load), builds the service."""
-    try:
-        model = BuiltinKnobs.model_validate(knobs)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "knobs"
-        raise ConfigError(
-            f"image-classifier: knobs.{where}: {first['msg']}",
-            hint=f"its knobs are {', '.join(BuiltinKnobs.model_fields)}",
-        ) from exc
+    model = target_knobs(BuiltinKnobs, knobs, "image-classifier")
     return ImageClassifier(model)
 
 
