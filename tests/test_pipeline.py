@@ -92,6 +92,31 @@ def test_dynamic_batching_forms_batches_and_answers_each_caller() -> None:
         assert {"queue", "infer", "preprocess", "postprocess"} <= set(timing.stages or {})
 
 
+def test_instances_serve_requests_in_parallel_on_separate_engines() -> None:
+    target = _build(instances=2)
+    barrier = threading.Barrier(6)
+    labels: list[int] = []
+
+    def client(i: int) -> None:
+        barrier.wait()
+        for sample in SAMPLES[i::6]:
+            labels.append(_timed(target, sample)[0]["label"])
+
+    try:
+        assert len({id(engine) for engine in target.engines}) == 2
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        pool = target.metrics()["instances_pool"]
+    finally:
+        target.close()
+    assert len(labels) == len(SAMPLES)
+    assert pool["instances"] == 2 and pool["requests"] == len(SAMPLES)
+    assert all(n > 0 for n in pool["requests_per_instance"])  # both engines served
+
+
 def test_cache_hits_repeated_payloads_and_counts_them() -> None:
     target = _build(cache={"mode": "lru", "max_entries": 4})
     try:
