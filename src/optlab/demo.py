@@ -121,7 +121,11 @@ def run_demo(
                 # Only an INVALID run is noise worth measuring again; a FAILED one is a fault.
                 if last is None or last.status != "FINISHED" or attempt == DEMO_RETRIES:
                     raise
-                progress.note(f"{exc.message}: measuring {last.experiment} again")
+                reasons = "; ".join(last.summary.get("reasons") or []) or exc.message
+                progress.note(
+                    f"{last.experiment}'s run {last.run_id} is INVALID ({reasons}): a short run "
+                    "on a busy machine; measuring it again"
+                )
         head = outcomes[-1].experiment
         table = stacked_table(store, head)
     finally:
