@@ -1,0 +1,171 @@
+"""The stacked-gains table as GitHub markdown, sized for a pull-request comment.
+
+A title line, the table, the protocol and a one-line environment summary, then numbered notes
+for what a cell cannot hold: trade-off flags, INVALID reasons, PROVISIONAL runs, failed SLOs and
+why a step has no row. Every user-supplied string is escaped so that it cannot break the table.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from optlab.reports.export import as_list, present, records
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+_KNOWN_STAGES = ("queue", "preprocess", "infer", "postprocess")
+PROVISIONAL_NOTE = "PROVISIONAL: measured under a short protocol; confirm with a full run"
+
+
+def escape(text: Any) -> str:
+    """One table cell's worth of user text: no newline, no `|`, no raw HTML."""
+    value = str(text).replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
+    # `<` alone starts raw HTML in GitHub markdown; `->` and `a & b` stay readable.
+    return value.replace("<", "&lt;").replace("|", "\\|")
+
+
+def number(value: Any, digits: int = 1) -> str:
+    return f"{float(value):,.{digits}f}" if present(value) else "–"
+
+
+def percent(value: Any) -> str:
+    return f"{float(value):+.1f}%" if present(value) else ""
+
+
+def step_delta(row: dict[str, Any], prefix: str) -> str:
+    """`+40.1%`, with the step's confidence interval where the table has one."""
+    text = percent(row.get(f"{prefix}_step_pct"))
+    low: Any = row.get(f"{prefix}_step_low_pct")
+    high: Any = row.get(f"{prefix}_step_high_pct")
+    if text and present(low) and present(high):
+        text += f" [{float(low):+.0f}, {float(high):+.0f}]"
+    return text
+
+
+def stage_columns(frame: pd.DataFrame) -> list[str]:
+    """`<stage>_p50_ms` columns that hold a value, known stages first in request order."""
+    found = [
+        c
+        for c in frame.columns
+        if c.endswith("_p50_ms") and c != "p50_ms" and frame[c].map(present).any()
+    ]
+
+    def order(column: str) -> tuple[int, int]:
+        stage = column[: -len("_p50_ms")]
+        known = _KNOWN_STAGES.index(stage) if stage in _KNOWN_STAGES else len(_KNOWN_STAGES)
+        return known, found.index(column)
+
+    return sorted(found, key=order)
+
+
+def head_name(frame: pd.DataFrame) -> str:
+    head = frame.attrs.get("head")
+    if head:
+        return str(head)
+    return str(frame["experiment"].iloc[-1]) if len(frame) else "(empty chain)"
+
+
+def verdict_of(row: dict[str, Any]) -> str:
+    """The verdict column's word: the table's verdict, else what can be said without one."""
+    if row.get("verdict"):
+        return str(row["verdict"])
+    if not present(row.get("run_id")):
+        return "missing"
+    return "baseline" if not present(row.get("change")) else "measured"
+
+
+def row_notes(row: dict[str, Any]) -> list[str]:
+    """What this step's footnotes say, in a fixed order."""
+    notes = []
+    if not present(row.get("run_id")):
+        notes.append(f"missing: {row.get('missing') or 'no run'}")
+        return notes
+    notes += [f"flag: {flag}" for flag in as_list(row.get("flags"))]
+    if row.get("valid") is False:
+        reasons = as_list(row.get("reasons")) or ["no reason recorded"]
+        notes.append("INVALID: " + "; ".join(reasons))
+    if row.get("provisional"):
+        notes.append(PROVISIONAL_NOTE)
+    if row.get("slo_pass") is False:
+        failures = as_list(row.get("slo_failures")) or ["SLO failed"]
+        notes.append("SLO failed: " + "; ".join(failures))
+    if present(row.get("missing")):
+        notes.append(f"note: {row['missing']}")
+    return notes
+
+
+def render_markdown(frame: pd.DataFrame) -> str:
+    """The table for a PR comment (title, table, **Protocol**, **Environment**, notes)."""
+    rows = records(frame)
+    stages = stage_columns(frame)
+    show_accuracy = "accuracy_top1" in frame and frame["accuracy_top1"].map(present).any()
+    headers = ["step", "change", "QPS", "Δ step", "Δ cum", "P50 ms", "P99 ms", "Δ step", "Δ cum"]
+    headers += [f"{c[: -len('_p50_ms')]} P50" for c in stages]
+    if show_accuracy:
+        headers.append("top-1")
+    headers.append("verdict")
+    align = ["---", "---"] + ["---:"] * (len(headers) - 3) + ["---"]
+
+    lines = [f"### optlab stacked gains: {escape(head_name(frame))}", ""]
+    lines.append("| " + " | ".join(escape(h) for h in headers) + " |")
+    lines.append("|" + "|".join(align) + "|")
+    notes: dict[str, int] = {}  # note text -> its number; a shared note is listed once
+    for row in rows:
+        change = row.get("change")
+        change_text = (
+            f"{escape(row.get('variable') or '?')}: {escape(change)}"
+            if present(change)
+            else "(baseline)"
+        )
+        cells = [
+            escape(row.get("experiment")),
+            change_text,
+            number(row.get("qps")),
+            step_delta(row, "qps"),
+            percent(row.get("qps_cumulative_pct")),
+            number(row.get("p50_ms"), 2),
+            number(row.get("p99_ms"), 2),
+            step_delta(row, "p99"),
+            percent(row.get("p99_cumulative_pct")),
+        ]
+        cells += [number(row.get(c), 2) for c in stages]
+        if show_accuracy:
+            value: Any = row.get("accuracy_top1")
+            cells.append(f"{float(value):.1%}" if present(value) else "–")
+        verdict = verdict_of(row)
+        if row.get("valid") is False:
+            verdict += ", INVALID"
+        if row.get("provisional"):
+            verdict += ", PROVISIONAL"
+        if row.get("slo_pass") is False:
+            verdict += ", SLO ✗"
+        marks: list[int] = []
+        for note in row_notes(row):
+            text = escape(note)
+            if note != PROVISIONAL_NOTE:
+                text = f"{escape(row.get('experiment'))}: {text}"
+            number_of = notes.setdefault(text, len(notes) + 1)
+            marks.append(number_of)
+        refs = " ".join(f"[{n}]" for n in sorted(set(marks)))
+        cells.append(escape(verdict) + (" " + refs if refs else ""))
+        lines.append("| " + " | ".join(cells) + " |")
+
+    lines.append("")
+    attrs = frame.attrs
+    protocol = attrs.get("protocol_label") or (attrs.get("protocol") or {}).get("name")
+    lines.append(f"**Protocol:** {escape(protocol or 'not recorded')}")
+    environment = (attrs.get("environment") or {}).get("summary")
+    lines.append("")
+    lines.append(f"**Environment:** {escape(environment or 'not recorded')}")
+    confidence = attrs.get("confidence")
+    if present(confidence):
+        lines.append("")
+        lines.append(
+            f"Δ step: change against the previous measured step, [interval] at "
+            f"{float(confidence):.0%} confidence; Δ cum: change against the baseline."
+        )
+    if notes:
+        lines.append("")
+        lines += [f"{i}. {note}" for note, i in notes.items()]
+    return "\n".join(lines) + "\n"

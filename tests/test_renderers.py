@@ -1,0 +1,211 @@
+"""Renderers of the stacked-gains table: markdown, CSV, JSON and HTML.
+
+The frame is built by hand from the column contract of `reports.table.stacked_table`, so the
+golden files change only when a renderer does. Regenerate them with OPTLAB_UPDATE_GOLDEN=1.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from optlab.reports.export import render_csv, render_json
+from optlab.reports.markdown import PROVISIONAL_NOTE as PROVISIONAL
+from optlab.reports.markdown import render_markdown
+
+GOLDEN = Path(__file__).parent / "golden"
+HOSTILE = "<script>alert(1)</script>"
+NAN = float("nan")
+
+
+def _row(**values: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "experiment": None, "variable": None, "change": None, "hypothesis": None,
+        "run_id": None, "runs": 0, "status": None, "valid": None, "provisional": None,
+        "missing": None, "p50_ms": NAN, "p95_ms": NAN, "p99_ms": NAN, "p999_ms": NAN,
+        "qps": NAN, "error_rate": NAN, "cpu_pct": NAN, "gpu_util_pct": NAN,
+        "gpu_mem_peak_mib": NAN, "accuracy_top1": NAN, "infer_ms_per_request": NAN,
+        "mean_batch_size": NAN, "cache_hit_rate": NAN,
+        "queue_p50_ms": NAN, "preprocess_p50_ms": NAN, "infer_p50_ms": NAN,
+        "postprocess_p50_ms": NAN, "service_p50_ms": NAN,
+    }  # fmt: skip
+    for metric in ("qps", "p50", "p99"):
+        for suffix in ("step_pct", "step_low_pct", "step_high_pct", "cumulative_pct"):
+            row[f"{metric}_{suffix}"] = NAN
+    row |= {
+        "significant": None, "verdict": None, "flags": [], "slo_pass": None,
+        "slo_failures": [], "reasons": [], "git_commit": "4ecc9ac", "started_at": None,
+        "who": "ana@bench1",
+    }  # fmt: skip
+    row |= values
+    return row
+
+
+def _measured(run_id: int, p50: float, p99: float, qps: float, **values: Any) -> dict[str, Any]:
+    measured: dict[str, Any] = dict(
+        run_id=run_id, runs=1, status="FINISHED", valid=True, provisional=True,
+        p50_ms=p50, p95_ms=p50 * 1.8, p99_ms=p99, p999_ms=p99 * 1.5, qps=qps,
+        error_rate=0.0, cpu_pct=92.5, queue_p50_ms=p50 * 0.1, preprocess_p50_ms=p50 * 0.3,
+        infer_p50_ms=p50 * 0.5, postprocess_p50_ms=p50 * 0.05,
+        started_at=f"2026-11-30T10:0{run_id}:00+00:00",
+    )  # fmt: skip
+    return _row(**(measured | values))
+
+
+def stacked_frame(hostile: bool = False) -> pd.DataFrame:
+    """Baseline, a gain, a trade-off step that is INVALID and fails its SLO, a missing step."""
+    name = HOSTILE if hostile else "fewer-copies"
+    rows = [
+        _measured(
+            1, 4.0, 9.0, 1000.0, experiment="baseline", verdict="baseline", slo_pass=True,
+            hypothesis="reference config", accuracy_top1=0.761,
+        ),
+        _measured(
+            2, 2.5, 6.0, 1500.0, experiment="dynamic-batch", variable="batching",
+            change="off -> dynamic (max_batch_size 8)", hypothesis="amortise | overhead\nper call",
+            qps_step_pct=50.0, qps_step_low_pct=44.0, qps_step_high_pct=56.0,
+            qps_cumulative_pct=50.0, p50_step_pct=-37.5, p50_step_low_pct=-40.0,
+            p50_step_high_pct=-35.0, p50_cumulative_pct=-37.5, p99_step_pct=-33.3,
+            p99_step_low_pct=-38.0, p99_step_high_pct=-29.0, p99_cumulative_pct=-33.3,
+            significant=True, verdict="gain", slo_pass=True, accuracy_top1=0.761,
+            mean_batch_size=5.5,
+        ),
+        _measured(
+            3, 2.2, 12.0, 1800.0, experiment=name, variable="copies",
+            change=f"2 -> 1 | {name}", hypothesis=name, valid=False,
+            reasons=["error rate 2.0% > 1%", f"bad {name}"],
+            qps_step_pct=20.0, qps_step_low_pct=15.0, qps_step_high_pct=25.0,
+            qps_cumulative_pct=80.0, p50_step_pct=-12.0, p50_step_low_pct=-15.0,
+            p50_step_high_pct=-9.0, p50_cumulative_pct=-45.0, p99_step_pct=100.0,
+            p99_step_low_pct=80.0, p99_step_high_pct=120.0, p99_cumulative_pct=33.3,
+            significant=True, verdict="regressed",
+            flags=["optimised QPS (+20%), broke P99 (+100%)"], slo_pass=False,
+            slo_failures=["p99 12.0 ms > 10 ms"], accuracy_top1=0.760,
+        ),
+        _row(
+            experiment="int8", variable="precision", change="fp32 -> int8",
+            missing="environment differs materially from the baseline run's: cpu model",
+            verdict="missing",
+        ),
+    ]  # fmt: skip
+    frame = pd.DataFrame(rows)
+    frame.attrs = {
+        "schema_version": 1,
+        "head": "int8",
+        "protocol": {"name": "quick", "warmup_s": 1.0, "duration_s": 5.0},
+        "protocol_label": "quick (5 s measured, PROVISIONAL)",
+        "environment": {
+            "summary": f"AMD EPYC x2, 24 GiB, Linux 6.18, Python 3.11.7, torch 2.13.0+cpu {name}",
+            "material_hash": "abc123",
+            "fingerprint": {"hardware": {"cpu": {"model": f"AMD EPYC {name}"}}},
+        },
+        "confidence": 0.99,
+    }
+    return frame
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("OPTLAB_UPDATE_GOLDEN"):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    assert path.exists(), f"no golden file {path}: run with OPTLAB_UPDATE_GOLDEN=1"
+    assert text == path.read_text(encoding="utf-8"), f"{name} changed: OPTLAB_UPDATE_GOLDEN=1"
+
+
+def _table_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("|")]
+
+
+def _cells(line: str) -> int:
+    # A cell boundary is a `|` not escaped by a backslash.
+    return sum(1 for i, ch in enumerate(line) if ch == "|" and (i == 0 or line[i - 1] != "\\"))
+
+
+def test_markdown_golden() -> None:
+    check_golden("stacked.md", render_markdown(stacked_frame()))
+
+
+def test_markdown_contents() -> None:
+    text = render_markdown(stacked_frame())
+    assert text.startswith("### optlab stacked gains: int8\n")
+    assert "**Protocol:** quick (5 s measured, PROVISIONAL)" in text
+    assert "**Environment:** AMD EPYC x2" in text
+    assert "+50.0% [+44, +56]" in text
+    assert "flag: optimised QPS (+20%), broke P99 (+100%)" in text
+    assert "INVALID: error rate 2.0% > 1%" in text
+    assert "SLO failed: p99 12.0 ms > 10 ms" in text
+    assert "missing: environment differs materially" in text
+    assert "PROVISIONAL: measured under a short protocol" in text
+    assert "| infer P50 |" in text and "service P50" not in text  # no value: no column
+    assert text.count(PROVISIONAL) == 1  # one shared note
+    assert "76.1%" in text  # accuracy shown where defined
+
+
+def test_markdown_hostile_name_keeps_the_table() -> None:
+    text = render_markdown(stacked_frame(hostile=True))
+    assert HOSTILE not in text
+    assert "&lt;script>" in text
+    lines = _table_lines(text)
+    assert len(lines) == 2 + 4
+    assert len({_cells(line) for line in lines}) == 1, lines
+
+
+def test_markdown_without_optional_columns() -> None:
+    """The lead's table may lack the statistics columns: the renderer copes."""
+    frame = stacked_frame()[["experiment", "variable", "change", "run_id", "qps", "p50_ms"]]
+    frame.attrs = {}
+    text = render_markdown(frame)
+    assert "**Protocol:** not recorded" in text
+    assert len({_cells(line) for line in _table_lines(text)}) == 1
+
+
+def test_csv_parses_back() -> None:
+    frame = stacked_frame(hostile=True)
+    back = pd.read_csv(io.StringIO(render_csv(frame)))
+    assert list(back.columns) == list(frame.columns)
+    assert len(back) == len(frame)
+    assert back.loc[2, "experiment"] == HOSTILE
+    assert back.loc[2, "flags"] == "optimised QPS (+20%), broke P99 (+100%)"
+    assert back.loc[2, "reasons"] == f"error rate 2.0% > 1%; bad {HOSTILE}"
+    assert back.loc[1, "qps"] == pytest.approx(1500.0)
+    assert math.isnan(back.loc[3, "qps"])
+    assert back.loc[1, "hypothesis"] == "amortise | overhead\nper call"
+
+
+def test_json_follows_the_contract() -> None:
+    frame = stacked_frame()
+    doc = json.loads(render_json(frame))
+    assert list(doc)[:1] == ["schema_version"] and doc["schema_version"] == 1
+    assert doc["protocol"]["name"] == "quick"
+    assert doc["environment"]["summary"].startswith("AMD EPYC")
+    chain = doc["chain"]
+    assert [c["experiment"] for c in chain] == ["baseline", "dynamic-batch", "fewer-copies", "int8"]
+    first = list(chain[1])
+    assert first[:8] == [
+        "experiment", "variable", "change", "p50_ms", "p95_ms", "p99_ms", "qps", "step_delta",
+    ]  # fmt: skip
+    assert first[8:11] == ["cumulative_delta", "significant", "verdict"]
+    assert chain[1]["step_delta"]["qps_pct"] == 50.0
+    assert chain[1]["step_delta"]["qps_low_pct"] == 44.0
+    assert chain[2]["cumulative_delta"]["p99_pct"] == 33.3
+    assert chain[0]["step_delta"]["qps_pct"] is None  # NaN -> null
+    assert chain[3]["qps"] is None and chain[3]["missing"].startswith("environment differs")
+    assert chain[2]["flags"] == ["optimised QPS (+20%), broke P99 (+100%)"]
+    assert "qps_step_pct" not in chain[1]  # moved into step_delta
+    assert "cpu_pct" in chain[1] and "who" in chain[1]  # every other column follows
+    assert render_json(frame) == render_json(frame)  # stable
+
+
+def test_json_round_trips_into_a_frame() -> None:
+    doc = json.loads(render_json(stacked_frame()))
+    back = pd.json_normalize(doc["chain"])
+    assert back["step_delta.qps_pct"].iloc[1] == 50.0
+    assert back["verdict"].tolist() == ["baseline", "gain", "regressed", "missing"]
