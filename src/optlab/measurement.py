@@ -372,6 +372,7 @@ class _Measurement:
             "latency_ms": latency_summary(stages),
             "harness_ms": latency_summary(harness),
             "resources": resource_summary(self.readings, self.sampler.peak_rss_bytes()),
+            "who": _who(),
         }
         if self.accuracy is not None:
             summary["accuracy"] = self.accuracy
@@ -393,6 +394,18 @@ class _Measurement:
             error_message=error,
         )
         return status, judged, summary
+
+
+def _who() -> str:
+    """user@host of whoever ran the measurement, for the audit."""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # a container user without a passwd entry
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
 
 
 def _checked_accuracy(report: Any) -> dict[str, Any]:

@@ -38,7 +38,7 @@ def demo(chain: str, out: Path, verbose: bool) -> None:
     touches your results; --db is not used.
     """
     from optlab.demo import choose_chain, fresh_database, run_demo
-    from optlab.reports.terminal import rich_table
+    from optlab.reports.terminal import print_table
 
     chosen = choose_chain(chain)
     database = fresh_database(out)
@@ -61,14 +61,9 @@ def demo(chain: str, out: Path, verbose: bool) -> None:
         result = run_demo(chosen, database, progress, show)
     finally:
         progress.close()
-    from rich.console import Console
-
-    # Piped or captured output is not squeezed to 80 columns: the table stays readable.
-    Console(width=None if sys.stdout.isatty() else 220).print(
-        rich_table(
-            result.table,
-            title=f"stacked gains: {result.head} ({chosen} chain, quick protocol: PROVISIONAL)",
-        )
+    print_table(
+        result.table,
+        title=f"stacked gains: {result.head} ({chosen} chain, quick protocol: PROVISIONAL)",
     )
     click.echo(
         f"measured {len(result.outcomes)} runs in {result.seconds:.0f} s; database: {database}\n"

@@ -1,94 +1,51 @@
 """The stacked-gains table: one row per step of a chain, baseline first, as a pandas DataFrame.
 
-Computed here, rendered elsewhere (`reports.terminal`). Each step's row comes from its newest
-FINISHED run measured under the same protocol as the head's run; runs under another protocol
-are never stacked with it, and a step without such a run is a row that says why it is empty.
+Computed here, rendered elsewhere (`reports.terminal`, `reports.markdown`, `reports.export`,
+`reports.html`). Which runs stand for each step is `reports.chain`'s job; this module turns them
+into figures, each step's change against the previous measured step and against the baseline,
+with its confidence interval and significance (`metrics.stats`), SLO checks and a verdict.
+The columns are listed in `COLUMNS`; renderers rely on them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from optlab.errors import NotFoundError
+from optlab.reports.chain import ChainStep, chain_steps, protocol_label
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from optlab.store import RunRecord, Store
+    from optlab.store import EnvironmentRecord, RunRecord, Store
 
+SCHEMA_VERSION = 1
+CONFIDENCE = 0.99
 # The reference pipeline's stages, in request order; a user target's own stages follow them.
 KNOWN_STAGES = ("queue", "preprocess", "infer", "postprocess")
 HARNESS_SERIES = ("total", "send_lag", "start_lag")
+# Headline metrics: (column, window field, higher is better, label).
+HEADLINE = (
+    ("qps", "qps", True, "QPS"),
+    ("p50_ms", "p50_ms", False, "P50"),
+    ("p99_ms", "p99_ms", False, "P99"),
+)
+SLO_FIELDS = {"p50_ms": "p50_ms", "p95_ms": "p95_ms", "p99_ms": "p99_ms", "p999_ms": "p999_ms"}
+
+COLUMNS = (
+    "experiment", "variable", "change", "hypothesis", "run_id", "runs", "status", "valid",
+    "provisional", "missing", "p50_ms", "p95_ms", "p99_ms", "p999_ms", "qps", "error_rate",
+    "cpu_pct", "gpu_util_pct", "gpu_mem_peak_mib", "accuracy_top1", "infer_ms_per_request",
+    "mean_batch_size", "cache_hit_rate", "qps_step_pct", "qps_step_low_pct",
+    "qps_step_high_pct", "qps_cumulative_pct", "p50_step_pct", "p50_step_low_pct",
+    "p50_step_high_pct", "p50_cumulative_pct", "p99_step_pct", "p99_step_low_pct",
+    "p99_step_high_pct", "p99_cumulative_pct", "significant", "verdict", "flags", "slo_pass",
+    "slo_failures", "reasons", "git_commit", "started_at", "who",
+)  # fmt: skip
 
 
-@dataclass(frozen=True)
-class ChainStep:
-    experiment: str
-    variable: str | None
-    change: str | None
-    run: RunRecord | None
-    missing: str | None  # why no run is shown
-
-
-def chain_names(store: Store, head: str) -> list[str]:
-    """Experiment names from the baseline to `head`, following the stored parents."""
-    names: list[str] = []
-    current: str | None = head
-    while current is not None:
-        record = store.get_experiment(current)
-        if record is None:
-            raise NotFoundError(
-                f"experiment {current!r} is not in the database {store.url}",
-                hint="run it first (`optlab run FILE --chain`), or check --db",
-            )
-        if current in names:
-            raise NotFoundError(f"experiment {current!r} is its own ancestor", hint="")
-        names.append(current)
-        current = record.parent
-    return list(reversed(names))
-
-
-def _finished(store: Store, name: str, config_hash: str | None) -> list[RunRecord]:
-    runs = [
-        r
-        for r in store.list_runs(name)
-        if r.status == "FINISHED" and r.summary and r.config_hash == config_hash
-    ]
-    return list(reversed(runs))  # newest first
-
-
-def chain_steps(store: Store, head: str) -> list[ChainStep]:
-    """The chain's steps, each with the run it is judged by (or why there is none)."""
-    from optlab.plan import render_value
-
-    names = chain_names(store, head)
-    steps: list[ChainStep] = []
-    head_runs = _finished(store, head, _config_hash(store, head))
-    protocol = head_runs[0].protocol if head_runs else None
-    for name in names:
-        record = store.get_experiment(name)
-        assert record is not None
-        config = record.current_config
-        runs = _finished(store, name, config.config_hash if config else None)
-        if protocol is not None:
-            runs = [r for r in runs if r.protocol == protocol]
-        missing = None
-        if not runs:
-            missing = "no finished run"
-            if protocol is not None:
-                missing += " under the head's protocol"
-        change = None
-        if config is not None and config.change and config.variable:
-            old = _knob(store, record.parent, config.variable)
-            new = config.config.get("knobs", {}).get(config.variable)
-            change = describe_change(old, new, render_value)
-        variable = config.variable if config else None
-        steps.append(ChainStep(name, variable, change, runs[0] if runs else None, missing))
-    return steps
-
-
-def describe_change(old: Any, new: Any, render: Any) -> str:
+def describe_change(old: Any, new: Any, render: Callable[[Any], str]) -> str:
     """`old -> new`, short enough for a table cell: a group knob shows its modes, then the new
     mode's settings (`off -> dynamic (max_batch_size 8, max_wait_ms 2.0, ...)`)."""
     if isinstance(old, dict) and isinstance(new, dict) and "mode" in new:
@@ -104,28 +61,19 @@ def describe_change(old: Any, new: Any, render: Any) -> str:
     return f"{render(old)} -> {render(new)}"
 
 
-def _config_hash(store: Store, name: str) -> str | None:
-    record = store.get_experiment(name)
-    return record.current_config.config_hash if record and record.current_config else None
-
-
-def _knob(store: Store, parent: str | None, variable: str) -> Any:
-    record = store.get_experiment(parent) if parent else None
-    if record is None or record.current_config is None:
-        return None
-    return record.current_config.config.get("knobs", {}).get(variable)
-
-
-def _row(step: ChainStep) -> dict[str, Any]:
-    row: dict[str, Any] = {
+def _figures(step: ChainStep) -> dict[str, Any]:
+    row: dict[str, Any] = dict.fromkeys(COLUMNS)
+    row |= {
         "experiment": step.experiment,
         "variable": step.variable,
         "change": step.change,
-        "run_id": None,
-        "status": None,
-        "valid": None,
-        "provisional": None,
+        "hypothesis": step.hypothesis,
+        "runs": len(step.runs),
         "missing": step.missing,
+        "flags": [],
+        "slo_failures": [],
+        "reasons": [],
+        "verdict": "missing" if step.run is None else None,
     }
     run = step.run
     if run is None or run.summary is None:
@@ -134,6 +82,8 @@ def _row(step: ChainStep) -> dict[str, Any]:
     latency = s.get("latency_ms", {})
     total = latency.get("total", {})
     requests, errors = run.requests or 0, run.errors or 0
+    resources = s.get("resources", {})
+    gpu_mem = (resources.get("gpu_mem_used_bytes") or {}).get("max")
     row |= {
         "run_id": run.id,
         "status": run.status,
@@ -145,18 +95,34 @@ def _row(step: ChainStep) -> dict[str, Any]:
         "p999_ms": total.get("p999"),
         "qps": run.qps,
         "error_rate": errors / (requests + errors) if requests + errors else None,
-        "cpu_pct": (s.get("resources", {}).get("cpu_process_pct") or {}).get("mean"),
-        "reasons": "; ".join(run.reasons),
+        "cpu_pct": (resources.get("cpu_process_pct") or {}).get("mean"),
+        "gpu_util_pct": (resources.get("gpu_util_pct") or {}).get("mean"),
+        "gpu_mem_peak_mib": gpu_mem / 2**20 if gpu_mem is not None else None,
+        "reasons": list(run.reasons),
+        "git_commit": run.git_commit,
+        "started_at": run.started_at.isoformat(),
+        "who": s.get("who") or run.hostname,
     }
     for stage, stats in latency.items():
         if stage not in HARNESS_SERIES:
             row[f"{stage}_p50_ms"] = stats.get("p50")
     accuracy = s.get("accuracy") or {}
-    row["accuracy_top1"] = accuracy.get("top1")
     found = s.get("target") or {}
+    row["accuracy_top1"] = accuracy.get("top1")
     row["infer_ms_per_request"] = (found.get("infer") or {}).get("ms_per_request")
     row["mean_batch_size"] = (found.get("batching") or {}).get("mean_batch_size")
     row["cache_hit_rate"] = (found.get("cache") or {}).get("hit_rate")
+    failures = []
+    for key, limit in step.slo.items():
+        column = SLO_FIELDS.get(key)
+        value = row.get(column) if column else None
+        if column and value is not None and value > limit:
+            failures.append(f"{key.removesuffix('_ms').upper()} {value:.2f} ms > {limit:g} ms")
+        if key == "min_qps" and run.qps is not None and run.qps < limit:
+            failures.append(f"QPS {run.qps:.1f} < {limit:g}")
+    latency_slo = [k for k in step.slo if k in SLO_FIELDS or k == "min_qps"]
+    row["slo_pass"] = (not failures) if latency_slo else None
+    row["slo_failures"] = failures
     return row
 
 
@@ -166,37 +132,171 @@ def _change_pct(new: Any, old: Any) -> float | None:
     return (float(new) - float(old)) / float(old) * 100.0
 
 
+class _Windows:
+    """Per-second window series of runs, fetched once each."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.cache: dict[int, dict[str, list[float]]] = {}
+
+    def series(self, run: RunRecord) -> dict[str, list[float]]:
+        if run.id not in self.cache:
+            windows = self.store.get_windows(run.id, "measure")
+            self.cache[run.id] = {
+                field: [float(v) for w in windows if (v := getattr(w, field)) is not None]
+                for _, field, _, _ in HEADLINE
+            }
+        return self.cache[run.id]
+
+
+def _estimate(run: RunRecord, column: str) -> float | None:
+    if column == "qps":
+        return run.qps
+    total = ((run.summary or {}).get("latency_ms") or {}).get("total") or {}
+    value = total.get(column.removesuffix("_ms"))
+    return None if value is None else float(value)
+
+
+def _paired_runs(parent: ChainStep, step: ChainStep) -> tuple[list[RunRecord], list[RunRecord]]:
+    """The newest paired session shared by both steps, as index-matched run lists."""
+    sessions: dict[str, dict[str, dict[int, RunRecord]]] = {}
+    for role, holder in (("parent", parent), ("step", step)):
+        for run in holder.runs:
+            tag = (run.summary or {}).get("paired") or {}
+            if tag.get("role") == role and tag.get("session"):
+                sessions.setdefault(tag["session"], {}).setdefault(role, {})[tag["index"]] = run
+    for session in sorted(
+        sessions,
+        key=lambda k: max(r.id for d in sessions[k].values() for r in d.values()),
+        reverse=True,
+    ):
+        parts = sessions[session]
+        common = sorted(set(parts.get("parent", {})) & set(parts.get("step", {})))
+        if len(common) >= 2:
+            return [parts["parent"][i] for i in common], [parts["step"][i] for i in common]
+    return [], []
+
+
+def _compare(parent: ChainStep, step: ChainStep, windows: _Windows, row: dict[str, Any]) -> None:
+    from optlab.metrics import stats
+
+    before, after = _paired_runs(parent, step)
+    paired = bool(before)
+    if not paired:
+        before = [r for r in parent.runs if r.valid]
+        after = [r for r in step.runs if r.valid]
+    if not before or not after:
+        return
+    comparisons = []
+    for column, field, higher, label in HEADLINE:
+        parent_estimates = [_estimate(r, column) for r in before]
+        child_estimates = [_estimate(r, column) for r in after]
+        if any(v is None for v in (*parent_estimates, *child_estimates)):
+            continue
+        result = stats.compare(
+            label,
+            [windows.series(r)[field] for r in before],
+            [windows.series(r)[field] for r in after],
+            parent_estimates=[float(v) for v in parent_estimates if v is not None],
+            child_estimates=[float(v) for v in child_estimates if v is not None],
+            higher_is_better=higher,
+            confidence=CONFIDENCE,
+            paired=paired,
+        )
+        name = column.removesuffix("_ms")
+        row[f"{name}_step_low_pct"] = result.low_pct
+        row[f"{name}_step_high_pct"] = result.high_pct
+        comparisons.append(result)
+    if comparisons:
+        verdict, flags = stats.step_verdict(comparisons)
+        row["verdict"] = verdict
+        row["flags"] = list(flags)
+        row["significant"] = any(c.significant for c in comparisons)
+
+
+def _environment_summary(env: EnvironmentRecord | None) -> dict[str, Any]:
+    if env is None:
+        return {"summary": "unknown", "material_hash": None, "fingerprint": {}}
+    fp = env.fingerprint
+    hw, sw = fp.get("hardware", {}), fp.get("software", {})
+    cpu = hw.get("cpu", {})
+    gpus = hw.get("gpus") or []
+    packages = sw.get("packages", {})
+    memory = (hw.get("memory") or {}).get("total_bytes")
+    parts = [
+        f"{cpu.get('model', '?')} x{cpu.get('logical_cores', '?')}",
+        f"{memory / 2**30:.0f} GiB" if memory else None,
+        ", ".join(str(g.get("name", "GPU")) for g in gpus) if gpus else "no GPU",
+        f"Python {str((sw.get('python') or {}).get('version', '?')).split()[0]}"
+        if isinstance(sw.get("python"), dict)
+        else None,
+        *(f"{k} {v}" for k in ("torch", "onnxruntime", "tensorrt") if (v := packages.get(k))),
+    ]
+    return {
+        "summary": "; ".join(p for p in parts if p),
+        "material_hash": env.material_hash,
+        "fingerprint": fp,
+    }
+
+
 def stacked_table(store: Store, head: str) -> pd.DataFrame:
-    """One row per step: the numbers, then each step's change against the previous row that
-    has a run (step Δ) and against the baseline (cumulative Δ), in percent."""
+    """One row per step: figures, step and cumulative change in %, significance, verdict."""
     import pandas as pd
 
-    rows = [_row(step) for step in chain_steps(store, head)]
+    steps, reference, reference_env = chain_steps(store, head)
+    windows = _Windows(store)
+    rows = [_figures(step) for step in steps]
+    previous: int | None = None
+    for index, row in enumerate(rows):
+        if row["run_id"] is None:
+            continue
+        if previous is None:
+            row["verdict"] = "baseline" if index == 0 else "missing parent"
+        else:
+            _compare(steps[previous], steps[index], windows, row)
+            if row["verdict"] is None:
+                row["verdict"] = "not judged"  # a side has no valid run
+        previous = index
     frame = pd.DataFrame(rows)
+    for column, _, _, _ in HEADLINE:
+        name = column.removesuffix("_ms")
+        base = last = None
+        steps_pct: list[float | None] = []
+        cumulative: list[float | None] = []
+        for value in frame[column]:
+            present = value is not None and not (isinstance(value, float) and math.isnan(value))
+            steps_pct.append(_change_pct(value, last) if present else None)
+            if present and base is None:
+                base = value
+            cumulative.append(_change_pct(value, base) if present else None)
+            if present:
+                last = value
+        frame[f"{name}_step_pct"] = steps_pct
+        frame[f"{name}_cumulative_pct"] = cumulative
     stage_columns = sorted(
         (c for c in frame.columns if c.endswith("_p50_ms") and c != "p50_ms"),
-        key=lambda c: (
-            KNOWN_STAGES.index(c[: -len("_p50_ms")])
-            if c[: -len("_p50_ms")] in KNOWN_STAGES
-            else len(KNOWN_STAGES),
-            c,
-        ),
+        key=lambda c: (_stage_rank(c.removesuffix("_p50_ms")), c),
     )
-    for metric in ("qps", "p50_ms", "p99_ms"):
-        if metric not in frame:
-            frame[metric] = None
-        step, cumulative = [], []
-        base = previous = None
-        for value in frame[metric]:
-            has = value is not None and not pd.isna(value)
-            step.append(_change_pct(value, previous) if has else None)
-            if has and base is None:
-                base = value
-            cumulative.append(_change_pct(value, base) if has else None)
-            if has:
-                previous = value
-        name = metric.removesuffix("_ms")
-        frame[f"{name}_step_pct"] = step
-        frame[f"{name}_cumulative_pct"] = cumulative
-    leading = [c for c in frame.columns if c not in stage_columns]
-    return frame[leading + stage_columns]
+    frame = frame[[*COLUMNS, *stage_columns]]
+    frame.attrs.update(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "head": head,
+            "protocol": reference.protocol if reference else None,
+            "protocol_label": protocol_label(reference.protocol if reference else None),
+            "environment": _environment_summary(reference_env),
+            "confidence": CONFIDENCE,
+        }
+    )
+    return frame
+
+
+def _stage_rank(stage: str) -> int:
+    return KNOWN_STAGES.index(stage) if stage in KNOWN_STAGES else len(KNOWN_STAGES)
+
+
+def stage_columns(frame: pd.DataFrame) -> list[str]:
+    return [c for c in frame.columns if c.endswith("_p50_ms") and c != "p50_ms"]
+
+
+__all__: Sequence[str] = ("COLUMNS", "SCHEMA_VERSION", "describe_change", "stacked_table")

@@ -24,21 +24,56 @@ def _pct(value: Any) -> str:
 
 def _mark(row: Any) -> str:
     if not _present(row.get("run_id")):
-        return str(row.get("missing") or "no run")
-    verdict = "VALID" if row.get("valid") else "INVALID"
-    return verdict + (" PROVISIONAL" if row.get("provisional") else "")
+        return "missing: " + str(row.get("missing") or "no run")
+    marks = [str(row.get("verdict") or "")]
+    marks.append("VALID" if row.get("valid") else "INVALID")
+    if row.get("provisional"):
+        marks.append("PROVISIONAL")
+    if row.get("slo_pass") is False:
+        marks.append("SLO FAIL")
+    return " ".join(m for m in marks if m)
 
 
-def stage_columns(frame: pd.DataFrame) -> list[str]:
-    return [c for c in frame.columns if c.endswith("_p50_ms") and c != "p50_ms"]
+def _step(row: Any, metric: str) -> str:
+    """The step's change, with its confidence interval when one was computed."""
+    value = row.get(f"{metric}_step_pct")
+    low, high = row.get(f"{metric}_step_low_pct"), row.get(f"{metric}_step_high_pct")
+    if not _present(value):
+        return ""
+    if _present(low) and _present(high):
+        return f"{float(value):+.0f}% [{float(low):+.0f},{float(high):+.0f}]"
+    return f"{float(value):+.0f}%"
+
+
+def notes(frame: pd.DataFrame) -> list[str]:
+    """Flags, INVALID reasons and SLO failures, one line each, for under the table."""
+    lines = []
+    for _, row in frame.iterrows():
+        for label, key in (("flag", "flags"), ("invalid", "reasons"), ("SLO", "slo_failures")):
+            items = row.get(key)
+            for item in items if isinstance(items, list) else []:
+                lines.append(f"{row['experiment']}: {label}: {item}")
+    return lines
 
 
 def rich_table(frame: pd.DataFrame, title: str | None = None) -> Table:
     from rich.table import Table
 
     table = Table(title=title, show_lines=False)
-    for header in ("step", "change", "QPS", "Δ cum", "P50 ms", "P99 ms", "Δ cum"):
+    for header in (
+        "step",
+        "change",
+        "QPS",
+        "Δ step",
+        "Δ cum",
+        "P50 ms",
+        "P99 ms",
+        "Δ step",
+        "Δ cum",
+    ):
         table.add_column(header, justify="left" if header in ("step", "change") else "right")
+    from optlab.reports.table import stage_columns
+
     stages = stage_columns(frame)
     for column in stages:
         table.add_column(column[: -len("_p50_ms")] + " P50", justify="right")
@@ -62,9 +97,11 @@ def rich_table(frame: pd.DataFrame, title: str | None = None) -> Table:
             str(row["experiment"]),
             f"{row['variable']}: {row['change']}" if _present(row.get("change")) else "(baseline)",
             _num(row.get("qps")),
+            _step(row, "qps"),
             _pct(row.get("qps_cumulative_pct")),
             _num(row.get("p50_ms"), 2),
             _num(row.get("p99_ms"), 2),
+            _step(row, "p99"),
             _pct(row.get("p99_cumulative_pct")),
         ]
         cells += [_num(row.get(c), 2) for c in stages]
@@ -86,4 +123,18 @@ def render_text(frame: pd.DataFrame, title: str | None = None, width: int = 200)
     console = Console(width=width, record=True, color_system=None, force_terminal=False)
     with console.capture() as capture:
         console.print(rich_table(frame, title))
+        for line in notes(frame):
+            console.print(line, markup=False, highlight=False)
     return capture.get()
+
+
+def print_table(frame: pd.DataFrame, title: str | None = None) -> None:
+    """The table and its notes on stdout; piped output is not squeezed to 80 columns."""
+    import sys
+
+    from rich.console import Console
+
+    console = Console(width=None if sys.stdout.isatty() else 220)
+    console.print(rich_table(frame, title))
+    for line in notes(frame):
+        console.print(line, markup=False, highlight=False)

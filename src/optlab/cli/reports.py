@@ -1,0 +1,175 @@
+"""`optlab table`, `optlab report`, `optlab audit`, `optlab check`: reading what was measured."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from optlab.cli.common import open_store
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from optlab.store import Store
+
+EXIT_GATE_FAILED = 3
+HEAD_HELP = "HEAD is an experiment's name or its file; it defaults to the newest chain head."
+
+
+def _frame(store: Store, head: str | None) -> pd.DataFrame:
+    from optlab.reports.chain import resolve_head
+    from optlab.reports.table import stacked_table
+
+    return stacked_table(store, resolve_head(store, head))
+
+
+@click.command()
+@click.argument("head", required=False)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["rich", "markdown", "csv", "json", "html"]),
+    default="rich",
+    show_default=True,
+)
+@click.pass_context
+def table(ctx: click.Context, head: str | None, fmt: str) -> None:
+    """The stacked-gains table of HEAD's chain, one row per step.
+
+    HEAD is an experiment's name or its file; it defaults to the newest chain head.
+    """
+    store = open_store(ctx)
+    frame = _frame(store, head)
+    if fmt == "rich":
+        from optlab.reports.terminal import print_table
+
+        print_table(
+            frame, title=f"stacked gains: {frame.attrs['head']} ({frame.attrs['protocol_label']})"
+        )
+    elif fmt == "markdown":
+        from optlab.reports.markdown import render_markdown
+
+        click.echo(render_markdown(frame), nl=False)
+    elif fmt == "csv":
+        from optlab.reports.export import render_csv
+
+        click.echo(render_csv(frame), nl=False)
+    elif fmt == "json":
+        from optlab.reports.export import render_json
+
+        click.echo(render_json(frame))
+    else:
+        from optlab.reports.html import collect_report, render_html
+
+        click.echo(render_html(frame, collect_report(store, frame)), nl=False)
+
+
+@click.command()
+@click.argument("head", required=False)
+@click.option(
+    "--html",
+    "path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Where to write the self-contained HTML report.",
+)
+@click.pass_context
+def report(ctx: click.Context, head: str | None, path: Path) -> None:
+    """Write a self-contained HTML report of HEAD's chain: the table, latency CDFs, stage
+    waterfalls, time series and the environment.
+
+    HEAD is an experiment's name or its file; it defaults to the newest chain head.
+    """
+    from optlab.reports.html import collect_report, render_html
+
+    store = open_store(ctx)
+    frame = _frame(store, head)
+    text = render_html(frame, collect_report(store, frame))
+    if path.parent and not path.parent.exists():
+        from optlab.errors import OptlabError
+
+        raise OptlabError(
+            f"folder {path.parent} does not exist", hint="create it or pick another path"
+        )
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)  # never a half-written report under the real name
+    click.echo(f"wrote {path} ({len(text.encode()) / 1024:.0f} KiB)")
+
+
+@click.command()
+@click.argument("head", required=False)
+@click.option("--json", "as_json", is_flag=True, help="The audit as one JSON object.")
+@click.pass_context
+def audit(ctx: click.Context, head: str | None, as_json: bool) -> None:
+    """Which change paid off, by how much and with what confidence; hypotheses against
+    outcomes; who measured each step, when, from which commit, on which environment; INVALID
+    and PROVISIONAL runs; steps skipped for environment drift.
+
+    HEAD is an experiment's name or its file; it defaults to the newest chain head.
+    """
+    from optlab.reports.audit import build_audit, render_audit
+
+    store = open_store(ctx)
+    result = build_audit(store, _frame(store, head))
+    if as_json:
+        click.echo(json.dumps(result.as_dict(), default=str))
+    else:
+        click.echo(render_audit(result), nl=False)
+
+
+@click.command()
+@click.argument("head")
+@click.option(
+    "--max-regression",
+    "regressions",
+    multiple=True,
+    metavar="METRIC=PCT",
+    help="Fail when METRIC got worse by more than PCT (e.g. p99=5%). Repeatable.",
+)
+@click.option(
+    "--min-gain",
+    "gains",
+    multiple=True,
+    metavar="METRIC=PCT",
+    help="Fail unless METRIC improved by at least PCT (e.g. qps=10%). Repeatable.",
+)
+@click.option(
+    "--against",
+    type=click.Choice(["parent", "baseline"]),
+    default="parent",
+    show_default=True,
+    help="Judge the head against its parent step, or against the chain's baseline.",
+)
+@click.pass_context
+def check(
+    ctx: click.Context,
+    head: str,
+    regressions: tuple[str, ...],
+    gains: tuple[str, ...],
+    against: str,
+) -> None:
+    """A CI gate: exit 3 when HEAD regressed beyond a threshold (or missed a required gain),
+    0 when it passed; prints a markdown summary for the CI log or a PR comment.
+
+    HEAD is an experiment's name or its file.
+    """
+    from optlab.errors import ConfigError
+    from optlab.reports.gate import evaluate, parse_threshold, render_gate
+
+    thresholds = [parse_threshold(t, "max-regression") for t in regressions]
+    thresholds += [parse_threshold(t, "min-gain") for t in gains]
+    if not thresholds:
+        raise ConfigError(
+            "optlab check needs at least one threshold",
+            hint="for example: optlab check HEAD --max-regression p99=5% --min-gain qps=10%",
+        )
+    store = open_store(ctx)
+    frame = _frame(store, head)
+    result = evaluate(frame, thresholds, against)
+    click.echo(render_gate(result, str(frame.attrs.get("protocol_label"))), nl=False)
+    if not result.passed:
+        ctx.exit(EXIT_GATE_FAILED)

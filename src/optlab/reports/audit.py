@@ -1,0 +1,192 @@
+"""`optlab audit`: which change paid off, by how much, with what confidence, measured by whom,
+when, from which commit, on what environment; which runs were INVALID or PROVISIONAL; which
+steps could not be stacked (environment drift, another protocol)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from optlab.store import Store
+
+
+@dataclass
+class AuditStep:
+    experiment: str
+    change: str | None
+    hypothesis: str | None
+    verdict: str | None
+    outcome: str
+    qps_share_pct: float | None  # this step's share of the chain's total QPS gain
+    qps_share_low_pct: float | None
+    qps_share_high_pct: float | None
+    p99_share_pct: float | None
+    who: str | None
+    when: str | None
+    commit: str | None
+    flags: list[str] = field(default_factory=list)
+    missing: str | None = None
+
+
+@dataclass
+class Audit:
+    head: str
+    protocol: str
+    environment: str
+    total_qps_pct: float | None
+    total_p99_pct: float | None
+    steps: list[AuditStep]
+    questionable_runs: list[str]  # INVALID or PROVISIONAL runs of the chain's experiments
+
+    def as_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def _num(value: Any) -> float | None:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return float(value)
+
+
+def _share(part: float | None, total: float | None) -> float | None:
+    if part is None or total is None or total == 0:
+        return None
+    return part / total * 100.0
+
+
+def build_audit(store: Store, frame: pd.DataFrame) -> Audit:
+    rows = [row for _, row in frame.iterrows()]
+    measured = [r for r in rows if _num(r.get("qps")) is not None]
+    base = measured[0] if measured else None
+    last = measured[-1] if measured else None
+    total_qps = total_p99 = None
+    if base is not None and last is not None:
+        total_qps = _num(last["qps"]) - _num(base["qps"])  # type: ignore[operator]
+        p99_base, p99_last = _num(base.get("p99_ms")), _num(last.get("p99_ms"))
+        if p99_base is not None and p99_last is not None:
+            total_p99 = p99_last - p99_base
+    steps: list[AuditStep] = []
+    previous: Any = None
+    for row in rows:
+        qps_share = low = high = p99_share = None
+        if previous is not None and _num(row.get("qps")) is not None:
+            before = _num(previous["qps"])
+            if before:
+                step_abs = _num(row["qps"]) - before  # type: ignore[operator]
+                qps_share = _share(step_abs, total_qps)
+                lo, hi = _num(row.get("qps_step_low_pct")), _num(row.get("qps_step_high_pct"))
+                if lo is not None and hi is not None:
+                    low = _share(lo / 100 * before, total_qps)
+                    high = _share(hi / 100 * before, total_qps)
+                    if low is not None and high is not None and low > high:
+                        low, high = high, low
+            p99_before, p99_now = _num(previous.get("p99_ms")), _num(row.get("p99_ms"))
+            if p99_before is not None and p99_now is not None:
+                p99_share = _share(p99_now - p99_before, total_p99)
+        steps.append(
+            AuditStep(
+                experiment=str(row["experiment"]),
+                change=f"{row['variable']}: {row['change']}"
+                if isinstance(row.get("change"), str)
+                else None,
+                hypothesis=row.get("hypothesis")
+                if isinstance(row.get("hypothesis"), str)
+                else None,
+                verdict=row.get("verdict"),
+                outcome=_outcome(row),
+                qps_share_pct=qps_share,
+                qps_share_low_pct=low,
+                qps_share_high_pct=high,
+                p99_share_pct=p99_share,
+                who=row.get("who") if isinstance(row.get("who"), str) else None,
+                when=row.get("started_at") if isinstance(row.get("started_at"), str) else None,
+                commit=row.get("git_commit") if isinstance(row.get("git_commit"), str) else None,
+                flags=list(row.get("flags") or []),
+                missing=row.get("missing") if isinstance(row.get("missing"), str) else None,
+            )
+        )
+        if _num(row.get("qps")) is not None:
+            previous = row
+    questionable = []
+    for name in frame["experiment"]:
+        for run in store.list_runs(str(name)):
+            if run.status != "FINISHED" or not run.valid or run.provisional:
+                marks = [run.status]
+                if run.status == "FINISHED":
+                    marks.append("VALID" if run.valid else "INVALID")
+                if run.provisional:
+                    marks.append("PROVISIONAL")
+                why = "; ".join(run.reasons) or (run.error_message or "").split("\n")[0]
+                questionable.append(
+                    f"run {run.id} {run.experiment}: {' '.join(marks)}"
+                    + (f" ({why})" if why else "")
+                )
+    return Audit(
+        head=str(frame.attrs.get("head")),
+        protocol=str(frame.attrs.get("protocol_label")),
+        environment=str((frame.attrs.get("environment") or {}).get("summary")),
+        total_qps_pct=_num(last.get("qps_cumulative_pct")) if last is not None else None,
+        total_p99_pct=_num(last.get("p99_cumulative_pct")) if last is not None else None,
+        steps=steps,
+        questionable_runs=questionable,
+    )
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.1f}%"
+
+
+def _outcome(row: Any) -> str:
+    if _num(row.get("qps")) is None:
+        return f"not measured here: {row.get('missing')}"
+    parts = [
+        f"QPS {_pct(_num(row.get('qps_step_pct')))}",
+        f"P99 {_pct(_num(row.get('p99_step_pct')))}",
+    ]
+    accuracy = _num(row.get("accuracy_top1"))
+    if accuracy is not None:
+        parts.append(f"top-1 {accuracy:.2%}")
+    return ", ".join(parts)
+
+
+def render_audit(audit: Audit) -> str:
+    lines = [
+        f"audit of {audit.head}: {audit.protocol}",
+        f"environment: {audit.environment}",
+        f"chain total: QPS {_pct(audit.total_qps_pct)}, P99 {_pct(audit.total_p99_pct)}",
+        "",
+    ]
+    for step in audit.steps:
+        lines.append(f"{step.experiment}: {step.change or '(baseline)'}")
+        if step.missing:
+            lines.append(f"  skipped: {step.missing}")
+            continue
+        if step.hypothesis:
+            lines.append(f"  hypothesis: {step.hypothesis}")
+        verdict = step.verdict or "-"
+        lines.append(f"  outcome: {verdict}: {step.outcome}")
+        if step.qps_share_pct is not None:
+            interval = ""
+            if step.qps_share_low_pct is not None and step.qps_share_high_pct is not None:
+                interval = (
+                    f" (99% CI {step.qps_share_low_pct:.0f}% to {step.qps_share_high_pct:.0f}%)"
+                )
+            lines.append(f"  share of the total QPS gain: {step.qps_share_pct:.0f}%{interval}")
+        if step.p99_share_pct is not None:
+            lines.append(f"  share of the total P99 change: {step.p99_share_pct:.0f}%")
+        for flag in step.flags:
+            lines.append(f"  flag: {flag}")
+        lines.append(
+            f"  measured by {step.who or '?'} at {step.when or '?'}, "
+            f"commit {step.commit or 'unknown'}"
+        )
+    if audit.questionable_runs:
+        lines += ["", "invalid, provisional or unfinished runs:"]
+        lines += [f"  {line}" for line in audit.questionable_runs]
+    return "\n".join(lines) + "\n"

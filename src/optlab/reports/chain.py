@@ -1,0 +1,203 @@
+"""Which runs stand for each step of a chain, and which steps cannot be stacked (and why).
+
+The head's newest finished run fixes the protocol and the environment of the whole table: a
+step's runs count only when they were measured under the same protocol, on a materially
+identical environment, with the step's current config. Runs under another protocol, or on
+another machine or software stack, are never stacked together; such a step is shown missing
+with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from optlab.errors import NotFoundError
+
+if TYPE_CHECKING:
+    from optlab.store import EnvironmentRecord, RunRecord, Store
+
+
+@dataclass
+class ChainStep:
+    experiment: str
+    parent: str | None
+    variable: str | None
+    change: str | None
+    hypothesis: str | None
+    slo: dict[str, Any]
+    # Comparable runs, newest first: every VALID one (repeats), or the newest INVALID one.
+    runs: list[RunRecord] = field(default_factory=list)
+    missing: str | None = None
+
+    @property
+    def run(self) -> RunRecord | None:
+        return self.runs[0] if self.runs else None
+
+
+def resolve_head(store: Store, head: str | None) -> str:
+    """An experiment name from a name, an experiment file, or None (the newest chain head)."""
+    if head is None:
+        return newest_head(store)
+    path = Path(head)
+    if head.endswith((".yaml", ".yml")) or path.is_file():
+        from optlab.config.loading import load_experiment
+
+        return load_experiment(path).name
+    return head
+
+
+def newest_head(store: Store) -> str:
+    """The leaf experiment (no child) whose newest run is the newest of all."""
+    experiments = store.list_experiments()
+    parents = {e.parent for e in experiments if e.parent}
+    leaves = {e.name for e in experiments} - parents
+    runs = [r for r in store.list_runs() if r.experiment in leaves]
+    if not runs:
+        raise NotFoundError(
+            f"no measured chain in {store.url}",
+            hint="measure one first: `optlab run EXPERIMENT --chain` (or `optlab demo`)",
+        )
+    return max(runs, key=lambda r: (r.started_at, r.id)).experiment
+
+
+def chain_names(store: Store, head: str) -> list[str]:
+    """Experiment names from the baseline to `head`, following the stored parents."""
+    names: list[str] = []
+    current: str | None = head
+    while current is not None:
+        record = store.get_experiment(current)
+        if record is None:
+            raise NotFoundError(
+                f"experiment {current!r} is not in the database {store.url}",
+                hint="check the name (`optlab log` lists measured experiments) or --db",
+            )
+        if current in names:
+            raise NotFoundError(f"experiment {current!r} is its own ancestor", hint="")
+        names.append(current)
+        current = record.parent
+    return list(reversed(names))
+
+
+def _finished(store: Store, name: str, config_hash: str | None) -> list[RunRecord]:
+    runs = [
+        r
+        for r in store.list_runs(name)
+        if r.status == "FINISHED" and r.summary and r.config_hash == config_hash
+    ]
+    return sorted(runs, key=lambda r: (r.started_at, r.id), reverse=True)
+
+
+def _reference(runs: list[RunRecord]) -> RunRecord | None:
+    """The head's run that fixes protocol and environment: its newest valid one, else newest."""
+    valid = [r for r in runs if r.valid]
+    candidates = valid or runs
+    return candidates[0] if candidates else None
+
+
+def protocol_label(protocol: dict[str, Any] | None) -> str:
+    if not protocol:
+        return "no run"
+    label = f"{protocol.get('name')} ({protocol.get('duration_s'):g} s measured"
+    if protocol.get("provisional"):
+        label += ", PROVISIONAL"
+    return label + ")"
+
+
+class _Environments:
+    """Environment records by id, fetched once each."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.cache: dict[int, EnvironmentRecord] = {}
+
+    def get(self, environment_id: int | None) -> EnvironmentRecord | None:
+        if environment_id is None:
+            return None
+        if environment_id not in self.cache:
+            self.cache[environment_id] = self.store.get_environment(environment_id)
+        return self.cache[environment_id]
+
+
+def chain_steps(store: Store, head: str) -> tuple[list[ChainStep], RunRecord | None, Any]:
+    """The chain's steps with their comparable runs, the reference run, and its environment."""
+    from optlab.environment import compare_fingerprints
+    from optlab.plan import render_value
+    from optlab.reports.table import describe_change
+
+    names = chain_names(store, head)
+    records = {name: store.get_experiment(name) for name in names}
+    envs = _Environments(store)
+    head_record = records[head]
+    head_hash = (
+        head_record.current_config.config_hash
+        if head_record and head_record.current_config
+        else None
+    )
+    reference = _reference(_finished(store, head, head_hash))
+    reference_env = envs.get(reference.environment_id) if reference else None
+    steps: list[ChainStep] = []
+    for name in names:
+        record = records[name]
+        assert record is not None
+        config = record.current_config
+        stored = config.config if config else {}
+        change = None
+        if config is not None and config.change and config.variable:
+            parent = records.get(record.parent) if record.parent else None
+            old = (
+                (parent.current_config.config if parent and parent.current_config else {})
+                .get("knobs", {})
+                .get(config.variable)
+            )
+            change = describe_change(
+                old, stored.get("knobs", {}).get(config.variable), render_value
+            )
+        step = ChainStep(
+            experiment=name,
+            parent=record.parent,
+            variable=config.variable if config else None,
+            change=change,
+            hypothesis=record.hypothesis,
+            slo={k: v for k, v in (stored.get("slo") or {}).items() if v is not None},
+        )
+        steps.append(step)
+        runs = _finished(store, name, config.config_hash if config else None)
+        if not runs:
+            step.missing = "no finished run of its current config"
+            continue
+        if reference is not None:
+            same_protocol = [r for r in runs if r.protocol == reference.protocol]
+            if not same_protocol:
+                wanted = protocol_label(reference.protocol)
+                step.missing = (
+                    f"no finished run under the head's protocol ({wanted}); its runs are "
+                    f"under {protocol_label(runs[0].protocol)}"
+                )
+                continue
+            runs = same_protocol
+            if reference_env is not None:
+                same_env = [
+                    r
+                    for r in runs
+                    if (env := envs.get(r.environment_id)) is not None
+                    and env.material_hash == reference_env.material_hash
+                ]
+                if not same_env:
+                    other = envs.get(runs[0].environment_id)
+                    detail = (
+                        compare_fingerprints(reference_env.fingerprint, other.fingerprint).explain()
+                        if other is not None
+                        else "no environment recorded"
+                    )
+                    first = detail.splitlines()[0] if detail else "material fields differ"
+                    step.missing = (
+                        "measured in a materially different environment from the head run's "
+                        f"(run {runs[0].id}: {first}); re-measure it here"
+                    )
+                    continue
+                runs = same_env
+        valid = [r for r in runs if r.valid]
+        step.runs = valid or runs[:1]
+    return steps, reference, reference_env

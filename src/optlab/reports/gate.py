@@ -1,0 +1,169 @@
+"""`optlab check`: a CI gate on the head of a chain against its parent step (or the baseline).
+
+Thresholds are relative changes in percent, judged on the point estimates (a gate that waited
+for significance would let a real regression through on a short, noisy run); whether the change
+is beyond noise is reported beside it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from optlab.errors import ConfigError, OptlabError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# metric -> (table column, higher is better)
+METRICS: dict[str, tuple[str, bool]] = {
+    "qps": ("qps", True),
+    "p50": ("p50_ms", False),
+    "p95": ("p95_ms", False),
+    "p99": ("p99_ms", False),
+    "p999": ("p999_ms", False),
+}
+_THRESHOLD = re.compile(r"^\s*([a-z0-9]+)\s*=\s*([0-9]+(?:\.[0-9]+)?)\s*%?\s*$")
+
+
+@dataclass(frozen=True)
+class Threshold:
+    metric: str
+    percent: float
+    kind: str  # "max-regression" | "min-gain"
+
+
+@dataclass(frozen=True)
+class GateLine:
+    threshold: Threshold
+    before: float | None
+    after: float | None
+    change_pct: float | None  # signed: + is an improvement
+    passed: bool
+    beyond_noise: bool | None
+
+
+@dataclass(frozen=True)
+class GateResult:
+    head: str
+    against: str
+    lines: list[GateLine]
+    problems: list[str]
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems and all(line.passed for line in self.lines)
+
+
+def parse_threshold(text: str, kind: str) -> Threshold:
+    """`p99=5%` -> Threshold('p99', 5.0, kind); errors name the option and the fix."""
+    option = f"--{kind}"
+    match = _THRESHOLD.match(text.lower())
+    if not match:
+        raise ConfigError(
+            f"{option} {text!r} is not METRIC=PERCENT",
+            hint=f"for example {option} p99=5% (metrics: {', '.join(METRICS)})",
+        )
+    metric, value = match.group(1), float(match.group(2))
+    if metric not in METRICS:
+        raise ConfigError(
+            f"{option} {text!r}: unknown metric {metric!r}",
+            hint=f"use one of {', '.join(METRICS)}",
+        )
+    return Threshold(metric, value, kind)
+
+
+def _value(row: Any, column: str) -> float | None:
+    value = row.get(column)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return float(value)
+
+
+def evaluate(frame: pd.DataFrame, thresholds: list[Threshold], against: str) -> GateResult:
+    """Judge the head (last row) against its parent step (`against="parent"`) or the
+    baseline (`against="baseline"`)."""
+    if frame.empty:
+        raise OptlabError("the chain has no steps", hint="measure it first")
+    rows = [row for _, row in frame.iterrows()]
+    head = rows[-1]
+    problems: list[str] = []
+    if head.get("run_id") is None or (
+        isinstance(head.get("run_id"), float) and math.isnan(head["run_id"])
+    ):
+        raise OptlabError(
+            f"the head {head['experiment']!r} has no run to judge: {head.get('missing')}",
+            hint="measure it (`optlab run FILE`) under the same protocol as its parent",
+        )
+    if not head.get("valid"):
+        problems.append(
+            f"the head's run {int(head['run_id'])} is INVALID: "
+            + "; ".join(head.get("reasons") or [])
+        )
+    measured = [r for r in rows[:-1] if _value(r, "qps") is not None]
+    if not measured:
+        raise OptlabError(
+            f"{head['experiment']!r} has no measured step before it to compare with",
+            hint="measure its parent first (`optlab run FILE --chain`)",
+        )
+    base = measured[-1] if against == "parent" else measured[0]
+    lines = []
+    for threshold in thresholds:
+        column, higher = METRICS[threshold.metric]
+        before, after = _value(base, column), _value(head, column)
+        change = None
+        if before is not None and after is not None and before:
+            change = (after - before) / before * 100.0 * (1 if higher else -1)
+        if change is None:
+            passed = False
+        elif threshold.kind == "max-regression":
+            passed = change >= -threshold.percent
+        else:
+            passed = change >= threshold.percent
+        noise = None
+        if against == "parent" and threshold.metric in ("qps", "p50", "p99"):
+            low = _value(head, f"{threshold.metric}_step_low_pct")
+            high = _value(head, f"{threshold.metric}_step_high_pct")
+            if low is not None and high is not None:
+                noise = not (low <= 0.0 <= high)
+        lines.append(GateLine(threshold, before, after, change, passed, noise))
+    return GateResult(str(head["experiment"]), str(base["experiment"]), lines, problems)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.2f}"
+
+
+def render_gate(result: GateResult, protocol_label: str) -> str:
+    """A markdown summary fit for a CI job's log or a PR comment."""
+    status = "PASSED" if result.passed else "FAILED"
+    out = [
+        f"### optlab check: {status}",
+        "",
+        f"`{result.head}` against `{result.against}` ({protocol_label})",
+        "",
+        "| metric | gate | before | after | change | beyond noise | result |",
+        "|---|---|---:|---:|---:|---|---|",
+    ]
+    for line in result.lines:
+        t = line.threshold
+        gate = (
+            f"regress ≤ {t.percent:g}%" if t.kind == "max-regression" else f"gain ≥ {t.percent:g}%"
+        )
+        change = (
+            "-"
+            if line.change_pct is None
+            else f"{line.change_pct:+.1f}% better"
+            if line.change_pct >= 0
+            else f"{-line.change_pct:.1f}% worse"
+        )
+        noise = {True: "yes", False: "no (within noise)", None: "-"}[line.beyond_noise]
+        out.append(
+            f"| {t.metric} | {gate} | {_fmt(line.before)} | {_fmt(line.after)} | {change} | "
+            f"{noise} | {'pass' if line.passed else '**FAIL**'} |"
+        )
+    for problem in result.problems:
+        out.append(f"\n- **FAIL**: {problem}")
+    return "\n".join(out) + "\n"
