@@ -1,0 +1,145 @@
+"""The stacked table, `optlab table/audit/check` and the library API over real quick chains."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import Result
+
+from optlab.reports.table import COLUMNS, stacked_table
+from optlab.store import Store
+from tests.conftest import REPO, write
+
+Invoke = Callable[..., Result]
+# 3 s: the fewest per-second windows (3) the statistics judge a step from.
+FAST = ("--quick", "--duration", "3", "--warmup", "0.3")
+
+
+@pytest.fixture
+def chain(tmp_path: Path, invoke: Invoke, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The synthetic chain, measured: baseline (2 ms) -> faster (1 ms); plus a slower step."""
+    folder = tmp_path / "synthetic"
+    shutil.copytree(REPO / "experiments" / "examples" / "synthetic", folder)
+    monkeypatch.chdir(tmp_path)
+    write(
+        folder,
+        "02-slower.yaml",
+        "name: synthetic-slower\nparent: synthetic-faster-service\n"
+        "hypothesis: a heavier model costs latency\nchange: {service_ms: 1.5}\n",
+    )
+    for step in ("01-faster-service.yaml", "02-slower.yaml"):
+        result = invoke("run", str(folder / step), *FAST, "--chain")
+        assert result.exit_code == 0, result.output
+    return folder
+
+
+def test_table_rows_deltas_significance_and_verdicts(chain: Path, sqlite_url: str) -> None:
+    frame = stacked_table(Store.open(sqlite_url), "synthetic-slower")
+    assert list(frame["experiment"]) == [
+        "synthetic-baseline",
+        "synthetic-faster-service",
+        "synthetic-slower",
+    ]
+    assert set(COLUMNS) <= set(frame.columns) and "service_p50_ms" in frame.columns
+    faster, slower = frame.iloc[1], frame.iloc[2]
+    assert faster["verdict"] == "gain" and faster["significant"]
+    assert faster["qps_step_low_pct"] < faster["qps_step_pct"] < faster["qps_step_high_pct"]
+    assert faster["p50_step_pct"] < -25  # 2 ms -> 1 ms
+    assert slower["verdict"] == "regressed" and slower["p50_step_pct"] > 25  # 1 ms -> 1.5 ms
+    assert frame.attrs["schema_version"] == 1 and frame.attrs["protocol"]["name"] == "quick"
+    assert "no GPU" in frame.attrs["environment"]["summary"]
+
+
+def test_table_formats_and_default_head(chain: Path, invoke: Invoke) -> None:
+    rich = invoke("table")  # the newest chain head
+    assert rich.exit_code == 0 and "synthetic-slower" in rich.stdout
+    markdown = invoke("table", str(chain / "02-slower.yaml"), "--format", "markdown")
+    assert markdown.exit_code == 0
+    assert "| synthetic-faster-service | service_ms: 2.0 -> 1.0 |" in markdown.stdout
+    assert "**Protocol:**" in markdown.stdout and "**Environment:**" in markdown.stdout
+    document = json.loads(invoke("table", "synthetic-slower", "--format", "json").stdout)
+    assert document["schema_version"] == 1
+    entry = document["chain"][1]
+    assert {"experiment", "variable", "change", "p50_ms", "p95_ms", "p99_ms", "qps"} <= set(entry)
+    assert {"step_delta", "cumulative_delta", "significant", "verdict"} <= set(entry)
+    csv = invoke("table", "synthetic-slower", "--format", "csv")
+    assert csv.exit_code == 0 and csv.stdout.count("\n") >= 4
+    unknown = invoke("table", "no-such-experiment")
+    assert unknown.exit_code == 2 and "no-such-experiment" in unknown.output
+
+
+def test_check_exits_3_on_a_regressed_head_and_0_otherwise(chain: Path, invoke: Invoke) -> None:
+    passed = invoke("check", "synthetic-faster-service", "--max-regression", "p99=5%")
+    assert passed.exit_code == 0, passed.output
+    assert "optlab check: PASSED" in passed.stdout and "| p99 |" in passed.stdout
+    failed = invoke("check", "synthetic-slower", "--max-regression", "p99=5%")
+    assert failed.exit_code == 3, failed.output
+    assert "optlab check: FAILED" in failed.stdout and "**FAIL**" in failed.stdout
+    gain = invoke("check", "synthetic-faster-service", "--min-gain", "qps=500%")
+    assert gain.exit_code == 3
+    whole = invoke("check", "synthetic-slower", "--against", "baseline", "--min-gain", "qps=10%")
+    assert whole.exit_code == 0, whole.output  # still faster than the baseline overall
+    typo = invoke("check", "synthetic-slower", "--max-regression", "p98=5%")
+    assert typo.exit_code == 2 and "unknown metric 'p98'" in typo.output
+    none = invoke("check", "synthetic-slower")
+    assert none.exit_code == 2 and "at least one threshold" in none.output
+
+
+def test_audit_shares_hypotheses_and_provenance(chain: Path, invoke: Invoke) -> None:
+    result = invoke("audit", "synthetic-slower")
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    assert "hypothesis: a heavier model costs latency" in text
+    assert "share of the total QPS gain" in text and "measured by" in text
+    assert "PROVISIONAL" in text  # quick runs are listed as such
+    data = json.loads(invoke("audit", "synthetic-slower", "--json").stdout)
+    shares = [s["qps_share_pct"] for s in data["steps"][1:]]
+    assert sum(shares) == pytest.approx(100.0, abs=0.5)  # the steps add up to the total
+
+
+def test_other_protocol_or_environment_is_never_stacked(
+    chain: Path, invoke: Invoke, sqlite_url: str
+) -> None:
+    # The baseline's runs measured under another protocol (as an older optlab's quick runs
+    # were, say): never stacked with the head's, and the row says why.
+    path = sqlite_url.removeprefix("sqlite:///")
+    baseline_runs = "experiment_id = (SELECT id FROM experiments WHERE name = 'synthetic-baseline')"
+    with sqlite3.connect(path) as db:
+        stored = json.loads(
+            db.execute(f"SELECT protocol_json FROM runs WHERE {baseline_runs}").fetchone()[0]
+        )
+        db.execute(
+            f"UPDATE runs SET protocol_json = ? WHERE {baseline_runs}",
+            (json.dumps(stored | {"duration_s": 9.0}),),
+        )
+    frame = stacked_table(Store.open(sqlite_url), "synthetic-slower")
+    assert frame.iloc[0]["verdict"] == "missing"
+    assert "head's protocol" in frame.iloc[0]["missing"]
+    assert frame.iloc[1]["verdict"] == "missing parent"  # nothing measured before it to judge by
+    with sqlite3.connect(path) as db:
+        db.execute(
+            f"UPDATE runs SET protocol_json = ? WHERE {baseline_runs}", (json.dumps(stored),)
+        )
+    # The baseline's run moved to another machine: refused with the material difference.
+    with sqlite3.connect(path) as db:
+        fingerprint = json.loads(
+            db.execute("SELECT fingerprint_json FROM environments").fetchone()[0]
+        )
+        fingerprint["hardware"]["cpu"]["model"] = "Some Other CPU"
+        db.execute(
+            "INSERT INTO environments "
+            "(fingerprint_hash, material_hash, fingerprint_json, created_at) VALUES ('other', 'other-material', ?, '2026-01-01 00:00:00')",
+            (json.dumps(fingerprint),),
+        )
+        env_id = db.execute(
+            "SELECT id FROM environments WHERE fingerprint_hash='other'"
+        ).fetchone()[0]
+        db.execute(f"UPDATE runs SET environment_id = ? WHERE {baseline_runs}", (env_id,))
+    frame = stacked_table(Store.open(sqlite_url), "synthetic-faster-service")
+    assert "materially different environment" in frame.iloc[0]["missing"]
+    assert "Some Other CPU" in frame.iloc[0]["missing"]
