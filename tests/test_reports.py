@@ -133,7 +133,8 @@ def test_other_protocol_or_environment_is_never_stacked(
         fingerprint["hardware"]["cpu"]["model"] = "Some Other CPU"
         db.execute(
             "INSERT INTO environments "
-            "(fingerprint_hash, material_hash, fingerprint_json, created_at) VALUES ('other', 'other-material', ?, '2026-01-01 00:00:00')",
+            "(fingerprint_hash, material_hash, fingerprint_json, created_at) "
+            "VALUES ('other', 'other-material', ?, '2026-01-01 00:00:00')",
             (json.dumps(fingerprint),),
         )
         env_id = db.execute(
