@@ -10,15 +10,19 @@ import io
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
 
+from optlab.reports.data import CDF_PERCENTILES, ReportData, StepData
 from optlab.reports.export import render_csv, render_json
+from optlab.reports.html import render_html
 from optlab.reports.markdown import PROVISIONAL_NOTE as PROVISIONAL
 from optlab.reports.markdown import render_markdown
+from optlab.store.records import ResourceSample, WindowStats
 
 GOLDEN = Path(__file__).parent / "golden"
 HOSTILE = "<script>alert(1)</script>"
@@ -209,3 +213,67 @@ def test_json_round_trips_into_a_frame() -> None:
     back = pd.json_normalize(doc["chain"])
     assert back["step_delta.qps_pct"].iloc[1] == 50.0
     assert back["verdict"].tolist() == ["baseline", "gain", "regressed", "missing"]
+
+
+def report_data(hostile: bool = False) -> ReportData:
+    """Deterministic charts data for the frame's three measured steps (the fourth has none)."""
+    name = HOSTILE if hostile else "fewer-copies"
+    steps = []
+    for run_id, (experiment, p50, qps) in enumerate(
+        (("baseline", 4.0, 1000.0), ("dynamic-batch", 2.5, 1500.0), (name, 2.2, 1800.0)), 1
+    ):
+        cdf = [(p, p50 * (1 + 3 * (p / 100) ** 8)) for p in CDF_PERCENTILES]
+        windows = [
+            WindowStats("measure", t, int(qps), 0, qps + 20 * ((t * 7 + run_id) % 5 - 2),
+                        p50, p50 * (2.2 + 0.1 * (t % 3)))
+            for t in range(5)
+        ]  # fmt: skip
+        resources = [
+            ResourceSample("measure", 1.0 + 0.5 * i, cpu_process_pct=150.0 + 10 * run_id + i,
+                           rss_bytes=(300 + 20 * run_id) * 2**20)
+            for i in range(10)
+        ]  # fmt: skip
+        stages = {"queue": p50 * 0.1, "preprocess": p50 * 0.3, "infer": p50 * 0.5,
+                  "postprocess": p50 * 0.05}  # fmt: skip
+        steps.append(StepData(experiment, run_id, cdf, stages, windows, resources, 1))
+    steps.append(StepData("int8", None))
+    fingerprint = {
+        "hardware": {"cpu": {"model": f"AMD EPYC {name}", "logical_cores": 2},
+                     "gpus": [], "memory": {"total_bytes": 25276510208}},
+        "software": {"python": {"version": "3.11.7"}, "packages": {"torch": "2.13.0+cpu"}},
+        "runtime": {"load_avg": [0.5, 1.0, 1.25]},
+    }  # fmt: skip
+    return ReportData(steps=steps, environments={1: fingerprint})
+
+
+def test_html_golden() -> None:
+    check_golden("stacked.html", render_html(stacked_frame(), report_data()))
+
+
+def test_html_is_self_contained() -> None:
+    text = render_html(stacked_frame(), report_data())
+    assert text.startswith("<!DOCTYPE html>")
+    assert "<script" not in text.lower()
+    # The only URL is the SVG namespace, which no browser fetches.
+    for url in re.findall(r"(?:https?:)?//[^\s\"'<>)]+", text):
+        assert url == "http://www.w3.org/2000/svg", url
+    for section in ("Latency distribution", "Stage waterfall", "QPS per second", "P99 per second",
+                    "Process CPU", "Environment", "AMD EPYC fewer-copies"):  # fmt: skip
+        assert section in text
+    assert text.count("<svg") == 6  # CDF, waterfall, QPS, P99, CPU, RSS
+    assert "infer -0.75 ms (-38%)" in text  # the waterfall names the stage the batching moved
+
+
+def test_html_escapes_every_user_string() -> None:
+    text = render_html(stacked_frame(hostile=True), report_data(hostile=True))
+    assert HOSTILE not in text
+    assert "<script" not in text.lower()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+
+
+def test_html_without_report_data() -> None:
+    """A frame alone (no runs read) still renders: the charts say there is no data."""
+    frame = stacked_frame()
+    frame.attrs = {}
+    text = render_html(frame, ReportData(steps=[]))
+    assert "no data" in text and "not recorded" in text

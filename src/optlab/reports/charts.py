@@ -1,0 +1,214 @@
+"""Inline SVG charts drawn in Python, so the HTML report needs no script, font or CDN.
+
+Each function returns one `<svg>` element as text; every label is escaped here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from html import escape
+
+# Distinguishable on white and for the common colour-vision deficiencies (Okabe-Ito).
+PALETTE = (
+    "#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#7F7F00", "#000000",
+)  # fmt: skip
+STAGE_COLOURS = {
+    "queue": "#BBBBBB",
+    "preprocess": "#56B4E9",
+    "infer": "#0072B2",
+    "postprocess": "#009E73",
+}
+
+Series = tuple[str, Sequence[tuple[float, float]]]  # (label, [(x, y), ...])
+
+
+def colour(index: int) -> str:
+    return PALETTE[index % len(PALETTE)]
+
+
+def stage_colour(stage: str, index: int) -> str:
+    return STAGE_COLOURS.get(stage, PALETTE[(index + 1) % len(PALETTE)])
+
+
+def _nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
+    if not math.isfinite(low) or not math.isfinite(high) or high <= low:
+        return [low]
+    raw = (high - low) / count
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+    first = math.ceil(low / step) * step
+    ticks = []
+    value = first
+    while value <= high + step * 1e-9:
+        ticks.append(round(value, 10))
+        value += step
+    return ticks
+
+
+def _fmt(value: float) -> str:
+    if abs(value) >= 100 or value == int(value):
+        return f"{value:,.0f}"
+    return f"{value:.2g}" if abs(value) < 1 else f"{value:.1f}"
+
+
+def line_chart(
+    title: str,
+    series: Sequence[Series],
+    *,
+    x_label: str,
+    y_label: str,
+    x_ticks: Sequence[tuple[float, str]] | None = None,
+    width: int = 640,
+    height: int = 300,
+    y_from_zero: bool = True,
+) -> str:
+    """Lines, one colour per series in order, with axes, ticks and a legend below the plot."""
+    left, right, top, bottom = 64, 16, 30, 46
+    legend_rows = math.ceil(len(series) / 3) if series else 0
+    total_height = height + legend_rows * 18 + 8
+    plot_w, plot_h = width - left - right, height - top - bottom
+    points = [p for _, pts in series for p in pts if math.isfinite(p[0]) and math.isfinite(p[1])]
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{width}" '
+        f'height="{total_height}" viewBox="0 0 {width} {total_height}" role="img" '
+        f'aria-label="{escape(title)}">',
+        f'<text x="{left}" y="18" class="title">{escape(title)}</text>',
+    ]
+    if not points:
+        out.append(
+            f'<text x="{left + plot_w / 2}" y="{top + plot_h / 2}" text-anchor="middle" '
+            f'class="empty">no data</text></svg>'
+        )
+        return "".join(out)
+    x_low = min(p[0] for p in points)
+    x_high = max(p[0] for p in points)
+    y_low = 0.0 if y_from_zero else min(p[1] for p in points)
+    y_high = max(p[1] for p in points) * 1.05 or 1.0
+    if x_high <= x_low:
+        x_high = x_low + 1
+    if y_high <= y_low:
+        y_high = y_low + 1
+
+    def sx(x: float) -> float:
+        return left + (x - x_low) / (x_high - x_low) * plot_w
+
+    def sy(y: float) -> float:
+        return top + plot_h - (y - y_low) / (y_high - y_low) * plot_h
+
+    for tick in _nice_ticks(y_low, y_high):
+        y = sy(tick)
+        out.append(
+            f'<line x1="{left}" x2="{left + plot_w}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
+        )
+        out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" class="tick" text-anchor="end">')
+        out.append(f"{_fmt(tick)}</text>")
+    ticks = x_ticks if x_ticks is not None else [(t, _fmt(t)) for t in _nice_ticks(x_low, x_high)]
+    for value, label in ticks:
+        if x_low <= value <= x_high:
+            x = sx(value)
+            out.append(
+                f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{top + plot_h}" class="grid"/>'
+            )
+            out.append(
+                f'<text x="{x:.1f}" y="{top + plot_h + 16}" class="tick" text-anchor="middle">'
+                f"{escape(label)}</text>"
+            )
+    out.append(f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" class="frame"/>')
+    out.append(
+        f'<text x="{left + plot_w / 2}" y="{top + plot_h + 34}" class="axis" '
+        f'text-anchor="middle">{escape(x_label)}</text>'
+        f'<text x="14" y="{top + plot_h / 2}" class="axis" text-anchor="middle" '
+        f'transform="rotate(-90 14 {top + plot_h / 2})">{escape(y_label)}</text>'
+    )
+    for index, (label, pts) in enumerate(series):
+        good = [p for p in pts if math.isfinite(p[0]) and math.isfinite(p[1])]
+        path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in good)
+        if len(good) == 1:
+            x, y = good[0]
+            out.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{colour(index)}"/>')
+        elif good:
+            out.append(f'<polyline points="{path}" fill="none" stroke="{colour(index)}" '
+                       f'stroke-width="1.8"/>')  # fmt: skip
+        lx = left + (index % 3) * (plot_w / 3)
+        ly = height + 10 + (index // 3) * 18
+        out.append(
+            f'<rect x="{lx:.1f}" y="{ly - 9}" width="12" height="4" fill="{colour(index)}"/>'
+            f'<text x="{lx + 16:.1f}" y="{ly - 4}" class="legend">{escape(_clip(label))}</text>'
+        )
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _clip(text: str, limit: int = 34) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def stage_waterfall(
+    title: str,
+    steps: Sequence[tuple[str, dict[str, float]]],
+    *,
+    width: int = 900,
+) -> str:
+    """One bar per step: its stage P50s laid end to end in request order, so a change shows as
+    the segment that grew or shrank; on the right, the stage that moved most from the step
+    before (ms and %)."""
+    label_w, note_w, row_h, top = 180, 230, 26, 30
+    stages: list[str] = []
+    for _, values in steps:
+        stages += [s for s in values if s not in stages]
+    longest = max((sum(v.values()) for _, v in steps if v), default=0.0) or 1.0
+    bar_w = width - label_w - note_w - 10
+    legend_y = top + row_h * len(steps) + 18
+    height = legend_y + 14
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">',
+        f'<text x="4" y="18" class="title">{escape(title)}</text>',
+    ]
+    previous: dict[str, float] | None = None
+    for row, (name, values) in enumerate(steps):
+        y = top + row * row_h
+        out.append(
+            f'<text x="{label_w - 8}" y="{y + 15}" class="tick" text-anchor="end">'
+            f"{escape(_clip(name, 26))}</text>"
+        )
+        if not values:
+            out.append(f'<text x="{label_w}" y="{y + 15}" class="empty">no stage data</text>')
+            continue
+        x = float(label_w)
+        for stage in stages:
+            value = values.get(stage)
+            if value is None or value <= 0:
+                continue
+            w = value / longest * bar_w
+            tip = f"{stage}: {value:.3f} ms"
+            out.append(
+                f'<rect x="{x:.1f}" y="{y + 3}" width="{max(w, 0.5):.1f}" height="{row_h - 8}" '
+                f'fill="{stage_colour(stage, stages.index(stage))}"><title>{escape(tip)}</title>'
+                "</rect>"
+            )
+            x += w
+        out.append(
+            f'<text x="{x + 4:.1f}" y="{y + 15}" class="tick">{sum(values.values()):.2f} ms</text>'
+        )
+        if previous:
+            moved = [(values.get(s, 0.0) - previous.get(s, 0.0), s) for s in stages]
+            delta, stage = max(moved, key=lambda m: abs(m[0]))
+            base = previous.get(stage) or 0.0
+            pct = f" ({delta / base * 100:+.0f}%)" if base else ""
+            note = f"{stage} {delta:+.2f} ms{pct}" if abs(delta) > 0 else "no stage moved"
+            out.append(
+                f'<text x="{width - note_w + 6}" y="{y + 15}" class="note">{escape(note)}</text>'
+            )
+        previous = values
+    x = float(label_w)
+    for index, stage in enumerate(stages):
+        out.append(
+            f'<rect x="{x:.1f}" y="{legend_y - 9}" width="12" height="10" '
+            f'fill="{stage_colour(stage, index)}"/><text x="{x + 16:.1f}" y="{legend_y}" '
+            f'class="legend">{escape(stage)}</text>'
+        )
+        x += 24 + 7 * len(stage)
+    out.append("</svg>")
+    return "".join(out)

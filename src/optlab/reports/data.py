@@ -1,0 +1,116 @@
+"""What the HTML report shows beyond the table, read from the store once, before rendering.
+
+Per step's run: the total-latency CDF decoded from its stored HdrHistogram, its stage P50s, its
+per-second windows, its resource samples and its environment fingerprint. Rendering
+(`reports.html`) never touches the store, so it is tested with a hand-built `ReportData`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from optlab.reports.export import plain
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from optlab.store import Store
+    from optlab.store.records import ResourceSample, StageStatsRow, WindowStats
+
+# Series the harness records about itself: not stages of the target.
+HARNESS_SERIES = ("total", "send_lag", "start_lag")
+
+# Percentiles at which the CDF is sampled: dense in the tail, where runs differ most.
+CDF_PERCENTILES: tuple[float, ...] = (
+    *(float(p) for p in range(0, 90, 5)),
+    *(90.0 + 0.5 * i for i in range(18)),
+    99.0,
+    99.5,
+    99.7,
+    99.8,
+    99.9,
+    99.95,
+    99.99,
+)
+
+
+@dataclass(frozen=True)
+class StepData:
+    """One chain step's run, as the charts need it; empty lists where the run has no data."""
+
+    experiment: str
+    run_id: int | None
+    cdf: list[tuple[float, float]] = field(default_factory=list)  # (percentile, latency ms)
+    stages: dict[str, float] = field(default_factory=dict)  # stage -> P50 ms, request order
+    windows: list[WindowStats] = field(default_factory=list)  # measure phase, by second
+    resources: list[ResourceSample] = field(default_factory=list)  # measure phase
+    environment_id: int | None = None
+
+
+@dataclass(frozen=True)
+class ReportData:
+    steps: list[StepData]
+    # environment id -> fingerprint (`optlab.environment.collect_fingerprint`'s dict)
+    environments: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+def cdf_points(encoded: str) -> list[tuple[float, float]]:
+    """(percentile, latency ms) pairs of an encoded HdrHistogram; empty when it is empty."""
+    from optlab.metrics.histogram import LatencyHistogram
+
+    histogram = LatencyHistogram.decode(encoded)
+    if histogram.count == 0:
+        return []
+    points = []
+    for percentile in CDF_PERCENTILES:
+        value = histogram.value_at_percentile_ns(percentile)
+        if value is not None:
+            points.append((percentile, value / 1e6))
+    return points
+
+
+def stage_p50s(rows: list[StageStatsRow]) -> dict[str, float]:
+    """Each target stage's P50 in ms, in the order the store returned them (request order)."""
+    return {
+        row.stage: float(row.p50_ms)
+        for row in rows
+        if row.stage not in HARNESS_SERIES and row.p50_ms is not None
+    }
+
+
+def _run_id(value: Any) -> int | None:
+    value = plain(value)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return int(value)
+
+
+def collect_report(store: Store, frame: pd.DataFrame) -> ReportData:
+    """Read, for each row of the stacked table that has a run, what the HTML charts draw."""
+    steps: list[StepData] = []
+    environments: dict[int, dict[str, Any]] = {}
+    run_ids = frame["run_id"] if "run_id" in frame else [None] * len(frame)
+    for experiment, raw_id in zip(frame["experiment"], run_ids, strict=True):
+        run_id = _run_id(raw_id)
+        if run_id is None:
+            steps.append(StepData(experiment=str(experiment), run_id=None))
+            continue
+        run = store.get_run(run_id)
+        stats = store.get_stage_stats(run_id, "measure")
+        total = next((row for row in stats if row.stage == "total"), None)
+        if run.environment_id is not None and run.environment_id not in environments:
+            environments[run.environment_id] = store.get_environment(run.environment_id).fingerprint
+        steps.append(
+            StepData(
+                experiment=str(experiment),
+                run_id=run_id,
+                cdf=cdf_points(total.histogram) if total and total.count else [],
+                stages=stage_p50s(stats),
+                windows=store.get_windows(run_id, "measure"),
+                resources=store.get_resource_samples(run_id, "measure"),
+                environment_id=run.environment_id,
+            )
+        )
+    return ReportData(steps=steps, environments=environments)

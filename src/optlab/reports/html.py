@@ -1,0 +1,368 @@
+"""The stacked-gains report as ONE self-contained HTML file: no script, no external URL.
+
+The table, latency CDFs per step, a stage waterfall per step, QPS / P99 / resource time series
+and the environment panorama, all inline SVG drawn by `reports.charts`. Every user-supplied
+string (names, hypotheses, changes, reasons, environment values) goes through `html.escape`.
+"""
+
+from __future__ import annotations
+
+import math
+from html import escape
+from typing import TYPE_CHECKING, Any
+
+from optlab.reports.charts import Series, line_chart, stage_waterfall
+from optlab.reports.data import ReportData, StepData, collect_report
+from optlab.reports.export import plain, present, records
+from optlab.reports.markdown import (
+    PROVISIONAL_NOTE,
+    head_name,
+    number,
+    percent,
+    row_notes,
+    stage_columns,
+    verdict_of,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["ReportData", "collect_report", "render_html"]
+
+_CSS = """
+body{font:13px/1.4 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px auto;
+padding:0 8px;color:#1b1f24}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid
+#d0d7de;padding-bottom:4px}.meta{color:#57606a;margin:2px 0}
+table{border-collapse:collapse;font-variant-numeric:tabular-nums}table.stacked{font-size:12px}
+th,td{border:1px solid #d0d7de;padding:3px 6px;vertical-align:top}
+td.name{white-space:nowrap}td.change{min-width:140px;max-width:220px}small{color:#57606a}
+th{background:#f6f8fa;font-weight:600}td.n{text-align:right;white-space:nowrap}
+.scroll{overflow-x:auto}tr.gain td.v{background:#dafbe1}tr.regressed td.v{background:#ffebe9}
+tr.missing td{color:#8c959f;background:#fafbfc}td.v{font-weight:600;min-width:90px}
+.bad{color:#cf222e}.charts{display:flex;flex-wrap:wrap;gap:18px}
+svg.chart{background:#fff;border:1px solid #eaeef2}svg .title{font-weight:600;font-size:13px}
+svg .tick,svg .legend{font-size:11px;fill:#424a53}svg .axis{font-size:12px;fill:#424a53}
+svg .grid{stroke:#eaeef2}svg .frame{fill:none;stroke:#afb8c1}svg .empty{fill:#8c959f}
+svg .note{font-size:12px;fill:#1b1f24}ol.notes li{margin:2px 0}
+table.env td:first-child{font-family:ui-monospace,monospace;color:#57606a}
+td.diff{background:#fff8c5}
+"""
+
+
+def _e(value: Any) -> str:
+    return escape("" if value is None else str(value), quote=True)
+
+
+def _cell(text: str, numeric: bool = False, cls: str = "") -> str:
+    classes = " ".join(c for c in ("n" if numeric else "", cls) if c)
+    return f'<td class="{classes}">{text}</td>' if classes else f"<td>{text}</td>"
+
+
+def _table(frame: pd.DataFrame) -> tuple[str, list[str]]:
+    """The stacked table and its numbered notes (already escaped)."""
+    stages = stage_columns(frame)
+
+    def shown(column: str) -> bool:
+        if column not in frame:
+            return False
+        values = frame[column].map(plain)
+        if column == "error_rate":  # a column of zeros says nothing a reviewer needs
+            return bool(values.map(lambda v: present(v) and v != 0).any())
+        return bool(values.map(present).any())
+
+    extras = [
+        (c, h)
+        for c, h in (
+            ("error_rate", "errors"),
+            ("cpu_pct", "CPU %"),
+            ("gpu_util_pct", "GPU %"),
+            ("gpu_mem_peak_mib", "GPU MiB"),
+            ("mean_batch_size", "batch"),
+            ("cache_hit_rate", "cache hit"),
+            ("accuracy_top1", "top-1"),
+        )
+        if shown(c)
+    ]
+    headers = ["step", "change", "verdict", "QPS", "P50 ms", "P95 ms", "P99 ms", "P99.9 ms"]
+    after = [h for _, h in extras] + ["SLO"]
+    out = ['<div class="scroll"><table class="stacked"><thead><tr>']
+    span = ' rowspan="2"' if stages else ""
+    out += [f"<th{span}>{_e(h)}</th>" for h in headers]
+    if stages:
+        out.append(f'<th colspan="{len(stages)}">stage P50 ms</th>')
+    out += [f"<th{span}>{_e(h)}</th>" for h in after]
+    if stages:
+        out.append("</tr><tr>")
+        out += [f"<th>{_e(c[: -len('_p50_ms')])}</th>" for c in stages]
+    out.append("</tr></thead><tbody>")
+    notes: dict[str, int] = {}
+    for row in records(frame):
+        verdict = verdict_of(row)
+        change = row.get("change")
+        cells = [
+            _cell(f"<b>{_e(row.get('experiment'))}</b>", cls="name"),
+            _cell(
+                f"{_e(row.get('variable') or '?')}: {_e(change)}"
+                if present(change)
+                else "(baseline)",
+                cls="change",
+            ),
+            _cell(number(row.get("qps")) + _delta(row, "qps"), True),
+            _cell(number(row.get("p50_ms"), 2) + _delta(row, "p50"), True),
+            _cell(number(row.get("p95_ms"), 2), True),
+            _cell(number(row.get("p99_ms"), 2) + _delta(row, "p99"), True),
+            _cell(number(row.get("p999_ms"), 2), True),
+        ]
+        cells += [_cell(number(row.get(c), 2), True) for c in stages]
+        for column, _ in extras:
+            value: Any = row.get(column)
+            if column in ("error_rate", "cache_hit_rate", "accuracy_top1"):
+                text = f"{float(value):.1%}" if present(value) else "–"
+            else:
+                text = number(value, 1)
+            cells.append(_cell(text, True))
+        slo = row.get("slo_pass")
+        cells.append(
+            _cell(
+                "pass" if slo is True else '<span class="bad">fail</span>' if slo is False else "–"
+            )
+        )
+        marks = []
+        for note in row_notes(row):
+            key = _e(note)
+            if note != PROVISIONAL_NOTE:
+                key = f"<b>{_e(row.get('experiment'))}</b>: {key}"
+            marks.append(notes.setdefault(key, len(notes) + 1))
+        words = [_e(verdict)]
+        if row.get("valid") is False:
+            words.append('<span class="bad">INVALID</span>')
+        if row.get("provisional"):
+            words.append("PROVISIONAL")
+        refs = "".join(f"<sup>[{n}]</sup>" for n in sorted(set(marks)))
+        cells.insert(2, _cell(" ".join(words) + refs, cls="v"))
+        css = verdict.replace(" ", "-") if verdict in ("gain", "regressed", "missing") else ""
+        out.append(f'<tr class="{_e(css)}">' + "".join(cells) + "</tr>")
+    out.append("</tbody></table></div>")
+    return "".join(out), [f"{note}" for note in notes]
+
+
+def _delta(row: dict[str, Any], prefix: str) -> str:
+    """Under a value: its step change with the interval, and its cumulative change."""
+    lines = []
+    step = percent(row.get(f"{prefix}_step_pct"))
+    low: Any = row.get(f"{prefix}_step_low_pct")
+    high: Any = row.get(f"{prefix}_step_high_pct")
+    if step:
+        interval = (
+            f" [{float(low):+.0f}, {float(high):+.0f}]" if present(low) and present(high) else ""
+        )
+        lines.append(f"step {step}{interval}")
+    cumulative = percent(row.get(f"{prefix}_cumulative_pct"))
+    if cumulative:
+        lines.append(f"cum {cumulative}")
+    return "".join(f"<br><small>{_e(line)}</small>" for line in lines)
+
+
+def _steps_detail(frame: pd.DataFrame) -> str:
+    """Who ran each step, when, from which commit, and what its hypothesis was."""
+    out = ["<table><thead><tr>"]
+    out += [f"<th>{h}</th>" for h in ("step", "hypothesis", "run", "runs", "who", "when", "commit")]
+    out.append("</tr></thead><tbody>")
+    for row in records(frame):
+        run: Any = row.get("run_id")
+        out.append(
+            "<tr>"
+            + "".join(
+                f"<td>{_e(v) if present(v) else '–'}</td>"
+                for v in (
+                    row.get("experiment"),
+                    row.get("hypothesis"),
+                    f"#{int(run)}" if present(run) else None,
+                    row.get("runs"),
+                    row.get("who"),
+                    row.get("started_at"),
+                    (str(row.get("git_commit"))[:10] if present(row.get("git_commit")) else None),
+                )
+            )
+            + "</tr>"
+        )
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def _nines(percentile: float) -> float:
+    """x position of a percentile on a "number of nines" axis: 90% -> 1, 99% -> 2, 99.9% -> 3."""
+    return -math.log10(max(1.0 - percentile / 100.0, 1e-6))
+
+
+_NINES_TICKS = [(0.0, "0%"), (_nines(50), "50%"), (1.0, "90%"), (2.0, "99%"), (3.0, "99.9%"),
+                (4.0, "99.99%")]  # fmt: skip
+
+
+def _series(steps: list[StepData], pick: Any) -> list[Series]:
+    series: list[Series] = []
+    for step in steps:
+        points = pick(step)
+        if points:
+            series.append((step.experiment, points))
+    return series
+
+
+def _windows(step: StepData, field: str) -> list[tuple[float, float]]:
+    if not step.windows:
+        return []
+    start = step.windows[0].t_s
+    return [
+        (float(w.t_s - start), float(getattr(w, field)))
+        for w in step.windows
+        if getattr(w, field) is not None
+    ]
+
+
+def _resource(step: StepData, field: str) -> list[tuple[float, float]]:
+    if not step.resources:
+        return []
+    start = step.resources[0].t_s
+    points = []
+    for sample in step.resources:
+        if field == "gpu_util_pct":
+            utils = [g.util_pct for g in sample.gpus or () if g.util_pct is not None]
+            value = sum(utils) / len(utils) if utils else None
+        else:
+            value = getattr(sample, field)
+        if value is not None:
+            points.append((sample.t_s - start, float(value)))
+    return points
+
+
+def _charts(frame: pd.DataFrame, data: ReportData) -> str:
+    steps = data.steps
+    cdf = line_chart(
+        "Total latency by percentile (log tail)",
+        _series(steps, lambda s: [(_nines(p), ms) for p, ms in s.cdf]),
+        x_label="percentile",
+        y_label="latency ms",
+        x_ticks=_NINES_TICKS,
+        width=900,
+        height=360,
+    )
+    by_name = {s.experiment: s for s in steps}
+    stage_rows = []
+    frame_stages = stage_columns(frame)
+    for row in records(frame):
+        name = str(row.get("experiment"))
+        step = by_name.get(name)
+        stages = dict(step.stages) if step and step.stages else {}
+        if not stages and present(row.get("run_id")):
+            stages = {
+                c[: -len("_p50_ms")]: float(row[c]) for c in frame_stages if present(row.get(c))
+            }
+        stage_rows.append((name, stages))
+    waterfall = stage_waterfall("Stage P50s per step (ms), and the stage each change moved",
+                                stage_rows)  # fmt: skip
+    series = [
+        line_chart("QPS per second", _series(steps, lambda s: _windows(s, "qps")),
+                   x_label="seconds into the measured phase", y_label="requests/s"),
+        line_chart("P99 per second", _series(steps, lambda s: _windows(s, "p99_ms")),
+                   x_label="seconds into the measured phase", y_label="ms"),
+        line_chart("Process CPU", _series(steps, lambda s: _resource(s, "cpu_process_pct")),
+                   x_label="seconds into the measured phase", y_label="% of one core"),
+    ]  # fmt: skip
+    gpu = _series(steps, lambda s: _resource(s, "gpu_util_pct"))
+    if gpu:
+        series.append(line_chart("GPU utilisation", gpu, x_label="seconds", y_label="%"))
+    rss = _series(steps, lambda s: [(t, v / 2**20) for t, v in _resource(s, "rss_bytes")])
+    if rss:
+        series.append(
+            line_chart("Process memory (RSS)", rss, x_label="seconds into the measured phase",
+                       y_label="MiB")
+        )  # fmt: skip
+    return (
+        f'<h2>Latency distribution</h2><div class="charts">{cdf}</div>'
+        f'<h2>Stage waterfall</h2><div class="charts">{waterfall}</div>'
+        f'<h2>Time series</h2><div class="charts">{"".join(series)}</div>'
+    )
+
+
+def _flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
+    if isinstance(value, dict):
+        out: list[tuple[str, str]] = []
+        for key, item in value.items():
+            out += _flatten(item, f"{prefix}.{key}" if prefix else str(key))
+        return out
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        return [pair for i, v in enumerate(value) for pair in _flatten(v, f"{prefix}[{i}]")]
+    if isinstance(value, list):
+        return [(prefix, ", ".join(str(plain(v)) for v in value) or "[]")]
+    value = plain(value)
+    return [(prefix, "–" if value is None else str(value))]
+
+
+def _environment(frame: pd.DataFrame, data: ReportData) -> str:
+    """One column per distinct environment the chain's runs used; differing rows highlighted."""
+    columns: list[tuple[str, dict[str, Any]]] = []
+    for env_id, fingerprint in data.environments.items():
+        users = [s.experiment for s in data.steps if s.environment_id == env_id]
+        columns.append((f"env #{env_id}: " + ", ".join(users), fingerprint))
+    if not columns:
+        head_fp: Any = (frame.attrs.get("environment") or {}).get("fingerprint")
+        if head_fp:
+            columns.append(("head's environment", head_fp))
+    if not columns:
+        return "<p>No environment fingerprint recorded.</p>"
+    flat = [dict(_flatten(fp)) for _, fp in columns]
+    keys: list[str] = []
+    for mapping in flat:
+        keys += [k for k in mapping if k not in keys]
+    out = ['<div class="scroll"><table class="env"><thead><tr><th>property</th>']
+    out += [f"<th>{_e(label)}</th>" for label, _ in columns]
+    out.append("</tr></thead><tbody>")
+    for key in keys:
+        values = [m.get(key, "–") for m in flat]
+        diff = ' class="diff"' if len(set(values)) > 1 else ""
+        out.append(f"<tr><td>{_e(key)}</td>" + "".join(f"<td{diff}>{_e(v)}</td>" for v in values))
+        out.append("</tr>")
+    out.append("</tbody></table></div>")
+    return "".join(out)
+
+
+def render_html(frame: pd.DataFrame, data: ReportData) -> str:
+    """The whole report as one HTML document (inline CSS and SVG, no script, no URL)."""
+    attrs = frame.attrs
+    head = head_name(frame)
+    table, notes = _table(frame)
+    protocol = attrs.get("protocol_label") or (attrs.get("protocol") or {}).get("name")
+    environment = (attrs.get("environment") or {}).get("summary")
+    confidence = attrs.get("confidence")
+    meta = [
+        f"<b>Protocol:</b> {_e(protocol or 'not recorded')}",
+        f"<b>Environment:</b> {_e(environment or 'not recorded')}",
+    ]
+    if present(confidence):
+        meta.append(
+            f"step: change against the previous measured step, [interval] at "
+            f"{float(confidence):.0%} confidence; cum: change against the baseline."
+        )
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>optlab: {_e(head)}</title>",
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<style>{_CSS}</style></head><body>",
+        f"<h1>optlab stacked gains: {_e(head)}</h1>",
+        *(f'<p class="meta">{line}</p>' for line in meta),
+        "<h2>Stacked gains</h2>",
+        table,
+    ]
+    if notes:
+        parts.append('<ol class="notes">' + "".join(f"<li>{n}</li>" for n in notes) + "</ol>")
+    parts += [
+        "<h2>Steps</h2>",
+        _steps_detail(frame),
+        _charts(frame, data),
+        "<h2>Environment</h2>",
+        _environment(frame, data),
+        "</body></html>",
+    ]
+    return "\n".join(parts) + "\n"
