@@ -1,13 +1,15 @@
 """`optlab run`: check the plan and the parent run, then measure (ancestors first with
-`--chain`), `--repeats` times. One measurement's lifecycle lives in `optlab.measurement`.
+`--chain`), `--repeats` times, or `--paired N` times alternating parent and step (A B A B ...).
+One measurement's lifecycle lives in `optlab.measurement`.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -21,9 +23,29 @@ from optlab.protocol import EffectiveProtocol, effective_protocol
 from optlab.store import RunRecord, Store
 from optlab.targets.identity import code_identity
 
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
 __all__ = ["LiveStatus", "Progress", "RunOptions", "RunOutcome", "run"]
 
 STALE_HEARTBEAT_S = 60.0
+
+
+class _PairedStore(Store):
+    """The same database; every run it finishes carries its paired-session tag in its summary.
+
+    The tag must be in the stored summary, which the measurement writes in one go at the end.
+    """
+
+    def __init__(self, engine: Engine, tag: dict[str, Any]) -> None:
+        super().__init__(engine)
+        self.tag = tag
+
+    def finish_run(self, run_id: int, **fields: Any) -> None:
+        summary = fields.get("summary")
+        if summary is not None:
+            summary["paired"] = dict(self.tag)
+        super().finish_run(run_id, **fields)
 
 
 @dataclass
@@ -123,10 +145,25 @@ def run(
     options: RunOptions,
     progress: Progress,
     on_outcome: Callable[[RunOutcome], None] | None = None,
+    *,
+    paired: int = 0,
 ) -> list[RunOutcome]:
-    """Check the plan, then measure (ancestors first with `chain`), `repeats` times."""
+    """Check the plan, then measure (ancestors first with `chain`), `repeats` times.
+
+    ``paired`` > 0 measures the head's parent and the head alternately, that many times each
+    (A B A B ...): each is a normal stored run whose summary carries
+    ``paired = {"session", "index", "role": "parent" | "step"}``, so that the table can compare
+    them pair by pair and a slow drift of a shared machine cancels in the differences.
+    """
     if options.repeats < 1:
         raise OptlabError("--repeats must be at least 1", hint="leave it out to measure once")
+    if paired < 0:
+        raise OptlabError("--paired must be at least 1", hint="leave it out to measure once")
+    if paired and options.repeats > 1:
+        raise OptlabError(
+            "--paired and --repeats both ask for several runs",
+            hint="use --paired N alone: it measures the parent and the step N times each",
+        )
     crashed = store.mark_crashed(STALE_HEARTBEAT_S, pid_alive=psutil.pid_exists)
     for run_id in crashed:
         progress.note(f"run {run_id} was left RUNNING by a process that is gone: marked CRASHED")
@@ -141,10 +178,29 @@ def run(
             if link.plan is not None and _needs_run(store, link, options, fingerprint):
                 todo.append((link, parent))
     head_parent = chain[-2] if len(chain) > 1 else None
-    todo += [(chain[-1], head_parent)] * options.repeats
+    tags: list[dict[str, Any] | None] = [None] * len(todo)
+    if paired:
+        if head_parent is None:
+            raise RefusedError(
+                f"{chain[-1].name} is a baseline: --paired alternates a step with its parent",
+                hint="run a step (an experiment with a parent) with --paired",
+            )
+        session = uuid.uuid4().hex
+        grandparent = chain[-3] if len(chain) > 2 else None
+        for index in range(paired):
+            todo += [(head_parent, grandparent), (chain[-1], head_parent)]
+            tags += [
+                {"session": session, "index": index, "role": role} for role in ("parent", "step")
+            ]
+    else:
+        todo += [(chain[-1], head_parent)] * options.repeats
+        tags += [None] * options.repeats
     outcomes = []
-    for link, parent in todo:
-        outcome = _measure_link(store, link, parent, options, progress, fingerprint, env_hash)
+    for (link, parent), tag in zip(todo, tags, strict=True):
+        target_store = store if tag is None else _PairedStore(store.engine, tag)
+        outcome = _measure_link(
+            target_store, link, parent, options, progress, fingerprint, env_hash
+        )
         outcomes.append(outcome)
         if on_outcome is not None:
             on_outcome(outcome)

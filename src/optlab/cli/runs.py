@@ -171,6 +171,12 @@ def _pct(value: float | None) -> str:
 @click.option("--warmup", type=float, metavar="S", help="Fixed warmup instead of until-stable.")
 @click.option("--chain", is_flag=True, help="First measure ancestors that lack a comparable run.")
 @click.option("--repeats", type=click.IntRange(1, 100), default=1, help="Measure N times.")
+@click.option(
+    "--paired",
+    type=click.IntRange(1, 100),
+    metavar="N",
+    help="Measure the parent and the step alternately, N times each (A B A B ...).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Last stdout line: the run summary JSON.")
 @click.pass_context
 def run(
@@ -181,12 +187,14 @@ def run(
     warmup: float | None,
     chain: bool,
     repeats: int,
+    paired: int | None,
     as_json: bool,
 ) -> None:
     """Measure EXPERIMENT: one-variable check, warmup, measurement, validity, storage.
 
     Refuses a step whose parent has no valid run under the same protocol, or whose
-    environment or target code differs from the parent run's.
+    environment or target code differs from the parent run's. With --paired, a slow drift
+    of a shared machine cancels out of the pairwise comparison.
     """
     from optlab.runner import RunOptions
     from optlab.runner import run as run_experiment
@@ -203,7 +211,9 @@ def run(
             progress.note(text)
 
     try:
-        outcomes = run_experiment(Path(experiment), open_store(ctx), options, progress, show)
+        outcomes = run_experiment(
+            Path(experiment), open_store(ctx), options, progress, show, paired=paired or 0
+        )
     finally:
         progress.close()
     if as_json and outcomes:
