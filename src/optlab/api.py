@@ -1,0 +1,117 @@
+"""The library API for notebooks and scripts: results databases as pandas DataFrames.
+
+Every function takes a database URL (None: `OPTLAB_DB`, else `sqlite:///.optlab/optlab.db`),
+opens it read-only in spirit (nothing is written), and returns plain DataFrames:
+
+    import optlab.api as api
+    runs = api.runs("sqlite:///.optlab/optlab.db")
+    table = api.chain_table("sqlite:///.optlab/optlab.db", "cpu-int8")
+    series = api.timeseries("sqlite:///.optlab/optlab.db", run_id=3)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from optlab.store import Store
+
+__all__ = ["chain_table", "resources", "runs", "stages", "timeseries"]
+
+
+@contextmanager
+def _store(db_url: str | None) -> Iterator[Store]:
+    from optlab.store import Store
+
+    store = Store.open(db_url or os.environ.get("OPTLAB_DB") or None)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def runs(db_url: str | None = None, experiment: str | None = None) -> pd.DataFrame:
+    """One row per run (oldest first): status, validity, protocol, headline figures, provenance."""
+    import pandas as pd
+
+    with _store(db_url) as store:
+        records = store.list_runs(experiment)
+    rows = []
+    for r in records:
+        total = ((r.summary or {}).get("latency_ms") or {}).get("total") or {}
+        rows.append(
+            {
+                "run_id": r.id,
+                "experiment": r.experiment,
+                "status": r.status,
+                "valid": r.valid,
+                "provisional": r.provisional,
+                "protocol": r.protocol_name,
+                "duration_s": r.duration_s,
+                "requests": r.requests,
+                "errors": r.errors,
+                "qps": r.qps,
+                **{f"{k}_ms": total.get(k) for k in ("p50", "p95", "p99", "p999", "max")},
+                "accuracy_top1": ((r.summary or {}).get("accuracy") or {}).get("top1"),
+                "reasons": "; ".join(r.reasons),
+                "started_at": pd.Timestamp(r.started_at),
+                "finished_at": pd.Timestamp(r.finished_at) if r.finished_at else pd.NaT,
+                "git_commit": r.git_commit,
+                "hostname": r.hostname,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def chain_table(db_url: str | None = None, head: str | None = None) -> pd.DataFrame:
+    """The stacked-gains table of `head`'s chain (default: the newest chain head)."""
+    from optlab.reports.chain import resolve_head
+    from optlab.reports.table import stacked_table
+
+    with _store(db_url) as store:
+        return stacked_table(store, resolve_head(store, head))
+
+
+def timeseries(db_url: str | None, run_id: int, phase: str | None = "measure") -> pd.DataFrame:
+    """Per-second windows of a run: completed, errors, QPS, P50, P99, send-lag P99."""
+    import pandas as pd
+
+    with _store(db_url) as store:
+        store.get_run(run_id)  # NotFoundError for an unknown id, not an empty frame
+        windows = store.get_windows(run_id, phase)
+    return pd.DataFrame([asdict(w) for w in windows])
+
+
+def resources(db_url: str | None, run_id: int, phase: str | None = None) -> pd.DataFrame:
+    """Resource samples of a run, one row per second; GPU columns per GPU index when present."""
+    import pandas as pd
+
+    with _store(db_url) as store:
+        store.get_run(run_id)
+        samples = store.get_resource_samples(run_id, phase)
+    rows = []
+    for sample in samples:
+        row = asdict(sample)
+        gpus = row.pop("gpus") or []
+        row.pop("cpu_per_core", None)
+        for gpu in gpus:
+            index = gpu.pop("index")
+            row |= {f"gpu{index}_{key}": value for key, value in gpu.items()}
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def stages(db_url: str | None, run_id: int, phase: str | None = "measure") -> pd.DataFrame:
+    """Per-stage latency statistics of a run (the encoded histogram column included)."""
+    import pandas as pd
+
+    with _store(db_url) as store:
+        store.get_run(run_id)
+        rows = store.get_stage_stats(run_id, phase)
+    return pd.DataFrame([asdict(r) for r in rows])
