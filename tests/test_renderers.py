@@ -11,18 +11,20 @@ import json
 import math
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
 
-from optlab.reports.data import CDF_PERCENTILES, ReportData, StepData
+from optlab.reports.data import CDF_PERCENTILES, ReportData, StepData, collect_report
 from optlab.reports.export import render_csv, render_json
 from optlab.reports.html import render_html
 from optlab.reports.markdown import PROVISIONAL_NOTE as PROVISIONAL
 from optlab.reports.markdown import render_markdown
 from optlab.store.records import ResourceSample, WindowStats
+from tests.conftest import REPO
 
 GOLDEN = Path(__file__).parent / "golden"
 HOSTILE = "<script>alert(1)</script>"
@@ -277,3 +279,43 @@ def test_html_without_report_data() -> None:
     frame.attrs = {}
     text = render_html(frame, ReportData(steps=[]))
     assert "no data" in text and "not recorded" in text
+
+
+def test_end_to_end_over_a_quick_synthetic_chain(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, invoke: Any, sqlite_url: str
+) -> None:
+    """A real chain, measured through the CLI, read back and rendered by every renderer."""
+    from optlab.reports.table import stacked_table
+    from optlab.store import Store
+
+    folder = tmp_path / "synthetic"
+    shutil.copytree(REPO / "experiments" / "examples" / "synthetic", folder)
+    monkeypatch.chdir(tmp_path)
+    step = str(folder / "01-faster-service.yaml")
+    result = invoke("run", step, "--quick", "--duration", "1.5", "--warmup", "0.3", "--chain")
+    assert result.exit_code == 0, result.output
+    store = Store.open(sqlite_url)
+    frame = stacked_table(store, "synthetic-faster-service")
+    assert frame["experiment"].tolist() == ["synthetic-baseline", "synthetic-faster-service"]
+
+    markdown = render_markdown(frame)
+    assert "synthetic-faster-service" in markdown
+    assert len({_cells(line) for line in _table_lines(markdown)}) == 1
+    doc = json.loads(render_json(frame))
+    assert [c["experiment"] for c in doc["chain"]] == frame["experiment"].tolist()
+    assert doc["chain"][1]["step_delta"]["qps_pct"] > 25  # 2 ms -> 1 ms service time
+    assert len(pd.read_csv(io.StringIO(render_csv(frame)))) == 2
+
+    data = collect_report(store, frame)
+    assert [s.run_id for s in data.steps] == frame["run_id"].tolist()
+    for measured in data.steps:
+        assert measured.cdf and measured.windows and measured.resources
+        percentiles = [p for p, _ in measured.cdf]
+        latencies = [ms for _, ms in measured.cdf]
+        assert percentiles == sorted(percentiles) and latencies == sorted(latencies)
+        assert 0.5 < dict(measured.cdf)[50.0] < 5.0
+    assert data.environments
+    page = render_html(frame, data)
+    assert "synthetic-faster-service" in page and "no data" not in page
+    if os.environ.get("OPTLAB_REPORT_OUT"):  # for a look in a browser
+        Path(os.environ["OPTLAB_REPORT_OUT"]).write_text(page, encoding="utf-8")

@@ -105,7 +105,7 @@ def line_chart(
         out.append(f"{_fmt(tick)}</text>")
     ticks = x_ticks if x_ticks is not None else [(t, _fmt(t)) for t in _nice_ticks(x_low, x_high)]
     for value, label in ticks:
-        if x_low <= value <= x_high:
+        if x_low - 1e-9 <= value <= x_high + 1e-6 * (x_high - x_low):
             x = sx(value)
             out.append(
                 f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{top + plot_h}" class="grid"/>'

@@ -159,7 +159,7 @@ def _delta(row: dict[str, Any], prefix: str) -> str:
         )
         lines.append(f"step {step}{interval}")
     cumulative = percent(row.get(f"{prefix}_cumulative_pct"))
-    if cumulative:
+    if cumulative and row.get("verdict") != "baseline":  # +0% against itself says nothing
         lines.append(f"cum {cumulative}")
     return "".join(f"<br><small>{_e(line)}</small>" for line in lines)
 
@@ -296,6 +296,8 @@ def _flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
     if isinstance(value, list):
         return [(prefix, ", ".join(str(plain(v)) for v in value) or "[]")]
     value = plain(value)
+    if prefix.endswith("_bytes") and isinstance(value, int):
+        return [(prefix, f"{value / 2**30:,.1f} GiB ({value:,} bytes)")]
     return [(prefix, "–" if value is None else str(value))]
 
 
