@@ -45,6 +45,11 @@ EXPECTED: dict[str, list[str]] = {
         r"^ 256 px  numpy +median",
         r"^python at 256 px .*" + VERDICT,
     ],
+    "table_scale.py": [
+        r"^reference: the head's run list +[\d.]+ ms",
+        r"^build the table \(10 steps\) +[\d.]+ ms",
+        r"^table of a 10-step chain from [\d,]+ runs under 1 s: [\d.]+ s " + VERDICT,
+    ],
     "memory.py": [
         r"^run +10 s +[\d,]+ requests .*peak [\d.]+ MiB",
         r"^run +20 s +[\d,]+ requests .*peak [\d.]+ MiB",

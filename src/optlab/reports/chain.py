@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from optlab.store import EnvironmentRecord, RunRecord, Store
 
 
+MAX_REPEATS = 20
+
+
 @dataclass
 class ChainStep:
     experiment: str
@@ -199,5 +202,7 @@ def chain_steps(store: Store, head: str) -> tuple[list[ChainStep], RunRecord | N
                     continue
                 runs = same_env
         valid = [r for r in runs if r.valid]
-        step.runs = valid or runs[:1]
+        # Repeats beyond the newest few add little to the run-to-run spread, and each costs
+        # a time-series read: the table stays fast on databases with thousands of runs.
+        step.runs = valid[:MAX_REPEATS] or runs[:1]
     return steps, reference, reference_env
