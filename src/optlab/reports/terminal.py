@@ -134,7 +134,7 @@ def print_table(frame: pd.DataFrame, title: str | None = None) -> None:
 
     from rich.console import Console
 
-    console = Console(width=None if sys.stdout.isatty() else 220)
+    console = Console(width=None if sys.stdout.isatty() else 320)
     console.print(rich_table(frame, title))
     for line in notes(frame):
         console.print(line, markup=False, highlight=False)
