@@ -4,7 +4,7 @@ Builds (once, cached under /tmp) a SQLite database holding 10,000 finished runs:
 with 100 runs per step (each with 600 per-second windows, as a full-protocol run has), and
 9,000 runs of 90 other experiments (60 windows each, to keep the build to minutes). Then
 times, over several repetitions, building the table of
-the chain's head (run selection, 20 repeats per step compared with their time series) and
+the chain's head (run selection, the 10 newest repeats per step compared with their time series) and
 rendering it as rich text, markdown, JSON and CSV. Goal: under 1 second for build + render.
 The reference measured in the same run is reading the head's run list alone (the floor any
 table must pay).

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from optlab.store import EnvironmentRecord, RunRecord, Store
 
 
-MAX_REPEATS = 20
+MAX_REPEATS = 10
 
 
 @dataclass

@@ -133,19 +133,17 @@ def _change_pct(new: Any, old: Any) -> float | None:
 
 
 class _Windows:
-    """Per-second window series of runs, fetched once each."""
+    """Per-second window series of runs, fetched in one query for all the table's runs."""
 
-    def __init__(self, store: Store) -> None:
+    FIELDS = tuple(field for _, field, _, _ in HEADLINE)
+
+    def __init__(self, store: Store, runs: Sequence[RunRecord]) -> None:
         self.store = store
-        self.cache: dict[int, dict[str, list[float]]] = {}
+        self.cache = store.window_series([r.id for r in runs], self.FIELDS)
 
     def series(self, run: RunRecord) -> dict[str, list[float]]:
         if run.id not in self.cache:
-            windows = self.store.get_windows(run.id, "measure")
-            self.cache[run.id] = {
-                field: [float(v) for w in windows if (v := getattr(w, field)) is not None]
-                for _, field, _, _ in HEADLINE
-            }
+            self.cache |= self.store.window_series([run.id], self.FIELDS)
         return self.cache[run.id]
 
 
@@ -244,7 +242,7 @@ def stacked_table(store: Store, head: str) -> pd.DataFrame:
     import pandas as pd
 
     steps, reference, reference_env = chain_steps(store, head)
-    windows = _Windows(store)
+    windows = _Windows(store, [r for step in steps for r in step.runs if r.valid])
     rows = [_figures(step) for step in steps]
     previous: int | None = None
     for index, row in enumerate(rows):

@@ -6,6 +6,8 @@ of the code: these tables are written once per run and read by reports.
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict
@@ -95,6 +97,37 @@ class MeasurementsMixin:
         with self.session_scope() as session:
             rows = session.scalars(query)
             return [window_stats(row) for row in rows]
+
+    def window_series(
+        self, run_ids: Sequence[int], fields: Sequence[str], phase: str = "measure"
+    ) -> dict[int, dict[str, list[float]]]:
+        """Chosen per-second fields of many runs in one query, in time order, None values
+        left out: what statistics over many runs need, without building a row object per
+        second (that made the table of a 10,000-run database take seconds)."""
+        allowed = {"completed", "errors", "qps", "p50_ms", "p99_ms", "send_lag_p99_ms"}
+        unknown = set(fields) - allowed
+        if unknown:
+            raise ValueError(f"unknown window fields {sorted(unknown)}; use {sorted(allowed)}")
+        series: dict[int, dict[str, list[float]]] = {
+            run_id: {field: [] for field in fields} for run_id in run_ids
+        }
+        if not run_ids:
+            return series
+        columns = [getattr(SqlWindow, field) for field in fields]
+        query = (
+            select(SqlWindow.run_id, *columns)
+            .where(SqlWindow.run_id.in_(list(run_ids)), SqlWindow.phase == phase)
+            .order_by(SqlWindow.run_id, SqlWindow.t_s)
+        )
+        with self.session_scope() as session:
+            rows = session.execute(query).tuples().all()
+        # Columns per run, transposed in C by zip: a Python loop per value cost 0.4 s for
+        # 200 runs of 600 windows.
+        for run_id, chunk in itertools.groupby(rows, key=operator.itemgetter(0)):
+            columns = list(zip(*chunk, strict=True))
+            for index, field in enumerate(fields, start=1):
+                series[run_id][field] = [v for v in columns[index] if v is not None]
+        return series
 
     def get_resource_samples(self, run_id: int, phase: str | None = None) -> list[ResourceSample]:
         query = select(SqlResourceSample).where(SqlResourceSample.run_id == run_id)
