@@ -720,3 +720,24 @@ def test_failed_upgrade_changes_nothing(db_url: str) -> None:
     assert refused.value.hint is not None and "nothing was changed" in refused.value.hint
     assert current(db_url).revision == "0001_initial"
     assert not {"stage_stats", "run_windows", "resource_samples"} & table_names(db_url)
+
+
+def test_window_series_of_many_runs_in_one_query(store: Store) -> None:
+    save_baseline(store)
+    first, second = start_run(store), start_run(store)
+    store.add_windows(
+        first,
+        [
+            WindowStats("measure", 1, 5, 0, 5.0, p50_ms=2.0, p99_ms=4.0),
+            WindowStats("measure", 0, 3, 0, 3.0, p50_ms=None, p99_ms=None),  # nothing completed
+            WindowStats("warmup", 0, 9, 0, 9.0, p50_ms=1.0, p99_ms=1.0),
+        ],
+    )
+    store.add_windows(second, [WindowStats("measure", 0, 7, 0, 7.0, p50_ms=1.5, p99_ms=3.0)])
+    series = store.window_series([first, second, 999_999], ("qps", "p50_ms"))
+    assert series[first] == {"qps": [3.0, 5.0], "p50_ms": [2.0]}  # time order, None left out
+    assert series[second] == {"qps": [7.0], "p50_ms": [1.5]}
+    assert series[999_999] == {"qps": [], "p50_ms": []}
+    assert store.window_series([], ("qps",)) == {}
+    with pytest.raises(ValueError, match="unknown window fields"):
+        store.window_series([first], ("qps; DROP TABLE runs",))
