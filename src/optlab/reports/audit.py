@@ -41,6 +41,7 @@ class Audit:
     total_p99_pct: float | None
     steps: list[AuditStep]
     questionable_runs: list[str]  # INVALID or PROVISIONAL runs of the chain's experiments
+    confidence: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -135,6 +136,7 @@ def build_audit(store: Store, frame: pd.DataFrame) -> Audit:
         total_p99_pct=_num(last.get("p99_cumulative_pct")) if last is not None else None,
         steps=steps,
         questionable_runs=questionable,
+        confidence=_num(frame.attrs.get("confidence")),
     )
 
 
@@ -174,8 +176,10 @@ def render_audit(audit: Audit) -> str:
         if step.qps_share_pct is not None:
             interval = ""
             if step.qps_share_low_pct is not None and step.qps_share_high_pct is not None:
+                level = f"{audit.confidence * 100:g}% " if audit.confidence else ""
                 interval = (
-                    f" (99% CI {step.qps_share_low_pct:.0f}% to {step.qps_share_high_pct:.0f}%)"
+                    f" ({level}interval {step.qps_share_low_pct:.0f}% to "
+                    f"{step.qps_share_high_pct:.0f}%)"
                 )
             lines.append(f"  share of the total QPS gain: {step.qps_share_pct:.0f}%{interval}")
         if step.p99_share_pct is not None:

@@ -344,7 +344,7 @@ def render_html(frame: pd.DataFrame, data: ReportData) -> str:
     if present(confidence):
         meta.append(
             f"step: change against the previous measured step, [interval] at "
-            f"{float(confidence):.0%} confidence; cum: change against the baseline."
+            f"{float(confidence) * 100:g}% confidence; cum: change against the baseline."
         )
     parts = [
         "<!DOCTYPE html>",

@@ -163,7 +163,7 @@ def render_markdown(frame: pd.DataFrame) -> str:
         lines.append("")
         lines.append(
             f"Δ step: change against the previous measured step, [interval] at "
-            f"{float(confidence):.0%} confidence; Δ cum: change against the baseline."
+            f"{float(confidence) * 100:g}% confidence; Δ cum: change against the baseline."
         )
     if notes:
         lines.append("")

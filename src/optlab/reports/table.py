@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from optlab.metrics.stats import VERDICT_CONFIDENCE as CONFIDENCE
 from optlab.reports.chain import ChainStep, chain_steps, protocol_label
 
 if TYPE_CHECKING:
@@ -21,7 +22,6 @@ if TYPE_CHECKING:
     from optlab.store import EnvironmentRecord, RunRecord, Store
 
 SCHEMA_VERSION = 1
-CONFIDENCE = 0.99
 # The reference pipeline's stages, in request order; a user target's own stages follow them.
 KNOWN_STAGES = ("queue", "preprocess", "infer", "postprocess")
 HARNESS_SERIES = ("total", "send_lag", "start_lag")
