@@ -45,6 +45,11 @@ EXPECTED: dict[str, list[str]] = {
         r"^ 256 px  numpy +median",
         r"^python at 256 px .*" + VERDICT,
     ],
+    "calibration.py": [
+        r"^A/A false alarms per metric: qps \d+, p50 \d+, p99 \d+",
+        r"^A/A within noise \d+/\d+ = [\d.]+% \(goal >= 95%\): " + VERDICT,
+        r"^10% slower service detected .*: " + VERDICT,
+    ],
     "table_scale.py": [
         r"^reference: the head's run list +[\d.]+ ms",
         r"^build the table \(10 steps\) +[\d.]+ ms",
