@@ -41,6 +41,15 @@ def invoke(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Re
     return run
 
 
+@pytest.fixture
+def synth(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The synthetic example chain copied to a temporary folder; the working dir is its parent."""
+    folder = tmp_path / "synthetic"
+    shutil.copytree(REPO / "experiments" / "examples" / "synthetic", folder)
+    monkeypatch.chdir(tmp_path)
+    return folder
+
+
 def write(folder: Path, name: str, text: str) -> Path:
     path = folder / name
     path.write_text(text, encoding="utf-8")

@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from click.testing import Result
 
 from optlab.metrics.stats import compare
 from optlab.store import Store
-from tests.conftest import REPO
 
 Invoke = Callable[..., Result]
 FAST = ("--quick", "--duration", "1.5", "--warmup", "0.3")
-
-
-@pytest.fixture
-def synth(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "synthetic"
-    shutil.copytree(REPO / "experiments" / "examples" / "synthetic", folder)
-    monkeypatch.chdir(tmp_path)
-    return folder
 
 
 def test_paired_alternates_parent_and_step(synth: Path, invoke: Invoke, sqlite_url: str) -> None:

@@ -28,14 +28,6 @@ Invoke = Callable[..., Result]
 FAST = ("--quick", "--duration", "1.5", "--warmup", "0.3")
 
 
-@pytest.fixture
-def synth(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "synthetic"
-    shutil.copytree(REPO / "experiments" / "examples" / "synthetic", folder)
-    monkeypatch.chdir(tmp_path)
-    return folder
-
-
 def _summary(result: Result) -> dict[str, object]:
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]

@@ -15,14 +15,14 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from optlab.store import Store
+    from optlab.store import RunRecord, Store
 
-__all__ = ["chain_table", "resources", "runs", "stages", "timeseries"]
+__all__ = ["chain_table", "resources", "run_row", "runs", "stages", "timeseries"]
 
 
 @contextmanager
@@ -36,6 +36,32 @@ def _store(db_url: str | None) -> Iterator[Store]:
         store.close()
 
 
+def run_row(r: RunRecord) -> dict[str, Any]:
+    """One run as a flat dict: what `runs()` tabulates and `optlab log --json` prints."""
+    summary = r.summary or {}
+    total = (summary.get("latency_ms") or {}).get("total") or {}
+    return {
+        "run_id": r.id,
+        "experiment": r.experiment,
+        "status": r.status,
+        "valid": r.valid,
+        "provisional": r.provisional,
+        "protocol": r.protocol_name,
+        "duration_s": r.duration_s,
+        "requests": r.requests,
+        "errors": r.errors,
+        "qps": r.qps,
+        **{f"{k}_ms": total.get(k) for k in ("p50", "p95", "p99", "p999", "max")},
+        "accuracy_top1": (summary.get("accuracy") or {}).get("top1"),
+        "reasons": list(r.reasons),
+        "started_at": r.started_at,
+        "finished_at": r.finished_at,
+        "git_commit": r.git_commit,
+        "hostname": r.hostname,
+        "error": r.error_message,
+    }
+
+
 def runs(db_url: str | None = None, experiment: str | None = None) -> pd.DataFrame:
     """One row per run (oldest first): status, validity, protocol, headline figures, provenance."""
     import pandas as pd
@@ -43,29 +69,12 @@ def runs(db_url: str | None = None, experiment: str | None = None) -> pd.DataFra
     with _store(db_url) as store:
         records = store.list_runs(experiment)
     rows = []
-    for r in records:
-        total = ((r.summary or {}).get("latency_ms") or {}).get("total") or {}
-        rows.append(
-            {
-                "run_id": r.id,
-                "experiment": r.experiment,
-                "status": r.status,
-                "valid": r.valid,
-                "provisional": r.provisional,
-                "protocol": r.protocol_name,
-                "duration_s": r.duration_s,
-                "requests": r.requests,
-                "errors": r.errors,
-                "qps": r.qps,
-                **{f"{k}_ms": total.get(k) for k in ("p50", "p95", "p99", "p999", "max")},
-                "accuracy_top1": ((r.summary or {}).get("accuracy") or {}).get("top1"),
-                "reasons": "; ".join(r.reasons),
-                "started_at": pd.Timestamp(r.started_at),
-                "finished_at": pd.Timestamp(r.finished_at) if r.finished_at else pd.NaT,
-                "git_commit": r.git_commit,
-                "hostname": r.hostname,
-            }
-        )
+    for record in records:
+        row = run_row(record)
+        row["reasons"] = "; ".join(row["reasons"])
+        row["started_at"] = pd.Timestamp(row["started_at"])
+        row["finished_at"] = pd.Timestamp(row["finished_at"]) if row["finished_at"] else pd.NaT
+        rows.append(row)
     return pd.DataFrame(rows)
 
 

@@ -160,6 +160,10 @@ def _target_lines(s: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _iso(value: Any) -> str:
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
+
+
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:+.1f}%"
 
@@ -233,25 +237,10 @@ def log(ctx: click.Context, experiment: str | None, as_json: bool) -> None:
     store = open_store(ctx)
     runs = store.list_runs(experiment)
     if as_json:
+        from optlab.api import run_row
+
         for r in runs:
-            click.echo(
-                json.dumps(
-                    {
-                        "run_id": r.id,
-                        "experiment": r.experiment,
-                        "status": r.status,
-                        "valid": r.valid,
-                        "provisional": r.provisional,
-                        "protocol": r.protocol_name,
-                        "qps": r.qps,
-                        "requests": r.requests,
-                        "errors": r.errors,
-                        "reasons": list(r.reasons),
-                        "started_at": r.started_at.isoformat(),
-                        "error": r.error_message,
-                    }
-                )
-            )
+            click.echo(json.dumps(run_row(r), default=_iso))
         return
     if not runs:
         click.echo("no runs yet" + (f" for {experiment}" if experiment else ""))
