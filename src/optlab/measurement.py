@@ -116,6 +116,7 @@ class _Measurement:
         progress: Progress,
         options: RunOptions,
         parent_run: RunRecord | None,
+        paired: dict[str, Any] | None = None,
     ) -> None:
         from optlab.metrics.log import Collector
         from optlab.metrics.resources import ResourceSampler
@@ -128,6 +129,9 @@ class _Measurement:
             options,
         )
         self.parent_run = parent_run
+        # `--paired`: {"session", "index", "role"}, stored in the summary so the table can
+        # match each step run with the parent run measured just before it.
+        self.paired = paired
         self.collector = Collector()
         self.sampler = ResourceSampler()
         self.readings: list[Any] = []
@@ -378,6 +382,8 @@ class _Measurement:
             summary["accuracy"] = self.accuracy
         if self.target_metrics is not None:
             summary["target"] = self.target_metrics
+        if self.paired is not None:
+            summary["paired"] = dict(self.paired)
         if self.parent_run is not None:
             summary["parent"] = step_against(self.parent_run, summary, self.link.plan)
         self.store.finish_run(

@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psutil
 
@@ -23,29 +23,9 @@ from optlab.protocol import EffectiveProtocol, effective_protocol
 from optlab.store import RunRecord, Store
 from optlab.targets.identity import code_identity
 
-if TYPE_CHECKING:
-    from sqlalchemy import Engine
-
 __all__ = ["LiveStatus", "Progress", "RunOptions", "RunOutcome", "run"]
 
 STALE_HEARTBEAT_S = 60.0
-
-
-class _PairedStore(Store):
-    """The same database; every run it finishes carries its paired-session tag in its summary.
-
-    The tag must be in the stored summary, which the measurement writes in one go at the end.
-    """
-
-    def __init__(self, engine: Engine, tag: dict[str, Any]) -> None:
-        super().__init__(engine)
-        self.tag = tag
-
-    def finish_run(self, run_id: int, **fields: Any) -> None:
-        summary = fields.get("summary")
-        if summary is not None:
-            summary["paired"] = dict(self.tag)
-        super().finish_run(run_id, **fields)
 
 
 @dataclass
@@ -87,6 +67,7 @@ def _measure_link(
     progress: Progress,
     fingerprint: dict[str, Any],
     env_hash: str,
+    paired: dict[str, Any] | None = None,
 ) -> RunOutcome:
     config, protocol = _config_and_protocol(link, options)
     paths = _paths(link)
@@ -123,7 +104,9 @@ def _measure_link(
         f"{'until stable' if protocol.warmup == 'stable' else f'{protocol.warmup_s:g} s'}, "
         f"measure {protocol.duration_s:g} s)"
     )
-    measurement = _Measurement(store, link, config, protocol, run_id, progress, options, parent_run)
+    measurement = _Measurement(
+        store, link, config, protocol, run_id, progress, options, parent_run, paired
+    )
     status, _, summary = measurement.execute(paths)
     return RunOutcome(run_id, link.name, status, summary, parent_run)
 
@@ -197,9 +180,8 @@ def run(
         tags += [None] * options.repeats
     outcomes = []
     for (link, parent), tag in zip(todo, tags, strict=True):
-        target_store = store if tag is None else _PairedStore(store.engine, tag)
         outcome = _measure_link(
-            target_store, link, parent, options, progress, fingerprint, env_hash
+            store, link, parent, options, progress, fingerprint, env_hash, tag
         )
         outcomes.append(outcome)
         if on_outcome is not None:
