@@ -14,7 +14,6 @@ from optlab.reports.export import as_list, present, records
 if TYPE_CHECKING:
     import pandas as pd
 
-_KNOWN_STAGES = ("queue", "preprocess", "infer", "postprocess")
 PROVISIONAL_NOTE = "PROVISIONAL: measured under a short protocol; confirm with a full run"
 
 
@@ -45,18 +44,9 @@ def step_delta(row: dict[str, Any], prefix: str) -> str:
 
 def stage_columns(frame: pd.DataFrame) -> list[str]:
     """`<stage>_p50_ms` columns that hold a value, known stages first in request order."""
-    found = [
-        c
-        for c in frame.columns
-        if c.endswith("_p50_ms") and c != "p50_ms" and frame[c].map(present).any()
-    ]
+    from optlab.reports.table import stage_columns as ordered
 
-    def order(column: str) -> tuple[int, int]:
-        stage = column[: -len("_p50_ms")]
-        known = _KNOWN_STAGES.index(stage) if stage in _KNOWN_STAGES else len(_KNOWN_STAGES)
-        return known, found.index(column)
-
-    return sorted(found, key=order)
+    return ordered(frame, with_values=True)
 
 
 def head_name(frame: pd.DataFrame) -> str:

@@ -293,8 +293,15 @@ def _stage_rank(stage: str) -> int:
     return KNOWN_STAGES.index(stage) if stage in KNOWN_STAGES else len(KNOWN_STAGES)
 
 
-def stage_columns(frame: pd.DataFrame) -> list[str]:
-    return [c for c in frame.columns if c.endswith("_p50_ms") and c != "p50_ms"]
+def stage_columns(frame: pd.DataFrame, *, with_values: bool = False) -> list[str]:
+    """`<stage>_p50_ms` columns, known stages first in request order, then the frame's order;
+    with `with_values`, only those that hold a value in some row."""
+    found = [c for c in frame.columns if c.endswith("_p50_ms") and c != "p50_ms"]
+    if with_values:
+        from optlab.reports.export import present
+
+        found = [c for c in found if frame[c].map(present).any()]
+    return sorted(found, key=lambda c: (_stage_rank(c.removesuffix("_p50_ms")), found.index(c)))
 
 
 __all__: Sequence[str] = ("COLUMNS", "SCHEMA_VERSION", "describe_change", "stacked_table")

@@ -2,28 +2,25 @@
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
+
+from optlab.reports.export import present
 
 if TYPE_CHECKING:
     import pandas as pd
     from rich.table import Table
 
 
-def _present(value: Any) -> bool:
-    return value is not None and not (isinstance(value, float) and math.isnan(value))
-
-
 def _num(value: Any, digits: int = 1) -> str:
-    return f"{float(value):,.{digits}f}" if _present(value) else "-"
+    return f"{float(value):,.{digits}f}" if present(value) else "-"
 
 
 def _pct(value: Any) -> str:
-    return f"{float(value):+.0f}%" if _present(value) else ""
+    return f"{float(value):+.0f}%" if present(value) else ""
 
 
 def _mark(row: Any) -> str:
-    if not _present(row.get("run_id")):
+    if not present(row.get("run_id")):
         return "missing: " + str(row.get("missing") or "no run")
     marks = [str(row.get("verdict") or "")]
     marks.append("VALID" if row.get("valid") else "INVALID")
@@ -38,9 +35,9 @@ def _step(row: Any, metric: str) -> str:
     """The step's change, with its confidence interval when one was computed."""
     value = row.get(f"{metric}_step_pct")
     low, high = row.get(f"{metric}_step_low_pct"), row.get(f"{metric}_step_high_pct")
-    if not _present(value):
+    if not present(value):
         return ""
-    if _present(low) and _present(high):
+    if present(low) and present(high):
         return f"{float(value):+.0f}% [{float(low):+.0f},{float(high):+.0f}]"
     return f"{float(value):+.0f}%"
 
@@ -82,7 +79,7 @@ def rich_table(frame: pd.DataFrame, title: str | None = None) -> Table:
         for c in ("infer_ms_per_request", "mean_batch_size", "accuracy_top1", "cache_hit_rate")
         if c in frame
     ]
-    extras = [c for c in extras if frame[c].map(_present).any()]
+    extras = [c for c in extras if frame[c].map(present).any()]
     headers = {
         "infer_ms_per_request": "infer/req",
         "mean_batch_size": "batch",
@@ -95,7 +92,7 @@ def rich_table(frame: pd.DataFrame, title: str | None = None) -> Table:
     for _, row in frame.iterrows():
         cells = [
             str(row["experiment"]),
-            f"{row['variable']}: {row['change']}" if _present(row.get("change")) else "(baseline)",
+            f"{row['variable']}: {row['change']}" if present(row.get("change")) else "(baseline)",
             _num(row.get("qps")),
             _step(row, "qps"),
             _pct(row.get("qps_cumulative_pct")),
@@ -110,7 +107,7 @@ def rich_table(frame: pd.DataFrame, title: str | None = None) -> Table:
             if column in ("mean_batch_size", "infer_ms_per_request"):
                 cells.append(_num(value, 2 if column == "infer_ms_per_request" else 1))
             else:
-                cells.append(f"{float(value):.1%}" if _present(value) else "-")
+                cells.append(f"{float(value):.1%}" if present(value) else "-")
         cells.append(_mark(row))
         table.add_row(*cells)
     return table

@@ -26,6 +26,7 @@ import numpy.typing as npt
 from optlab.config.knobs import BatchingDynamic, BuiltinKnobs, CacheLRU, ImageInputs
 from optlab.config.validation import target_knobs
 from optlab.metrics.stages import RequestTiming, stage
+from optlab.targets.builtin.cache import content_key
 from optlab.targets.builtin.data import MODEL_SIDE, Sample
 
 __all__ = ["ImageClassifier", "build", "encode_response", "inputs", "render_pool"]
@@ -117,8 +118,6 @@ class ImageClassifier:
         payload = _payload(request)
         key = None
         if self.cache is not None:
-            from optlab.targets.builtin.cache import content_key
-
             key = content_key(payload)
             hit = self.cache.get(key)
             if hit is not None:
