@@ -132,13 +132,15 @@ def chain_steps(store: Store, head: str) -> tuple[list[ChainStep], RunRecord | N
     names = chain_names(store, head)
     records = {name: store.get_experiment(name) for name in names}
     envs = _Environments(store)
-    head_record = records[head]
-    head_hash = (
-        head_record.current_config.config_hash
-        if head_record and head_record.current_config
-        else None
-    )
-    reference = _reference(_finished(store, head, head_hash))
+    finished = {
+        name: _finished(
+            store,
+            name,
+            record.current_config.config_hash if record and record.current_config else None,
+        )
+        for name, record in records.items()
+    }
+    reference = _reference(finished[head])
     reference_env = envs.get(reference.environment_id) if reference else None
     steps: list[ChainStep] = []
     for name in names:
@@ -166,7 +168,7 @@ def chain_steps(store: Store, head: str) -> tuple[list[ChainStep], RunRecord | N
             slo={k: v for k, v in (stored.get("slo") or {}).items() if v is not None},
         )
         steps.append(step)
-        runs = _finished(store, name, config.config_hash if config else None)
+        runs = finished[name]
         if not runs:
             step.missing = "no finished run of its current config"
             continue
