@@ -188,9 +188,21 @@ class _Measurement:
         return now - started
 
     def _flush(self) -> None:
-        self.store.add_windows(self.run_id, window_rows(self.pending_windows))
-        self.store.add_resource_samples(self.run_id, resource_rows(self.pending_readings))
-        self.pending_windows, self.pending_readings = [], []
+        # Each list is taken before its write and put back only if that write fails: Ctrl-C
+        # landing after the windows were committed (while the samples were being written) used
+        # to leave them pending, and the final flush wrote them again (UNIQUE constraint).
+        windows, self.pending_windows = self.pending_windows, []
+        try:
+            self.store.add_windows(self.run_id, window_rows(windows))
+        except BaseException:
+            self.pending_windows = windows + self.pending_windows
+            raise
+        readings, self.pending_readings = self.pending_readings, []
+        try:
+            self.store.add_resource_samples(self.run_id, resource_rows(readings))
+        except BaseException:
+            self.pending_readings = readings + self.pending_readings
+            raise
         self.last_flush = time.monotonic()
 
     def _warm_up(self) -> None:
