@@ -89,6 +89,14 @@ def fresh_database(folder: Path) -> Path:
     return path
 
 
+def _again(progress: Progress, last: RunOutcome, fallback: str) -> None:
+    reasons = "; ".join(last.summary.get("reasons") or []) or fallback
+    progress.note(
+        f"{last.experiment}'s run {last.run_id} is INVALID ({reasons}): a short run "
+        "on a busy machine; measuring it again"
+    )
+
+
 def run_demo(
     chain: str,
     database: Path,
@@ -115,17 +123,18 @@ def run_demo(
         for attempt in range(DEMO_RETRIES + 1):
             try:
                 run(head_file, store, options, progress, collect)
-                break
             except RefusedError as exc:
                 last = outcomes[-1] if outcomes else None
                 # Only an INVALID run is noise worth measuring again; a FAILED one is a fault.
                 if last is None or last.status != "FINISHED" or attempt == DEMO_RETRIES:
                     raise
-                reasons = "; ".join(last.summary.get("reasons") or []) or exc.message
-                progress.note(
-                    f"{last.experiment}'s run {last.run_id} is INVALID ({reasons}): a short run "
-                    "on a busy machine; measuring it again"
-                )
+                _again(progress, last, exc.message)
+                continue
+            last = outcomes[-1]
+            # The head's own INVALID run does not stop the chain, but is noise all the same.
+            if last.status != "FINISHED" or last.summary.get("valid") or attempt == DEMO_RETRIES:
+                break
+            _again(progress, last, "")
         head = outcomes[-1].experiment
         table = stacked_table(store, head)
     finally:
