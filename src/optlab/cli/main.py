@@ -63,7 +63,7 @@ def cli(ctx: click.Context, db_url: str | None) -> None:
 
 
 def _register() -> None:
-    from optlab.cli import db, demo, env, experiments, reports, runs
+    from optlab.cli import db, demo, env, experiments, reports, runs, serve
 
     cli.add_command(env.env)
     cli.add_command(experiments.diff)
@@ -72,6 +72,7 @@ def _register() -> None:
     cli.add_command(runs.log)
     cli.add_command(db.db)
     cli.add_command(demo.demo)
+    cli.add_command(serve.serve)
     for command in (reports.table, reports.report, reports.audit, reports.check):
         cli.add_command(command)
 
