@@ -31,6 +31,7 @@ from optlab.summary import (
     stage_rows,
     window_rows,
 )
+from optlab.targets.templates import Secrets
 from optlab.validity import RunFacts, Verdict, halves, is_stable, verdict
 
 HARNESS_SERIES = ("send_lag", "start_lag")
@@ -146,6 +147,9 @@ class _Measurement:
         self.target: Any = None
         self.accuracy: dict[str, Any] | None = None
         self.target_metrics: dict[str, Any] | None = None
+        self.service: dict[str, Any] | None = None
+        # `${ENV_VAR}` values resolved for this run: every text stored about it is redacted.
+        self.secrets = Secrets()
 
     # -- the loop -------------------------------------------------------------------------
     def _tick(self, phase: str, started: float, planned: float) -> float:
@@ -153,7 +157,9 @@ class _Measurement:
         time.sleep(max(0.0, min(TICK_S, planned - (time.monotonic() - started))))
         self.collector.drain()
         if self.generator is not None and self.generator.failure is not None:
-            raise RuntimeError(f"a load-generator thread failed: {self.generator.failure!r}")
+            raise RuntimeError(f"a load generator failed: {self.generator.failure!r}")
+        if self.target is not None and self.target.check is not None:
+            self.target.check()  # a service that died fails the run, with its log tail
         now = time.monotonic()
         windows = self.collector.take_new_windows()
         self.pending_windows += windows
@@ -246,7 +252,7 @@ class _Measurement:
             self.sampler.set_phase("drain")
 
     def execute(self, paths: list[Path]) -> tuple[str, Verdict, dict[str, Any]]:
-        from optlab.load.generator import LoadGenerator
+        from optlab.load.select import generator_for
         from optlab.targets.base import load_target
 
         status, error, interrupted, report = "FINISHED", None, False, None
@@ -254,22 +260,16 @@ class _Measurement:
         generator = None
         try:
             with _sigterm_as_interrupt():
-                target = self.target = load_target(self.config, paths)
+                target = self.target = load_target(self.config, paths, self.secrets)
                 if target.accuracy is not None:
                     # Before the load, not during it: it would steal the engine's cores.
                     self.progress.note(f"{self.link.name}: checking held-out accuracy")
                     self.accuracy = _checked_accuracy(target.accuracy())
-                workload = self.config.workload
-                generator = LoadGenerator(
-                    target.call,
-                    target.requests,
-                    workload.load,
-                    timeout_s=workload.timeout_ms / 1000,
-                    seed=workload.seed,
-                    trace_dir=paths[0],
-                )
+                generator = generator_for(target, self.config.workload, paths[0])
                 self.collector.set_phase("warmup", time.perf_counter_ns())
                 self.sampler.set_phase("warmup")
+                if target.service_pid is not None:
+                    self.sampler.track_service(target.service_pid)
                 self.sampler.start()
                 self.generator = generator
                 generator.start(self.collector)
@@ -293,7 +293,7 @@ class _Measurement:
                 if report.failure is not None and status == "FINISHED":
                     # A worker died of something other than a target error: numbers are partial.
                     status = "FAILED"
-                    error = f"a load-generator thread failed: {report.failure!r}"
+                    error = f"a load generator failed: {report.failure!r}"
             self.collector.finish()
             self.sampler.stop()
             final = self.sampler.take()
@@ -305,11 +305,19 @@ class _Measurement:
                     try:
                         self.target_metrics = target.metrics()
                     except Exception as exc:  # a failing hook must not lose the run
-                        self.progress.note(f"target metrics() raised {type(exc).__name__}: {exc}")
+                        self.progress.note(
+                            self.secrets.redact(
+                                f"target metrics() raised {type(exc).__name__}: {exc}"
+                            )
+                        )
                 try:
                     target.close()
                 except Exception as exc:  # a failing close must not lose the run
-                    self.progress.note(f"target close() raised {type(exc).__name__}: {exc}")
+                    self.progress.note(
+                        self.secrets.redact(f"target close() raised {type(exc).__name__}: {exc}")
+                    )
+                if target.service_info is not None:
+                    self.service = target.service_info()
             return self._store(status, error, interrupted, report)
 
     def _store(
@@ -321,7 +329,13 @@ class _Measurement:
             histograms = c.histograms(phase)
             if histograms:
                 self.store.add_stage_stats(self.run_id, stage_rows(phase, histograms))
-        errors = c.error_counts("measure")
+        redact = self.secrets.redact
+        if error is not None:
+            error = redact(error)
+        errors = {
+            redact(kind): (count, None if example is None else redact(example))
+            for kind, (count, example) in c.error_counts("measure").items()
+        }
         self.store.add_run_errors(self.run_id, error_rows(errors))
         ok, failed = c.totals("measure")
         histograms = c.histograms("measure")
@@ -357,7 +371,7 @@ class _Measurement:
             max_accuracy_drop_pts=self.config.slo.max_accuracy_drop_pts,
         )
         judged = verdict(facts)
-        notes = list(judged.notes)
+        notes = [redact(note) for note in judged.notes]
         if self.stabilised is False:
             notes.append(
                 f"warmup did not stabilise within {self.protocol.warmup_max_s:g} s; measured anyway"
@@ -393,7 +407,9 @@ class _Measurement:
         if self.accuracy is not None:
             summary["accuracy"] = self.accuracy
         if self.target_metrics is not None:
-            summary["target"] = self.target_metrics
+            summary["target"] = self.secrets.redact_any(self.target_metrics)
+        if self.service is not None:
+            summary["service"] = self.service
         if self.paired is not None:
             summary["paired"] = dict(self.paired)
         if self.parent_run is not None:

@@ -95,6 +95,8 @@ def resource_rows(readings: Sequence[ResourceReading]) -> list[ResourceSample]:
                 mem_used_bytes=r.mem_used_bytes,
                 mem_total_bytes=r.mem_total_bytes,
                 iowait_pct=r.iowait_pct,
+                service_cpu_pct=r.service_cpu_pct,
+                service_rss_bytes=r.service_rss_bytes,
                 gpus=gpus,
             )
         )
@@ -145,4 +147,7 @@ def resource_summary(readings: Sequence[ResourceReading], peak_rss: int | None) 
         # Absent without a GPU: recorded as absent, never as zero.
         "gpu_util_pct": _stats([float(v) for v in gpu_util]),
         "gpu_mem_used_bytes": _stats(gpu_mem),
+        # A service optlab started (absent otherwise): its process tree, apart from optlab's.
+        "service_cpu_pct": _stats(pick("service_cpu_pct")),
+        "service_rss_bytes": _stats(pick("service_rss_bytes")),
     }

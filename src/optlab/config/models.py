@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_serializer, model_validator
+from pydantic_core.core_schema import SerializerFunctionWrapHandler
 
 from optlab.config.knobs import StrictModel
 
@@ -38,23 +39,69 @@ class PythonTarget(StrictModel):
     )
 
 
-class CommandTarget(StrictModel):
-    """A service started by a command; knobs reach it as arguments or environment variables."""
+HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD")
+# A header name as RFC 9110 allows it (a token); values are free text but never hold a newline.
+HEADER_NAME_PATTERN = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"
+
+
+class _HttpRequest(StrictModel):
+    """How each request is sent. `url` and header values may hold `${ENV_VAR}` references:
+    resolved when the run starts, never stored (the stored config keeps the reference)."""
+
+    url: str = Field(pattern=r"^(https?://|\$\{)", description="where every request is sent")
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"] = "POST"
+    headers: dict[Annotated[str, Field(pattern=HEADER_NAME_PATTERN)], str] = Field(
+        default_factory=dict
+    )
+    ok_status: list[Annotated[int, Field(ge=100, le=599)]] | None = Field(
+        None, description="status codes that count as success; default any 2xx"
+    )
+    connect_timeout_ms: float = Field(2_000.0, gt=0, le=600_000)
+    knobs_model: str | None = Field(
+        None,
+        pattern=REFERENCE_PATTERN,
+        description="a pydantic model that validates the knobs; free-form knobs without it",
+    )
+    code_version: str | None = Field(
+        None, description="declared code identity of the service (a version, a commit)"
+    )
+
+    @field_validator("headers")
+    @classmethod
+    def _single_line_values(cls, headers: dict[str, str]) -> dict[str, str]:
+        for name, value in headers.items():
+            if "\n" in value or "\r" in value:
+                raise ValueError(f"header {name!r} holds a line break")
+        return headers
+
+
+class CommandTarget(_HttpRequest):
+    """A service optlab starts, measures over HTTP at `url`, and stops.
+
+    `command` and `env` values are templates: `{knobs.batching.max_batch_size}` is replaced by
+    that knob's value (a group knob by its compact JSON), `{python}` by the running Python
+    interpreter and `${ENV_VAR}` by the environment variable, resolved at run time and never
+    stored. `health_url` (default: the service accepts TCP connections on `url`'s port) must
+    answer 2xx within `ready_timeout_s`. Stopping sends SIGTERM to the service's process group,
+    then SIGKILL after `stop_grace_s`.
+    """
 
     kind: Literal["command"]
     command: list[str] = Field(min_length=1)
-    url: str = Field(pattern=r"^https?://")
-    knobs_as: Literal["args", "env"] = "env"
+    env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = Field(
+        default_factory=dict
+    )
+    cwd: str | None = Field(None, description="working directory; default the experiment's")
+    health_url: str | None = Field(None, pattern=r"^(https?://|\$\{)")
     ready_timeout_s: float = Field(60.0, gt=0, le=3600)
-    code_version: str | None = None
+    stop_grace_s: float = Field(10.0, ge=0, le=600)
+    log_tail_lines: int = Field(40, ge=0, le=10_000)
 
 
-class HttpTarget(StrictModel):
+class HttpTarget(_HttpRequest):
     """A service already listening at `url`; optlab cannot see its code, so declare its version."""
 
     kind: Literal["http"]
-    url: str = Field(pattern=r"^https?://")
-    code_version: str | None = None
 
 
 Target = Annotated[
@@ -62,14 +109,33 @@ Target = Annotated[
 ]
 
 
-class ClosedLoad(StrictModel):
+class _LoadCommon(StrictModel):
+    processes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="load-generator processes sharing the schedule (HTTP and command targets): "
+        "for when one Python process cannot keep it; their histograms merge losslessly",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_one_process(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Stored configs from before `processes` existed must keep their hash: one process,
+        # the default, is left out of the dump.
+        data = handler(self)
+        if isinstance(data, dict) and data.get("processes") == 1:
+            del data["processes"]
+        return data
+
+
+class ClosedLoad(_LoadCommon):
     """N clients, each sending its next request as soon as the last one returns."""
 
     mode: Literal["closed"]
     concurrency: int = Field(ge=1, le=4096)
 
 
-class OpenLoad(StrictModel):
+class OpenLoad(_LoadCommon):
     """Requests at a fixed rate whatever the service does; latency from the intended send time."""
 
     mode: Literal["open"]
@@ -84,7 +150,7 @@ class OpenLoad(StrictModel):
     )
 
 
-class ReplayLoad(StrictModel):
+class ReplayLoad(_LoadCommon):
     mode: Literal["replay"]
     trace: str = Field(min_length=1, description="JSONL or CSV of send offsets and request ids")
     time_scale: float = Field(1.0, gt=0, le=1000)
@@ -100,6 +166,34 @@ class Workload(StrictModel):
     inputs: dict[str, Any] = Field(
         default_factory=dict, description="passed to the target's inputs(workload)"
     )
+
+
+class HttpInputs(StrictModel):
+    """`workload.inputs` of an http or command target: the request bodies, sent round robin.
+
+    At most one source: `files` (a glob under the experiment's folder, each file one body),
+    `jsonl` (a file, each non-empty line one JSON body), `template` (one JSON body; `count`
+    copies, where a string "{i}" becomes the copy's index, and "{i}" inside a longer string is
+    replaced by it), `text` (one body) or `images` (the reference classifier's rendered JPEGs,
+    as for the built-in target). None of them: requests without a body (GET).
+    """
+
+    files: str | None = Field(None, min_length=1)
+    jsonl: str | None = Field(None, min_length=1)
+    template: Any = None
+    text: str | None = None
+    images: dict[str, Any] | None = None
+    count: int = Field(1, ge=1, le=1_000_000, description="copies of `template`")
+    content_type: str | None = Field(
+        None, description="default: from the source (application/json, image/jpeg, ...)"
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> HttpInputs:
+        given = [k for k in ("files", "jsonl", "template", "text", "images") if getattr(self, k)]
+        if len(given) > 1:
+            raise ValueError(f"give one body source, not {' and '.join(given)}")
+        return self
 
 
 FULL_MIN_DURATION_S = 600.0

@@ -24,12 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from optlab.config.models import ClosedLoad, OpenLoad, ReplayLoad
 from optlab.errors import ConfigError
-from optlab.load.schedules import (
-    constant_offsets,
-    poisson_offsets,
-    read_trace,
-    replay_offsets,
-)
+from optlab.load.schedules import indexed_trace, make_schedule
 from optlab.load.timerslack import tighten_timer_slack
 from optlab.metrics.stages import CURRENT, RequestTiming
 
@@ -115,7 +110,7 @@ class LoadGenerator:
         self._seed = seed
         self._trace: list[tuple[int, int | None]] | None = None
         if isinstance(load, ReplayLoad):
-            self._trace = self._read_trace(load, trace_dir)
+            self._trace = indexed_trace(load, trace_dir, len(self._requests))
         self._threads: list[threading.Thread] = []
         self._counters: list[_Counters] = []
         # Only the thread holding this takes from the schedule (generators are not
@@ -173,7 +168,7 @@ class LoadGenerator:
         if isinstance(load, ClosedLoad):
             workers, body = load.concurrency, self._closed_worker
         else:
-            self._schedule = self._make_schedule(load)
+            self._schedule = make_schedule(load, len(self._requests), self._seed, self._trace)
             workers = load.max_in_flight if isinstance(load, OpenLoad) else REPLAY_MAX_IN_FLIGHT
             body = self._open_worker
         self._stop_lock.acquire()
@@ -232,48 +227,6 @@ class LoadGenerator:
             failure=self._failure,
         )
         return self._report
-
-    # -- schedule -----------------------------------------------------------------------------
-    def _read_trace(self, load: ReplayLoad, trace_dir: Path | None) -> list[tuple[int, int | None]]:
-        path = Path(load.trace)
-        if not path.is_absolute() and trace_dir is not None:
-            path = trace_dir / path
-        entries = read_trace(path, load.time_scale)
-        trace: list[tuple[int, int | None]] = []
-        n = len(self._requests)
-        for offset, request_id in entries:
-            if request_id is None:
-                trace.append((offset, None))
-                continue
-            try:
-                index = int(request_id)
-            except ValueError:
-                raise ConfigError(
-                    f"trace {path}: request id {request_id!r} is not an integer",
-                    hint="a trace id picks the request by index (modulo the number of "
-                    "requests); leave it out to send the requests round robin",
-                ) from None
-            trace.append((offset, index % n))
-        return trace
-
-    def _make_schedule(self, load: OpenLoad | ReplayLoad) -> Iterator[tuple[int, int]]:
-        n = len(self._requests)
-        if isinstance(load, ReplayLoad):
-            assert self._trace is not None
-            return self._replay_schedule(self._trace, n)
-        if load.arrival == "constant":
-            offsets = constant_offsets(load.rate)
-        else:
-            offsets = poisson_offsets(load.rate, self._seed)
-        return zip(offsets, itertools.cycle(range(n)), strict=False)
-
-    @staticmethod
-    def _replay_schedule(
-        trace: Sequence[tuple[int, int | None]], n: int
-    ) -> Iterator[tuple[int, int]]:
-        round_robin = itertools.cycle(range(n))
-        for offset, index in replay_offsets(trace):
-            yield offset, next(round_robin) if index is None else index
 
     # -- stopping -----------------------------------------------------------------------------
     def _signal_stop(self) -> None:

@@ -8,20 +8,26 @@ is why they are computed up front rather than derived from when the previous req
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
 from optlab.errors import ConfigError
 
+if TYPE_CHECKING:
+    from optlab.config.models import OpenLoad, ReplayLoad
+
 __all__ = [
     "TraceEntry",
     "constant_offsets",
+    "indexed_trace",
+    "make_schedule",
     "poisson_offsets",
     "read_trace",
     "replay_offsets",
@@ -194,3 +200,55 @@ def _seconds(path: Path, line: int, value: object) -> float:
         raise ConfigError(
             f"{path}:{line}: offset {value!r} is not a number", hint=_TRACE_HINT
         ) from None
+
+
+def indexed_trace(load: ReplayLoad, trace_dir: Path | None, n: int) -> list[tuple[int, int | None]]:
+    """The replay's trace with each integer id turned into a request index (modulo ``n``)."""
+    path = Path(load.trace)
+    if not path.is_absolute() and trace_dir is not None:
+        path = trace_dir / path
+    trace: list[tuple[int, int | None]] = []
+    for offset, request_id in read_trace(path, load.time_scale):
+        if request_id is None:
+            trace.append((offset, None))
+            continue
+        try:
+            index = int(request_id)
+        except ValueError:
+            raise ConfigError(
+                f"trace {path}: request id {request_id!r} is not an integer",
+                hint="a trace id picks the request by index (modulo the number of "
+                "requests); leave it out to send the requests round robin",
+            ) from None
+        trace.append((offset, index % n))
+    return trace
+
+
+def make_schedule(
+    load: OpenLoad | ReplayLoad,
+    n: int,
+    seed: int,
+    trace: Sequence[tuple[int, int | None]] | None = None,
+) -> Iterator[tuple[int, int]]:
+    """(intended offset ns, request index) pairs of an open or replayed load, endless.
+
+    Every generator process of a run builds the same schedule and takes its share by stride,
+    so the merged run sends exactly what one process would have sent.
+    """
+    from optlab.config.models import ReplayLoad
+
+    if isinstance(load, ReplayLoad):
+        if trace is None:
+            raise ValueError("a replay schedule needs its trace")
+        return _replay_schedule(trace, n)
+    if load.arrival == "constant":
+        offsets = constant_offsets(load.rate)
+    else:
+        offsets = poisson_offsets(load.rate, seed)
+    return zip(offsets, itertools.cycle(range(n)), strict=False)
+
+
+def _replay_schedule(trace: Sequence[tuple[int, int | None]], n: int) -> Iterator[tuple[int, int]]:
+    round_robin = itertools.cycle(range(n))
+    for offset, index in replay_offsets(trace):
+        yield offset, next(round_robin) if index is None else index

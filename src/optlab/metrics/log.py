@@ -21,7 +21,7 @@ import numpy.typing as npt
 from optlab.metrics.histogram import LatencyHistogram
 from optlab.metrics.stages import RequestTiming
 
-__all__ = ["SEND_LAG", "START_LAG", "TOTAL", "Collector", "Window", "WorkerLog"]
+__all__ = ["SEND_LAG", "START_LAG", "TOTAL", "Collector", "InboxLog", "Window", "WorkerLog"]
 
 TOTAL = "total"
 SEND_LAG = "send_lag"
@@ -54,6 +54,8 @@ class _Buffers:
 
 
 def _merge(taken: list[_Buffers]) -> _Buffers:
+    if not taken:
+        return _Buffers()
     if len(taken) == 1:
         return taken[0]
     merged = _Buffers()
@@ -119,6 +121,31 @@ class WorkerLog:
         """Samples recorded but not yet drained."""
         with self._lock:
             return len(self._buf)
+
+
+class InboxLog(WorkerLog):
+    """Samples recorded in another process (a load-generator worker), handed over as whole
+    buffers: the collector folds them exactly as it folds its own threads' samples, so the
+    run's histograms hold every request of every process."""
+
+    __slots__ = ("_inbox",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._inbox: list[_Buffers] = []
+
+    def put(self, buffers: _Buffers) -> None:
+        with self._lock:
+            self._inbox.append(buffers)
+
+    def _swap(self) -> _Buffers:
+        with self._lock:
+            taken, self._inbox = self._inbox, []
+        return _merge(taken)
+
+    def pending(self) -> int:
+        with self._lock:
+            return sum(len(b) for b in self._inbox)
 
 
 @dataclass(frozen=True)
@@ -205,8 +232,9 @@ class Collector:
         self.late = 0  # samples whose window had already been emitted
         self.trimmed = 0  # samples in a sub-half-window sliver at the end of a phase
 
-    def new_log(self) -> WorkerLog:
-        log = WorkerLog()
+    def new_log(self, log: WorkerLog | None = None) -> WorkerLog:
+        """A new log for a generator thread, or `log` (an InboxLog) registered as it is."""
+        log = WorkerLog() if log is None else log
         with self._logs_lock:
             self._logs.append(log)
         return log

@@ -61,6 +61,9 @@ class ResourceReading:
     mem_total_bytes: int | None
     iowait_pct: float | None
     gpus: list[GpuReading] | None
+    # A service optlab started (a command target): its process tree, apart from optlab's.
+    service_cpu_pct: float | None = None
+    service_rss_bytes: int | None = None
 
 
 def _snake(camel: str) -> str:
@@ -209,6 +212,11 @@ class ResourceSampler:
         self._prev_wall = 0.0
         self._last_sample = 0.0
         self.started_ns: int | None = None  # perf_counter_ns at start(), to align t_s with runs
+        # A service optlab started: sampled as its own tree, and left out of optlab's figures.
+        self._service: psutil.Process | None = None
+        self._service_procs: dict[int, psutil.Process] = {}
+        self._prev_service_cpu: dict[int, float] = {}
+        self._prev_service_wall = 0.0
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -226,6 +234,7 @@ class ResourceSampler:
         # The first sample only establishes baselines for the CPU deltas.
         self._cpu_process_pct()
         self._cpu_host()
+        self._service_cpu_pct()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="optlab-resources", daemon=True)
         self._thread.start()
@@ -243,6 +252,13 @@ class ResourceSampler:
         if self._nvml is not None:
             self._nvml.close()
             self._nvml = None
+
+    def track_service(self, pid: int) -> None:
+        """Sample the process tree of `pid` separately (call before start())."""
+        try:
+            self._service = psutil.Process(pid)
+        except psutil.Error:
+            self._service = None
 
     def _run(self) -> None:
         deadline = time.perf_counter() + self.interval_s
@@ -286,6 +302,8 @@ class ResourceSampler:
         cpu_process = self._cpu_process_pct()
         cpu_system, per_core, iowait = self._cpu_host()
         rss = self._rss()
+        service_cpu = self._service_cpu_pct()
+        service_rss = self._tree_rss(self._service_tree()) if self._service is not None else None
         memory = psutil.virtual_memory()
         gpus = self._nvml.read() if self._nvml is not None else None
         thermal = any(THERMAL_REASONS.intersection(g.throttle_reasons or ()) for g in gpus or ())
@@ -303,6 +321,8 @@ class ResourceSampler:
                 mem_total_bytes=int(memory.total),
                 iowait_pct=iowait,
                 gpus=gpus,
+                service_cpu_pct=service_cpu,
+                service_rss_bytes=service_rss,
             )
             self._readings.append(reading)
             if rss is not None and (self._peak_rss is None or rss > self._peak_rss):
@@ -319,29 +339,50 @@ class ResourceSampler:
             except psutil.Error:
                 kids = []
             # Keep the Process objects: psutil identifies a process by pid + create time.
+            service = {p.pid for p in self._service_tree()} if self._service is not None else set()
             alive = {}
             for kid in kids:
+                if kid.pid in service:
+                    continue
                 alive[kid.pid] = self._procs.get(kid.pid, kid)
             self._procs = alive
             procs.extend(alive.values())
         return procs
 
+    def _service_tree(self) -> list[psutil.Process]:
+        root = self._service
+        if root is None:
+            return []
+        try:
+            kids = root.children(recursive=True)
+        except psutil.Error:
+            return []  # the service is gone: nothing of it to sample
+        alive = {root.pid: root}
+        for kid in kids:
+            alive[kid.pid] = self._service_procs.get(kid.pid, kid)
+        self._service_procs = alive
+        return list(alive.values())
+
     def _cpu_process_pct(self) -> float | None:
         wall = time.perf_counter()
-        seen: dict[int, float] = {}
-        for proc in self._tracked():
-            try:
-                times = proc.cpu_times()
-            except psutil.Error:
-                continue
-            seen[proc.pid] = float(times.user + times.system)
+        seen = _cpu_seconds(self._tracked())
         elapsed = wall - self._prev_wall
         previous, self._prev_proc_cpu, self._prev_wall = self._prev_proc_cpu, seen, wall
         if self.pid not in seen or elapsed <= 0 or not previous:
             return None
-        # Only processes present in both samples: a newcomer's lifetime CPU is not this interval's.
-        used = sum(max(0.0, cpu - previous[pid]) for pid, cpu in seen.items() if pid in previous)
-        return 100.0 * used / elapsed
+        return _cpu_pct(seen, previous, elapsed)
+
+    def _service_cpu_pct(self) -> float | None:
+        if self._service is None:
+            return None
+        wall = time.perf_counter()
+        seen = _cpu_seconds(self._service_tree())
+        elapsed = wall - self._prev_service_wall
+        previous, self._prev_service_cpu = self._prev_service_cpu, seen
+        self._prev_service_wall = wall
+        if self._service.pid not in seen or elapsed <= 0 or not previous:
+            return None
+        return _cpu_pct(seen, previous, elapsed)
 
     def _cpu_host(self) -> tuple[float | None, list[float] | None, float | None]:
         try:
@@ -363,11 +404,32 @@ class ResourceSampler:
         return _pct(busy_sum, total_sum), per_core, _pct(iowait_sum, total_sum)
 
     def _rss(self) -> int | None:
+        return self._tree_rss(self._tracked())
+
+    @staticmethod
+    def _tree_rss(procs: list[psutil.Process]) -> int | None:
         total = None
-        for proc in self._tracked():
+        for proc in procs:
             try:
                 rss = int(proc.memory_info().rss)
             except psutil.Error:
                 continue
             total = rss if total is None else total + rss
         return total
+
+
+def _cpu_seconds(procs: list[psutil.Process]) -> dict[int, float]:
+    seen: dict[int, float] = {}
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        seen[proc.pid] = float(times.user + times.system)
+    return seen
+
+
+def _cpu_pct(seen: dict[int, float], previous: dict[int, float], elapsed: float) -> float:
+    # Only processes present in both samples: a newcomer's lifetime CPU is not this interval's.
+    used = sum(max(0.0, cpu - previous[pid]) for pid, cpu in seen.items() if pid in previous)
+    return 100.0 * used / elapsed

@@ -157,5 +157,7 @@ def resource_sample(row: SqlResourceSample) -> ResourceSample:
         mem_used_bytes=row.mem_used_bytes,
         mem_total_bytes=row.mem_total_bytes,
         iowait_pct=row.iowait_pct,
+        service_cpu_pct=row.service_cpu_pct,
+        service_rss_bytes=row.service_rss_bytes,
         gpus=None if gpus is None else tuple(_gpu_sample(gpu) for gpu in gpus),
     )

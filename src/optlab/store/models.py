@@ -280,6 +280,8 @@ class SqlResourceSample(Base):
     mem_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
     mem_total_bytes: Mapped[int | None] = mapped_column(BigInteger)
     iowait_pct: Mapped[float | None] = mapped_column(Double)
+    service_cpu_pct: Mapped[float | None] = mapped_column(Double)
+    service_rss_bytes: Mapped[int | None] = mapped_column(BigInteger)
     gpu_json: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONText)
 
 

@@ -152,6 +152,8 @@ class ResourceSample:
     mem_used_bytes: int | None = None
     mem_total_bytes: int | None = None
     iowait_pct: float | None = None
+    service_cpu_pct: float | None = None  # a service optlab started: its own process tree
+    service_rss_bytes: int | None = None
     # None: no GPU telemetry at all; an empty tuple: telemetry works and there are no GPUs.
     gpus: tuple[GpuSample, ...] | None = None
 

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from optlab.config.models import ResolvedConfig, Workload
-from optlab.errors import ConfigError, OptlabError
+from optlab.errors import OptlabError
+from optlab.targets.templates import Secrets
 
 
 @dataclass
@@ -21,6 +22,12 @@ class LoadedTarget:
     stored with the run; `reset_metrics()`, called when the measured phase starts so those
     counters cover it alone; `accuracy()` -> a dict with `top1` and, against a reference,
     `drop_pts`, checked once before the load starts and stored with the run.
+
+    A target measured over the network has a `client` instead (an `HttpRecipe`: the resolved
+    request spec and bodies, which each load-generator process turns into its own pooled
+    asynchronous client) and `call` is unused. A service optlab started has `check()`, called
+    every tick (it raises when the service died), `service_pid` (its process tree is sampled)
+    and `service_info()`, stored with the run.
     """
 
     call: Callable[[Any], Any]
@@ -30,6 +37,10 @@ class LoadedTarget:
     metrics: Callable[[], dict[str, Any]] | None = None
     reset_metrics: Callable[[], None] | None = None
     accuracy: Callable[[], dict[str, Any]] | None = None
+    client: Any = None
+    check: Callable[[], None] | None = None
+    service_pid: int | None = None
+    service_info: Callable[[], dict[str, Any]] | None = None
 
     def close(self) -> None:
         for closer in self.closers:
@@ -150,15 +161,56 @@ def _builtin_target(config: ResolvedConfig) -> LoadedTarget:
     return loaded
 
 
-def load_target(config: ResolvedConfig, paths: Sequence[Path]) -> LoadedTarget:
-    """Build the target a resolved config names. Errors say which field to fix."""
+def _not_in_process(request: Any) -> Any:
+    raise RuntimeError("a network target is driven through its client, not called in-process")
+
+
+def _network_target(
+    config: ResolvedConfig, paths: Sequence[Path], secrets: Secrets
+) -> LoadedTarget:
+    from optlab.config.models import CommandTarget, HttpTarget
+    from optlab.targets.http import HttpRecipe, http_bodies, http_spec
+
+    target = config.target
+    assert isinstance(target, HttpTarget | CommandTarget)
+    folder = paths[0] if paths else Path.cwd()
+    bodies = http_bodies(config.workload, folder)
+    spec = http_spec(target, config.workload, secrets, config.knobs)
+    where = secrets.redact(spec.url)
+    if not isinstance(target, CommandTarget):
+        return LoadedTarget(
+            _not_in_process,
+            bodies,
+            f"http {target.method} {where}",
+            client=HttpRecipe(spec, tuple(bodies)),
+        )
+    from optlab.targets.command import Service
+
+    service = Service(target, config.knobs, secrets, folder)
+    service.start()
+    return LoadedTarget(
+        _not_in_process,
+        bodies,
+        f"command {' '.join(service.info()['command'])} -> {target.method} {where}",
+        closers=[service.stop],
+        client=HttpRecipe(spec, tuple(bodies)),
+        check=service.check,
+        service_pid=service.pid,
+        service_info=service.info,
+    )
+
+
+def load_target(
+    config: ResolvedConfig, paths: Sequence[Path], secrets: Secrets | None = None
+) -> LoadedTarget:
+    """Build the target a resolved config names. Errors say which field to fix.
+
+    `${ENV_VAR}` references are resolved into `secrets`, which the caller uses to redact
+    everything it writes about the run.
+    """
     kind = config.target.kind
     if kind == "builtin":
         return _builtin_target(config)
     if kind == "python":
         return _python_target(config, paths)
-    raise ConfigError(
-        f"target kind {kind!r} cannot be measured by this version of optlab yet (services "
-        "started by a command or listening at a URL arrive with the service-measurement work)",
-        hint="wrap the service call in a python target (factory returning a callable) meanwhile",
-    )
+    return _network_target(config, paths, secrets if secrets is not None else Secrets())

@@ -1,0 +1,61 @@
+"""Which load generator drives a target: threads for in-process callables, an event loop for a
+network client, worker processes when `load.processes` asks for more than one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from optlab.errors import ConfigError
+
+if TYPE_CHECKING:
+    from optlab.config.models import Workload
+    from optlab.targets.base import LoadedTarget
+
+__all__ = ["generator_for"]
+
+
+def generator_for(target: LoadedTarget, workload: Workload, trace_dir: Path | None) -> Any:
+    load = workload.load
+    timeout_s = workload.timeout_ms / 1000
+    if target.client is None:
+        if load.processes > 1:
+            raise ConfigError(
+                f"workload.load.processes: {load.processes} generator processes need a target "
+                "measured over the network (kind http or command); this target runs inside "
+                "optlab's own process",
+                hint="remove `processes`, or serve the model and measure it over HTTP",
+            )
+        from optlab.load.generator import LoadGenerator
+
+        return LoadGenerator(
+            target.call,
+            target.requests,
+            load,
+            timeout_s=timeout_s,
+            seed=workload.seed,
+            trace_dir=trace_dir,
+        )
+    if load.processes > 1:
+        from optlab.load.processes import ProcessLoadGenerator
+
+        return ProcessLoadGenerator(
+            target.client,
+            load,
+            processes=load.processes,
+            timeout_s=timeout_s,
+            seed=workload.seed,
+            trace_dir=trace_dir,
+        )
+    from optlab.load.aio import AsyncLoadGenerator
+    from optlab.targets.http import classify
+
+    return AsyncLoadGenerator(
+        target.client.build(),
+        len(target.client.bodies),
+        load,
+        classify=classify,
+        timeout_s=timeout_s,
+        seed=workload.seed,
+        trace_dir=trace_dir,
+    )

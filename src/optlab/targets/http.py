@@ -1,0 +1,349 @@
+"""Measuring a service over HTTP: request bodies, the pooled aiohttp client, Server-Timing.
+
+The client is asynchronous (aiohttp: one event loop keeps thousands of requests in flight from
+one thread, where a thread per request would be bound by the GIL), and is built from a plain,
+picklable `HttpSpec`, so each load-generator process can build its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from optlab.config.models import CommandTarget, HttpInputs, HttpTarget, Workload
+from optlab.errors import ConfigError
+from optlab.metrics.stages import RESERVED_STAGE, RequestTiming
+
+if TYPE_CHECKING:
+    import aiohttp
+
+    from optlab.targets.templates import Secrets
+
+__all__ = [
+    "Body",
+    "HttpClient",
+    "HttpRecipe",
+    "HttpSpec",
+    "classify",
+    "http_bodies",
+    "http_spec",
+    "parse_server_timing",
+]
+
+MESSAGE_CHARS = 200
+MAX_SERVER_STAGES = 32  # distinct Server-Timing names kept per client; more are ignored
+# A Server-Timing entry: a token name, then ;param=value pairs (RFC 8941-ish, as browsers read it).
+_ENTRY = re.compile(r"\s*([!#$%&'*+.^_`|~0-9A-Za-z-]+)\s*((?:;[^,;]*)*)")
+_DUR = re.compile(r";\s*dur\s*=\s*\"?([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\"?", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Body:
+    data: bytes
+    content_type: str | None
+
+
+@dataclass(frozen=True)
+class HttpSpec:
+    """Everything a client needs, secrets resolved: kept in memory, never stored."""
+
+    url: str
+    method: str
+    headers: tuple[tuple[str, str], ...]
+    ok_status: tuple[int, ...] | None
+    connect_timeout_s: float
+    timeout_s: float
+    connections: int
+
+
+def http_spec(
+    target: HttpTarget | CommandTarget,
+    workload: Workload,
+    secrets: Secrets,
+    knobs: dict[str, Any],
+) -> HttpSpec:
+    from optlab.config.models import ClosedLoad, OpenLoad
+    from optlab.targets.templates import render
+
+    load = workload.load
+    if isinstance(load, ClosedLoad):
+        in_flight = load.concurrency
+    elif isinstance(load, OpenLoad):
+        in_flight = load.max_in_flight
+    else:
+        from optlab.load.generator import REPLAY_MAX_IN_FLIGHT
+
+        in_flight = REPLAY_MAX_IN_FLIGHT
+    url = secrets.resolve(render(target.url, knobs, "target.url"), "target.url")
+    headers = tuple(
+        (
+            name,
+            secrets.resolve(
+                render(value, knobs, f"target.headers.{name}"), f"target.headers.{name}"
+            ),
+        )
+        for name, value in target.headers.items()
+    )
+    return HttpSpec(
+        url=url,
+        method=target.method,
+        headers=headers,
+        ok_status=tuple(target.ok_status) if target.ok_status is not None else None,
+        connect_timeout_s=target.connect_timeout_ms / 1000,
+        timeout_s=workload.timeout_ms / 1000,
+        connections=in_flight,
+    )
+
+
+@dataclass(frozen=True)
+class HttpRecipe:
+    """What a load-generator process needs to build its own client: picklable."""
+
+    spec: HttpSpec
+    bodies: tuple[Body, ...]
+
+    def build(self) -> HttpClient:
+        return HttpClient(self.spec, self.bodies)
+
+
+# -- bodies -------------------------------------------------------------------------------------
+
+
+def http_inputs(workload: Workload, where: str = "workload.inputs") -> HttpInputs:
+    try:
+        return HttpInputs.model_validate(workload.inputs or {})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise ConfigError(
+            f"{where}.{'.'.join(map(str, first['loc']))}: {first['msg']}",
+            hint="an http or command target takes one of files, jsonl, template, text or "
+            "images (see HttpInputs)",
+        ) from exc
+
+
+def _fill(template: Any, i: int) -> Any:
+    if isinstance(template, str):
+        return i if template == "{i}" else template.replace("{i}", str(i))
+    if isinstance(template, dict):
+        return {k: _fill(v, i) for k, v in template.items()}
+    if isinstance(template, list):
+        return [_fill(v, i) for v in template]
+    return template
+
+
+def _glob_files(pattern: str, folder: Path) -> list[Path]:
+    base = Path(pattern) if Path(pattern).is_absolute() else folder / pattern
+    found = sorted(Path(p) for p in glob.glob(str(base), recursive=True))
+    files = [p for p in found if p.is_file()]
+    if not files:
+        raise ConfigError(
+            f"workload.inputs.files: {pattern!r} matches no file under {folder}",
+            hint="the glob is relative to the experiment file's folder; each file is one body",
+        )
+    return files
+
+
+def _content_type(path: Path) -> str:
+    import mimetypes
+
+    return mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+
+
+def http_bodies(workload: Workload, folder: Path) -> list[Body]:
+    """The request bodies `workload.inputs` describes; files are read relative to `folder`."""
+    spec = http_inputs(workload)
+    kind = spec.content_type
+    if spec.files:
+        return [
+            Body(p.read_bytes(), kind or _content_type(p)) for p in _glob_files(spec.files, folder)
+        ]
+    if spec.jsonl:
+        path = Path(spec.jsonl) if Path(spec.jsonl).is_absolute() else folder / spec.jsonl
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise ConfigError(
+                f"workload.inputs.jsonl: cannot read {path}: {exc.strerror or exc}",
+                hint="the path is relative to the experiment file's folder",
+            ) from None
+        bodies = []
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(
+                    f"{path}:{number}: not JSON ({exc.msg})",
+                    hint="workload.inputs.jsonl holds one JSON body per line",
+                ) from None
+            bodies.append(Body(line.strip().encode(), kind or "application/json"))
+        if not bodies:
+            raise ConfigError(f"workload.inputs.jsonl: {path} holds no body", hint="one per line")
+        return bodies
+    if spec.template is not None:
+        return [
+            Body(
+                json.dumps(_fill(spec.template, i), separators=(",", ":")).encode(),
+                kind or "application/json",
+            )
+            for i in range(spec.count)
+        ]
+    if spec.text is not None:
+        return [Body(spec.text.encode(), kind or "text/plain; charset=utf-8")]
+    if spec.images is not None:
+        from optlab.targets.builtin import pipeline
+
+        images = Workload.model_validate(
+            {"load": workload.load.model_dump(), "seed": workload.seed, "inputs": spec.images}
+        )
+        return [Body(sample.jpeg, kind or "image/jpeg") for sample in pipeline.inputs(images)]
+    return [Body(b"", None)]
+
+
+# -- Server-Timing ------------------------------------------------------------------------------
+
+
+def parse_server_timing(values: Sequence[str]) -> dict[str, int]:
+    """W3C Server-Timing header values -> {name: duration ns}; entries without dur are skipped.
+
+    `total` is the harness's own series (the client-side latency), so a server's `total`
+    becomes `server_total`. Repeated names add up, as repeated stage() blocks do.
+    """
+    stages: dict[str, int] = {}
+    for value in values:
+        for part in _split_entries(value):
+            match = _ENTRY.match(part)
+            if match is None:
+                continue
+            name, params = match.group(1), match.group(2)
+            dur = _DUR.search(params)
+            if dur is None:
+                continue
+            ms = float(dur.group(1))
+            if name == RESERVED_STAGE:
+                name = "server_total"
+            stages[name[:64]] = stages.get(name[:64], 0) + round(ms * 1e6)
+    return stages
+
+
+def _split_entries(value: str) -> list[str]:
+    # Commas separate entries, except inside a quoted desc="a, b".
+    parts: list[str] = []
+    current: list[str] = []
+    quoted = False
+    for char in value:
+        if char == '"':
+            quoted = not quoted
+        if char == "," and not quoted:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    parts.append("".join(current))
+    return [p for p in parts if p.strip()]
+
+
+# -- the client ---------------------------------------------------------------------------------
+
+
+class HttpError(Exception):
+    """A response whose status is not a success: counted under `HTTP <status>`."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.kind = f"HTTP {status}"
+
+
+class HttpClient:
+    """One pooled aiohttp session; `send` is called from the generator's event loop only."""
+
+    def __init__(self, spec: HttpSpec, bodies: Sequence[Body]) -> None:
+        self.spec = spec
+        self.bodies = list(bodies)
+        self._session: aiohttp.ClientSession | None = None
+        self._stage_names: set[str] = set()
+        self.dropped_stage_names = 0
+
+    async def open(self) -> None:
+        import aiohttp
+
+        connector = aiohttp.TCPConnector(
+            limit=self.spec.connections,
+            limit_per_host=self.spec.connections,
+            ttl_dns_cache=300,
+            enable_cleanup_closed=False,
+        )
+        timeout = aiohttp.ClientTimeout(
+            total=self.spec.timeout_s, sock_connect=self.spec.connect_timeout_s
+        )
+        base = {name: value for name, value in self.spec.headers}
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=timeout,
+            headers=base,
+            skip_auto_headers=("User-Agent",) if "User-Agent" in base else (),
+            auto_decompress=False,
+        )
+        self._headers = [
+            {"Content-Type": body.content_type} if body.content_type else None
+            for body in self.bodies
+        ]
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def send(self, index: int, timing: RequestTiming) -> None:
+        """Send body `index`; raise on a transport error or a status that is not a success."""
+        session = self._session
+        assert session is not None, "open() first"
+        spec = self.spec
+        body = self.bodies[index]
+        async with session.request(
+            spec.method,
+            spec.url,
+            data=body.data or None,
+            headers=self._headers[index],
+        ) as response:
+            payload = await response.read()
+            status = response.status
+            ok = 200 <= status < 300 if spec.ok_status is None else status in spec.ok_status
+            timings = response.headers.getall("Server-Timing", ())
+            if timings:
+                self._record_stages(timings, timing)
+        if not ok:
+            text = payload[:MESSAGE_CHARS].decode("utf-8", "replace").strip()
+            raise HttpError(status, f"{status} {response.reason or ''}: {text}".strip())
+
+    def _record_stages(self, values: Sequence[str], timing: RequestTiming) -> None:
+        known = self._stage_names
+        for name, ns in parse_server_timing(values).items():
+            if name not in known:
+                if len(known) >= MAX_SERVER_STAGES:
+                    self.dropped_stage_names += 1
+                    continue
+                known.add(name)
+            timing.add(name, ns)
+
+
+def classify(exc: BaseException) -> tuple[str, str]:
+    """(error type, example message) of a failed request, as the run's error table shows it."""
+    if isinstance(exc, HttpError):
+        return exc.kind, str(exc)[:MESSAGE_CHARS]
+    if isinstance(exc, asyncio.TimeoutError | TimeoutError):
+        return "timeout", "no complete response within workload.timeout_ms"
+    try:
+        message = str(exc)[:MESSAGE_CHARS]
+    except Exception:
+        message = f"<{type(exc).__name__} with an unprintable message>"
+    return type(exc).__name__, message
