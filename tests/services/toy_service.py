@@ -43,16 +43,22 @@ def main() -> None:
         count += 1
         await request.read()
         if count == 1:
-            print(f"toy service: first request, auth {request.headers.get('Authorization')}",
-                  flush=True)
+            print(
+                f"toy service: first request, auth {request.headers.get('Authorization')}",
+                flush=True,
+            )
         if request.path == "/echo":
-            return web.Response(status=401, text=f"bad token {request.headers.get('Authorization')}")
+            auth = request.headers.get("Authorization")
+            return web.Response(status=401, text=f"bad token {auth}")
         if args.fail_every and count % args.fail_every == 0:
             return web.Response(status=503, text="overloaded")
         queue_ms = 0.1
         await asyncio.sleep(delay_ms / 1000)
         total_ms = (time.perf_counter() - started) * 1000
-        timing = f'queue;dur={queue_ms}, work;dur={delay_ms};desc="sleep, then answer", total;dur={total_ms:.3f}'
+        timing = (
+            f'queue;dur={queue_ms}, work;dur={delay_ms};desc="sleep, then answer", '
+            f"total;dur={total_ms:.3f}"
+        )
         return web.Response(text="ok", headers={"Server-Timing": timing})
 
     async def health(request: web.Request) -> web.Response:

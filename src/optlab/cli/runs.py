@@ -109,6 +109,18 @@ def render_summary(outcome: RunOutcome) -> str:
         if rss is not None
         else "  resources: no samples"
     )
+    service_cpu = r.get("service_cpu_pct")
+    if service_cpu:
+        service_rss = (r.get("service_rss_bytes") or {}).get("max")
+        lines.append(
+            f"  CPU (service) mean {_ms(service_cpu.get('mean'))}% max "
+            f"{_ms(service_cpu.get('max'))}%"
+            + ("" if service_rss is None else f"  peak RSS {service_rss / 2**20:.0f} MiB")
+        )
+    service = s.get("service")
+    if service and s["status"] != "FINISHED" and service.get("log_tail"):
+        lines.append(f"  service {service.get('exit') or 'stopped'}; last log lines:")
+        lines.extend(f"    | {line}" for line in service["log_tail"][-10:])
     lines.extend(_target_lines(s))
     parent = s.get("parent")
     if parent:

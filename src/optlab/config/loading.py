@@ -16,6 +16,9 @@ from optlab.config.models import (
     BASELINE_ONLY_KEYS,
     BaselineFile,
     BuiltinTarget,
+    CommandTarget,
+    HttpInputs,
+    HttpTarget,
     PythonTarget,
     ResolvedConfig,
     StepFile,
@@ -80,7 +83,7 @@ def knob_model(target: Any, paths: Sequence[Path]) -> type[BaseModel] | None:
 
             return SyntheticKnobs
         return BuiltinKnobs
-    if isinstance(target, PythonTarget) and target.knobs_model:
+    if isinstance(target, PythonTarget | CommandTarget | HttpTarget) and target.knobs_model:
         # Imported lazily: only here do we run user code, and only when the user asked for it.
         from optlab.targets.references import import_reference
 
@@ -102,7 +105,8 @@ def validate_knobs(
     file_prefix: KeyPath,
     paths: Sequence[Path],
 ) -> dict[str, Any]:
-    """Knobs checked against the target's model and filled with its defaults."""
+    """Knobs checked against the target's model and filled with its defaults; a service's
+    templates must name knobs these knobs hold."""
     model = knob_model(target, paths)
     if model is None:
         try:
@@ -112,11 +116,31 @@ def validate_knobs(
                 f"{source.where(file_prefix)}: knobs must be plain YAML values ({exc})",
                 hint="use strings, numbers, booleans, lists and mappings",
             ) from exc
-        return knobs
-    try:
-        return model.model_validate(knobs).model_dump(mode="json")
-    except ValidationError as exc:
-        raise config_error(exc, model, source, file_prefix) from exc
+        checked = knobs
+    else:
+        try:
+            checked = model.model_validate(knobs).model_dump(mode="json")
+        except ValidationError as exc:
+            raise config_error(exc, model, source, file_prefix) from exc
+    if isinstance(target, CommandTarget | HttpTarget):
+        from optlab.targets.templates import check_knob_references
+
+        try:
+            check_knob_references(_templates(target), checked)
+        except ConfigError as exc:
+            raise ConfigError(f"{source.where(file_prefix)}: {exc.message}", exc.hint) from None
+    return checked
+
+
+def _templates(target: CommandTarget | HttpTarget) -> list[tuple[str, str]]:
+    found = [("target.url", target.url)]
+    found += [(f"target.headers.{k}", v) for k, v in target.headers.items()]
+    if isinstance(target, CommandTarget):
+        found += [(f"target.command[{i}]", arg) for i, arg in enumerate(target.command)]
+        found += [(f"target.env.{k}", v) for k, v in target.env.items()]
+        if target.health_url:
+            found.append(("target.health_url", target.health_url))
+    return found
 
 
 def canonical_json(value: Any) -> str:
@@ -147,6 +171,37 @@ def resolve_baseline(experiment: ExperimentFile) -> dict[str, Any]:
         except ValidationError as exc:
             raise config_error(exc, ImageInputs, experiment.source, ("workload", "inputs")) from exc
         workload = workload.model_copy(update={"inputs": inputs})
+    if isinstance(spec.target, CommandTarget | HttpTarget):
+        try:
+            inputs = HttpInputs.model_validate(workload.inputs).model_dump(
+                mode="json", exclude_defaults=True
+            )
+        except ValidationError as exc:
+            raise config_error(exc, HttpInputs, experiment.source, ("workload", "inputs")) from exc
+        if "images" in inputs:
+            try:
+                ImageInputs.model_validate(inputs["images"])
+            except ValidationError as exc:
+                raise config_error(
+                    exc, ImageInputs, experiment.source, ("workload", "inputs", "images")
+                ) from exc
+        from optlab.targets.http import check_input_files
+
+        try:
+            check_input_files(inputs, experiment.source.path.resolve().parent)
+        except ConfigError as exc:
+            where = experiment.source.where(("workload", "inputs"))
+            raise ConfigError(f"{where}: {exc.message}", exc.hint) from None
+        workload = workload.model_copy(update={"inputs": inputs})
+    elif workload.load.processes > 1:
+        raise ConfigError(
+            f"{experiment.source.where(('workload', 'load', 'processes'))}: "
+            f"{workload.load.processes} load-generator processes need a target measured over "
+            f"the network (kind http or command); a {spec.target.kind} target runs inside "
+            "optlab's own process, so each process would build its own copy",
+            hint="remove `processes`, or serve the model (`optlab serve`) and measure it as a "
+            "command target",
+        )
     resolved = ResolvedConfig(
         target=spec.target,
         knobs=knobs,

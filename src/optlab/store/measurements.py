@@ -120,7 +120,7 @@ class MeasurementsMixin:
             .order_by(SqlWindow.run_id, SqlWindow.t_s)
         )
         with self.session_scope() as session:
-            rows = session.execute(query).tuples().all()
+            rows = session.execute(query).all()
         # Columns per run, transposed in C by zip: a Python loop per value cost 0.4 s for
         # 200 runs of 600 windows.
         for run_id, chunk in itertools.groupby(rows, key=operator.itemgetter(0)):

@@ -41,7 +41,7 @@ __all__ = [
 MESSAGE_CHARS = 200
 MAX_SERVER_STAGES = 32  # distinct Server-Timing names kept per client; more are ignored
 # A Server-Timing entry: a token name, then ;param=value pairs (RFC 8941-ish, as browsers read it).
-_ENTRY = re.compile(r"\s*([!#$%&'*+.^_`|~0-9A-Za-z-]+)\s*((?:;[^,;]*)*)")
+_ENTRY = re.compile(r"\s*([!#$%&'*+.^_`|~0-9A-Za-z-]+)\s*((?:;.*)?)$", re.DOTALL)
 _DUR = re.compile(r";\s*dur\s*=\s*\"?([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\"?", re.IGNORECASE)
 
 
@@ -149,6 +149,20 @@ def _glob_files(pattern: str, folder: Path) -> list[Path]:
             hint="the glob is relative to the experiment file's folder; each file is one body",
         )
     return files
+
+
+def check_input_files(inputs: dict[str, Any], folder: Path) -> None:
+    """At load: the payload files a workload names exist (read when the run starts)."""
+    if inputs.get("files"):
+        _glob_files(inputs["files"], folder)
+    if inputs.get("jsonl"):
+        path = Path(inputs["jsonl"])
+        path = path if path.is_absolute() else folder / path
+        if not path.is_file():
+            raise ConfigError(
+                f"workload.inputs.jsonl: {path} is not a file",
+                hint="the path is relative to the experiment file's folder",
+            )
 
 
 def _content_type(path: Path) -> str:

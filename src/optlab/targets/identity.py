@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -76,21 +77,44 @@ def _python_identity(target: dict[str, Any], paths: Sequence[Path]) -> dict[str,
     return {"kind": "python", "declared": target.get("code_version"), "modules": modules}
 
 
+WRITTEN_BY_SERVICES = (".pid", ".log", ".lock", ".sock", ".out", ".err", ".tmp")
+
+
 def _command_identity(target: dict[str, Any], paths: Sequence[Path]) -> dict[str, Any]:
     files: dict[str, str] = {}
     command = list(target.get("command", []))
     if command:
-        executable = shutil.which(command[0])
+        program = sys.executable if command[0] == "{python}" else command[0]
+        executable = shutil.which(program)
         if executable:
             files[command[0]] = hash_files([Path(executable)])
+    if _runs_optlab(command):
+        # `optlab serve`: the service's code is this optlab's built-in pipeline.
+        return {
+            "kind": "command",
+            "declared": target.get("code_version"),
+            "files": files,
+            "optlab": _builtin_identity(),
+        }
     for arg in command[1:]:
-        # Arguments that name files next to the experiment (a server script, a model) are code.
+        # Arguments that name files next to the experiment (a server script, a model) are code;
+        # files the service writes (its pid file, its log) are not, and come and go.
+        if Path(arg).suffix.lower() in WRITTEN_BY_SERVICES:
+            continue
         for base in paths:
             candidate = base / arg
             if candidate.is_file():
                 files[arg] = hash_files([candidate])
                 break
     return {"kind": "command", "declared": target.get("code_version"), "files": files}
+
+
+def _runs_optlab(command: list[str]) -> bool:
+    if not command:
+        return False
+    if Path(command[0]).name == "optlab":
+        return True
+    return any(a == "-m" and b == "optlab" for a, b in zip(command, command[1:], strict=False))
 
 
 def code_identity(target: dict[str, Any], paths: Sequence[Path]) -> dict[str, Any]:

@@ -1,0 +1,521 @@
+"""HTTP and command targets, end to end over 127.0.0.1 against a real service process.
+
+The service is tests/services/toy_service.py (aiohttp): it sleeps a configured time, reports
+Server-Timing, fails every n-th request when asked, prints secrets it was given (a careless
+service) and echoes the Authorization header in a 401 body on /echo.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from click.testing import Result
+
+from optlab.config.models import Workload
+from optlab.errors import ConfigError
+from optlab.store import Store
+from optlab.targets.http import http_bodies, parse_server_timing
+from optlab.targets.templates import Secrets, render
+from tests.conftest import REPO, write
+
+TOY = REPO / "tests" / "services" / "toy_service.py"
+FAST = ("--quick", "--duration", "2", "--warmup", "0.5")
+Invoke = Callable[..., Result]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_listening(port: int, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"nothing listens on {port}")
+
+
+@pytest.fixture(scope="module")
+def toy() -> Iterator[int]:
+    """A toy service on a free port for the whole module (a plain http target)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, str(TOY), "--port", str(port), "--delay-ms", "1", "--fail-every", "0"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_listening(port)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def http_experiment(folder: Path, name: str, url: str, load: str, extra: str = "") -> Path:
+    return write(
+        folder,
+        f"{name}.yaml",
+        f"name: {name}\n"
+        f"target: {{kind: http, url: '{url}', method: POST, code_version: toy-1{extra}}}\n"
+        "knobs: {}\n"
+        f"workload:\n  load: {load}\n  inputs: {{template: {{id: '{{i}}'}}, count: 5}}\n",
+    )
+
+
+def summary_of(result: Result) -> dict[str, object]:
+    data: dict[str, object] = json.loads(result.stdout.strip().splitlines()[-1])
+    return data
+
+
+# -- pure parts ----------------------------------------------------------------------------------
+
+
+def test_server_timing_entries_become_stages_in_ns() -> None:
+    stages = parse_server_timing(
+        [
+            'queue;dur=1.5, infer;desc="a, b";dur=2, cache;desc=miss',
+            "total;dur=4.25, infer;dur=0.5, db;dur=1e-1",
+        ]
+    )
+    # No dur: skipped; a repeated name adds up; a server's `total` is not the harness's total.
+    assert stages == {
+        "queue": 1_500_000,
+        "infer": 2_500_000,
+        "server_total": 4_250_000,
+        "db": 100_000,
+    }
+    assert parse_server_timing(["garbage;;;, ;dur=3"]) == {}
+
+
+def test_templates_render_knobs_and_groups() -> None:
+    knobs = {"engine": "onnxruntime", "threads": 2, "batching": {"mode": "dynamic", "n": 8}}
+    assert render("--engine={knobs.engine} -t {knobs.threads}", knobs, "f") == (
+        "--engine=onnxruntime -t 2"
+    )
+    assert render("{knobs.batching}", knobs, "f") == '{"mode":"dynamic","n":8}'
+    assert render("{knobs.batching.n} {python}", knobs, "f") == f"8 {sys.executable}"
+    assert render("{not a template} {knobs}", knobs, "f") == "{not a template} {knobs}"
+    with pytest.raises(ConfigError) as info:
+        render("{knobs.batching.max_wait_ms}", knobs, "target.command[3]")
+    assert "target.command[3]" in info.value.message and "max_wait_ms" in info.value.message
+
+
+def test_secrets_resolve_from_the_environment_and_redact_everywhere() -> None:
+    secrets = Secrets({"TOKEN": "s3cr3t-value", "HOST": "api.internal"})
+    assert secrets.resolve("Bearer ${TOKEN}", "h") == "Bearer s3cr3t-value"
+    assert secrets.resolve("http://${HOST}/x", "u") == "http://api.internal/x"
+    assert secrets.redact("401 for s3cr3t-value at api.internal") == "401 for ${TOKEN} at ${HOST}"
+    assert secrets.redact_any({"a": ["s3cr3t-value"]}) == {"a": ["${TOKEN}"]}
+    with pytest.raises(ConfigError) as info:
+        secrets.resolve("${MISSING_ONE}", "target.headers.Authorization")
+    assert "MISSING_ONE is not set" in info.value.message
+    assert "target.headers.Authorization" in info.value.message
+
+
+def test_bodies_from_files_jsonl_template_text(tmp_path: Path) -> None:
+    load = {"mode": "closed", "concurrency": 1}
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "a.json").write_bytes(b'{"a": 1}')
+    (tmp_path / "p" / "b.bin").write_bytes(b"\x00\x01")
+    (tmp_path / "r.jsonl").write_text('{"x": 1}\n\n{"x": 2}\n')
+
+    def bodies(inputs: dict[str, object]) -> list[tuple[bytes, str | None]]:
+        workload = Workload.model_validate({"load": load, "inputs": inputs})
+        return [(b.data, b.content_type) for b in http_bodies(workload, tmp_path)]
+
+    assert bodies({"files": "p/*"}) == [
+        (b'{"a": 1}', "application/json"),
+        (b"\x00\x01", "application/octet-stream"),
+    ]
+    assert bodies({"jsonl": "r.jsonl"}) == [
+        (b'{"x": 1}', "application/json"),
+        (b'{"x": 2}', "application/json"),
+    ]
+    assert bodies({"template": {"id": "{i}", "q": "n{i}"}, "count": 2}) == [
+        (b'{"id":0,"q":"n0"}', "application/json"),
+        (b'{"id":1,"q":"n1"}', "application/json"),
+    ]
+    assert bodies({"text": "hi", "content_type": "text/x"}) == [(b"hi", "text/x")]
+    assert bodies({}) == [(b"", None)]
+
+
+def test_bad_http_inputs_are_refused_at_load_naming_file_and_field(
+    tmp_path: Path, invoke: Invoke
+) -> None:
+    path = http_experiment(tmp_path, "bad", "http://127.0.0.1:9/", "{mode: closed, concurrency: 1}")
+    path.write_text(path.read_text().replace("inputs: {template", "inputs: {files: 'no/*', tmpl"))
+    result = invoke("diff", str(path))
+    assert result.exit_code == 2
+    assert f"{path}:" in result.stderr and "workload.inputs" in result.stderr
+    path.write_text(
+        path.read_text().replace("{files: 'no/*', tmpl: {id: '{i}'}, count: 5}", "{files: 'no/*'}")
+    )
+    result = invoke("diff", str(path))
+    assert result.exit_code == 2 and "matches no file" in result.stderr, result.stderr
+
+
+def test_processes_need_a_network_target(synth: Path, invoke: Invoke) -> None:
+    path = synth / "baseline.yaml"
+    text = path.read_text()
+    assert "concurrency" in text
+    path.write_text(text.replace("concurrency:", "processes: 2, concurrency:"))
+    result = invoke("run", str(path), *FAST)
+    assert result.exit_code == 2
+    assert "processes" in result.stderr and "network" in result.stderr
+
+
+def test_a_step_naming_a_missing_knob_in_a_template_is_refused(
+    tmp_path: Path, invoke: Invoke
+) -> None:
+    base = write(
+        tmp_path,
+        "base.yaml",
+        "name: svc\ntarget: {kind: command, command: ['{python}', 'x.py', '--n', "
+        "'{knobs.batching.max_batch_size}'], url: 'http://127.0.0.1:9/'}\n"
+        "knobs: {batching: {mode: dynamic, max_batch_size: 8}}\n"
+        "workload: {load: {mode: closed, concurrency: 1}}\n",
+    )
+    assert invoke("diff", str(base)).exit_code == 0
+    step = write(
+        tmp_path, "off.yaml", "name: svc-off\nparent: svc\nchange: {batching: {mode: 'off'}}\n"
+    )
+    result = invoke("run", str(base), *FAST)  # stores the baseline (the run itself fails: no x.py)
+    result = invoke("diff", str(step))
+    assert result.exit_code == 2
+    assert "target.command[3]" in result.stderr and "max_batch_size" in result.stderr
+
+
+# -- http target ---------------------------------------------------------------------------------
+
+
+def test_http_closed_loop_records_server_timing_stages(
+    tmp_path: Path, invoke: Invoke, toy: int
+) -> None:
+    path = http_experiment(
+        tmp_path, "toy-closed", f"http://127.0.0.1:{toy}/", "{mode: closed, concurrency: 4}"
+    )
+    result = invoke("run", str(path), *FAST, "--json")
+    assert result.exit_code == 0, result.output
+    summary = summary_of(result)
+    assert summary["status"] == "FINISHED" and summary["errors"] == 0
+    latency = summary["latency_ms"]
+    assert isinstance(latency, dict)
+    assert {"total", "queue", "work", "server_total"} <= set(latency)
+    assert latency["total"]["count"] == summary["requests"]
+    # The server slept 1 ms per request; the client saw at least that, and more than the server.
+    assert 0.95 <= latency["work"]["p50"] <= 1.1
+    assert latency["total"]["p50"] >= latency["server_total"]["p50"] >= 0.95
+
+
+def test_http_open_loop_keeps_its_rate_and_counts_errors_by_status(
+    tmp_path: Path, invoke: Invoke
+) -> None:
+    port = free_port()
+    service = subprocess.Popen(
+        [sys.executable, str(TOY), "--port", str(port), "--delay-ms", "0", "--fail-every", "4"],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        wait_listening(port)
+        path = http_experiment(
+            tmp_path,
+            "toy-open",
+            f"http://127.0.0.1:{port}/",
+            "{mode: open, rate: 200, arrival: constant}",
+        )
+        result = invoke("run", str(path), *FAST, "--json")
+    finally:
+        service.terminate()
+        service.wait(10)
+    summary = summary_of(result)
+    sent = int(summary["requests"]) + int(summary["errors"])  # type: ignore[call-overload]
+    assert 350 <= sent <= 450  # 200/s for 2 s
+    errors = summary["errors_by_type"]
+    assert isinstance(errors, dict) and set(errors) == {"HTTP 503"}
+    assert 0.2 <= errors["HTTP 503"] / sent <= 0.3  # every 4th request
+    assert any("error rate" in r for r in summary["reasons"])  # type: ignore[union-attr]
+    assert summary["harness_ms"]["send_lag"]["count"] == summary["requests"]  # type: ignore[index]
+
+
+def test_unreachable_service_counts_connection_errors(tmp_path: Path, invoke: Invoke) -> None:
+    path = http_experiment(
+        tmp_path, "nobody", f"http://127.0.0.1:{free_port()}/", "{mode: closed, concurrency: 2}"
+    )
+    summary = summary_of(invoke("run", str(path), *FAST, "--json"))
+    assert summary["requests"] == 0
+    errors = summary["errors_by_type"]
+    assert isinstance(errors, dict) and list(errors) == ["ClientConnectorError"]
+
+
+def test_two_generator_processes_merge_every_request(
+    tmp_path: Path, invoke: Invoke, toy: int, sqlite_url: str
+) -> None:
+    path = http_experiment(
+        tmp_path,
+        "toy-2p",
+        f"http://127.0.0.1:{toy}/",
+        "{mode: open, rate: 300, arrival: poisson, processes: 2}",
+    )
+    result = invoke("run", str(path), *FAST, "--json")
+    summary = summary_of(result)
+    assert summary["status"] == "FINISHED", result.output
+    requests = int(summary["requests"])  # type: ignore[call-overload]
+    assert 500 <= requests <= 700  # 300/s for 2 s, from both processes together
+    store = Store.open(sqlite_url)
+    stats = {s.stage: s for s in store.get_stage_stats(int(summary["run_id"]), "measure")}  # type: ignore[call-overload]
+    # Lossless: every request's latency and server stages are in the run's histograms.
+    assert stats["total"].count == requests == stats["work"].count
+    assert stats["send_lag"].count == requests
+    windows = store.get_windows(int(summary["run_id"]), "measure")  # type: ignore[call-overload]
+    # The per-second series leaves out only a sub-half-second sliver at the end (Collector).
+    assert 0.97 * requests <= sum(w.completed for w in windows) <= requests
+
+
+# -- command target ------------------------------------------------------------------------------
+
+
+def command_experiment(
+    folder: Path,
+    name: str,
+    port: int,
+    *,
+    args: str = "'--delay-ms', '{knobs.delay_ms}'",
+    extra: str = "",
+    load: str = "{mode: closed, concurrency: 4}",
+    url_path: str = "/",
+) -> Path:
+    return write(
+        folder,
+        f"{name}.yaml",
+        f"name: {name}\n"
+        "target:\n"
+        "  kind: command\n"
+        f"  command: ['{{python}}', '{TOY}', '--port', '{port}', '--pid-file', "
+        f"'{folder / (name + '.pid')}', {args}]\n"
+        f"  url: 'http://127.0.0.1:{port}{url_path}'\n"
+        f"  health_url: 'http://127.0.0.1:{port}/health'\n"
+        "  stop_grace_s: 5\n"
+        f"{extra}"
+        "knobs: {delay_ms: 2}\n"
+        f"workload:\n  load: {load}\n  inputs: {{text: hello}}\n",
+    )
+
+
+def test_command_target_chain_renders_knobs_and_stops_the_service(
+    tmp_path: Path, invoke: Invoke, sqlite_url: str
+) -> None:
+    port = free_port()
+    base = command_experiment(tmp_path, "svc", port)
+    step = write(tmp_path, "fast.yaml", "name: svc-fast\nparent: svc\nchange: {delay_ms: 0.5}\n")
+    result = invoke("run", str(step), *FAST, "--chain", "--json")
+    assert result.exit_code == 0, result.output
+    head = summary_of(result)
+    assert head["experiment"] == "svc-fast"
+    store = Store.open(sqlite_url)
+    runs = store.list_runs()
+    assert [r.status for r in runs] == ["FINISHED", "FINISHED"]
+    for run, delay in zip(sorted(runs, key=lambda r: r.id), ("2.0", "0.5"), strict=True):
+        service = (run.summary or {})["service"]
+        assert service["command"][-2:] == ["--delay-ms", "2" if delay == "2.0" else "0.5"]
+        assert service["stopped_with"] == "SIGTERM" and service["exit"] == "exited with code 0"
+        assert any("stopped cleanly" in line for line in service["log_tail"])
+        assert (run.summary or {})["resources"]["service_cpu_pct"]["mean"] > 0
+        # The knob reached the service: it slept what the step asked for.
+        work = (run.summary or {})["latency_ms"]["work"]["p50"]
+        assert abs(work - float(delay)) < 0.05
+    pid = int((tmp_path / "svc.pid").read_text())
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    table = invoke("table", "svc-fast", "--format", "markdown")
+    assert "work" in table.stdout and "server_total" in table.stdout, table.stdout
+    assert base.exists()
+
+
+def test_port_in_use_is_a_clear_error(tmp_path: Path, invoke: Invoke, toy: int) -> None:
+    path = command_experiment(tmp_path, "clash", toy)
+    result = invoke("run", str(path), *FAST, "--json")
+    summary = summary_of(result)
+    assert summary["status"] == "FAILED"
+    reason = summary["reasons"][0]  # type: ignore[index]
+    assert f"port {toy} on 127.0.0.1 is already in use" in reason
+
+
+def test_service_that_exits_before_ready_fails_with_its_log(tmp_path: Path, invoke: Invoke) -> None:
+    path = write(
+        tmp_path,
+        "boom.yaml",
+        "name: boom\ntarget: {kind: command, command: ['{python}', '-c', "
+        "\"print('loading model'); print('no GPU found'); raise SystemExit(3)\"], "
+        f"url: 'http://127.0.0.1:{free_port()}/'}}\n"
+        "knobs: {}\nworkload: {load: {mode: closed, concurrency: 1}}\n",
+    )
+    summary = summary_of(invoke("run", str(path), *FAST, "--json"))
+    assert summary["status"] == "FAILED"
+    reason = summary["reasons"][0]  # type: ignore[index]
+    assert "exited with code 3 before it was ready" in reason
+
+
+def test_service_not_ready_in_time_is_stopped(
+    tmp_path: Path, invoke: Invoke, sqlite_url: str
+) -> None:
+    marker = tmp_path / "slow.pid"
+    path = write(
+        tmp_path,
+        "slow.yaml",
+        "name: slow\ntarget: {kind: command, command: ['{python}', '-c', "
+        f"\"import os, time; open(r'{marker}', 'w').write(str(os.getpid())); time.sleep(120)\"], "
+        f"url: 'http://127.0.0.1:{free_port()}/', ready_timeout_s: 1.5, stop_grace_s: 1}}\n"
+        "knobs: {}\nworkload: {load: {mode: closed, concurrency: 1}}\n",
+    )
+    result = invoke("run", str(path), *FAST)
+    assert result.exit_code != 0
+    run = Store.open(sqlite_url).list_runs()[0]
+    assert run.status == "FAILED" and "not ready within 1.5 s" in (run.error_message or "")
+    assert not psutil.pid_exists(int(marker.read_text()))
+
+
+def test_killing_the_service_mid_run_fails_the_run_with_its_log_tail(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    port = free_port()
+    path = command_experiment(tmp_path, "victim", port)
+    db = Path(sqlite_url.removeprefix("sqlite:///"))
+    proc = spawn_run(path, db, "--quick", "--duration", "30", "--warmup", "0.3")
+    run_id = wait_for_measure(db)
+    os.kill(int((tmp_path / "victim.pid").read_text()), signal.SIGKILL)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1, stderr
+    run = Store.open(sqlite_url).get_run(run_id)
+    assert run.status == "FAILED"
+    message = run.error_message or ""
+    assert "the service was killed by SIGKILL during the run" in message
+    assert "listening on" in message  # the log tail is in the stored error
+    assert "listening on" in stdout + stderr  # and shown
+
+
+def spawn_run(
+    path: Path, db: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "optlab", "--db", f"sqlite:///{db}", "run", str(path), *args],
+        env={**os.environ, "PYTHONPATH": str(REPO / "src"), **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def wait_for_measure(db: Path, timeout_s: float = 60) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        if not db.exists():
+            continue
+        try:
+            con = sqlite3.connect(db, timeout=5)
+            row = con.execute(
+                "select r.id from runs r join run_windows w on w.run_id = r.id "
+                "where r.status = 'RUNNING' and w.phase = 'measure' limit 1"
+            ).fetchone()
+            con.close()
+        except sqlite3.OperationalError:
+            continue
+        if row:
+            return int(row[0])
+    raise AssertionError("the run never reached its measurement phase")
+
+
+def test_ctrl_c_leaves_no_child_process_behind(tmp_path: Path, sqlite_url: str) -> None:
+    port = free_port()
+    path = command_experiment(
+        tmp_path, "interrupted", port, load="{mode: open, rate: 100, processes: 2}"
+    )
+    db = Path(sqlite_url.removeprefix("sqlite:///"))
+    proc = spawn_run(path, db, "--quick", "--duration", "60", "--warmup", "0.3")
+    run_id = wait_for_measure(db)
+    optlab = psutil.Process(proc.pid)
+    children = optlab.children(recursive=True)
+    service_pid = int((tmp_path / "interrupted.pid").read_text())
+    assert service_pid in {c.pid for c in children}
+    assert len(children) >= 3  # the service and two load-generator processes (at least)
+    # Ctrl-C in a terminal reaches the whole foreground process group.
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    time.sleep(0.5)
+    alive = [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    assert alive == [], [c.cmdline() for c in alive]
+    run = Store.open(sqlite_url).get_run(run_id)
+    assert run.status == "KILLED" and run.requests and run.requests > 0
+    assert (run.summary or {})["service"]["stopped_with"] == "SIGTERM"
+
+
+# -- secrets -------------------------------------------------------------------------------------
+
+TOKEN = "tok-8d1f4c2a9e77-never-store-me"
+
+
+def test_a_secret_appears_nowhere_in_the_database_or_any_report(
+    tmp_path: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch, invoke: Invoke
+) -> None:
+    monkeypatch.setenv("OPTLAB_TEST_TOKEN", TOKEN)
+    port = free_port()
+    extra = (
+        "  headers: {Authorization: 'Bearer ${OPTLAB_TEST_TOKEN}'}\n"
+        "  env: {TOY_SECRET: '${OPTLAB_TEST_TOKEN}'}\n"
+    )
+    # The service prints the token to its log, and /echo sends it back in every 401 body.
+    base = command_experiment(tmp_path, "secret", port, extra=extra)
+    echo = command_experiment(tmp_path, "secret-echo", port, extra=extra, url_path="/echo")
+    outputs = []
+    for path in (base, echo):
+        result = invoke("run", str(path), *FAST, "--json")
+        outputs.append(result.output)
+        assert summary_of(result)["experiment"] == path.stem
+    store = Store.open(sqlite_url)
+    runs = {r.experiment: r for r in store.list_runs()}
+    assert runs["secret-echo"].errors and runs["secret-echo"].errors > 0
+    # What was stored names the reference, never the value.
+    assert (runs["secret"].summary or {})["service"]["log_tail"][0].endswith("${OPTLAB_TEST_TOKEN}")
+    examples = [e.example or "" for e in store.get_run_errors(runs["secret-echo"].id)]
+    assert any("Bearer ${OPTLAB_TEST_TOKEN}" in e for e in examples), examples
+    config = store.get_experiment("secret")
+    assert config is not None
+    for command in (
+        ("table", "secret", "--format", "rich"),
+        ("table", "secret", "--format", "markdown"),
+        ("table", "secret", "--format", "csv"),
+        ("table", "secret", "--format", "json"),
+        ("table", "secret-echo", "--format", "json"),
+        ("report", "secret", "--html", str(tmp_path / "report.html")),
+        ("audit", "secret"),
+        ("log",),
+        ("log", "secret-echo", "--json"),
+    ):
+        result = invoke(*command)
+        outputs.append(result.output)
+    outputs.append((tmp_path / "report.html").read_text())
+    for text in outputs:
+        assert TOKEN not in text
+    store.close()
+    db = Path(sqlite_url.removeprefix("sqlite:///"))
+    for file in db.parent.glob(db.name + "*"):  # the database and its WAL/SHM files
+        assert TOKEN.encode() not in file.read_bytes(), file
