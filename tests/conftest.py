@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -54,3 +56,24 @@ def write(folder: Path, name: str, text: str) -> Path:
     path = folder / name
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def wait_for_measure(db: Path, timeout_s: float = 60) -> int:
+    """The id of the run a subprocess is measuring, once its first measured window is stored."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        if not db.exists():
+            continue
+        try:
+            con = sqlite3.connect(db, timeout=5)
+            row = con.execute(
+                "select r.id from runs r join run_windows w on w.run_id = r.id "
+                "where r.status = 'RUNNING' and w.phase = 'measure' limit 1"
+            ).fetchone()
+            con.close()
+        except sqlite3.OperationalError:
+            continue
+        if row:
+            return int(row[0])
+    raise AssertionError("the run never reached its measurement phase")

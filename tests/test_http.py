@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from optlab.errors import ConfigError
 from optlab.store import Store
 from optlab.targets.http import http_bodies, parse_server_timing
 from optlab.targets.templates import Secrets, render
-from tests.conftest import REPO, write
+from tests.conftest import REPO, wait_for_measure, write
 
 TOY = REPO / "tests" / "services" / "toy_service.py"
 FAST = ("--quick", "--duration", "2", "--warmup", "0.5")
@@ -421,26 +420,6 @@ def spawn_run(
         text=True,
         start_new_session=True,
     )
-
-
-def wait_for_measure(db: Path, timeout_s: float = 60) -> int:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        time.sleep(0.3)
-        if not db.exists():
-            continue
-        try:
-            con = sqlite3.connect(db, timeout=5)
-            row = con.execute(
-                "select r.id from runs r join run_windows w on w.run_id = r.id "
-                "where r.status = 'RUNNING' and w.phase = 'measure' limit 1"
-            ).fetchone()
-            con.close()
-        except sqlite3.OperationalError:
-            continue
-        if row:
-            return int(row[0])
-    raise AssertionError("the run never reached its measurement phase")
 
 
 def test_ctrl_c_leaves_no_child_process_behind(tmp_path: Path, sqlite_url: str) -> None:

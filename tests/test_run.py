@@ -6,10 +6,8 @@ import json
 import os
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,7 +20,7 @@ from optlab.lineage import prepare
 from optlab.measurement import RunOptions, _Measurement
 from optlab.protocol import EffectiveProtocol
 from optlab.store import Store
-from tests.conftest import REPO, write
+from tests.conftest import REPO, wait_for_measure, write
 
 Invoke = Callable[..., Result]
 FAST = ("--quick", "--duration", "1.5", "--warmup", "0.3")
@@ -152,26 +150,6 @@ def _spawn(synth: Path, db: Path, *args: str) -> subprocess.Popen[str]:
     )
 
 
-def _wait_for_measure(db: Path, timeout_s: float = 60) -> int:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        time.sleep(0.3)
-        if not db.exists():
-            continue
-        try:
-            con = sqlite3.connect(db, timeout=5)
-            row = con.execute(
-                "select r.id from runs r join run_windows w on w.run_id = r.id "
-                "where r.status = 'RUNNING' and w.phase = 'measure' limit 1"
-            ).fetchone()
-            con.close()
-        except sqlite3.OperationalError:
-            continue
-        if row:
-            return int(row[0])
-    raise AssertionError("the run never reached its measurement phase")
-
-
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_leaves_a_killed_run_with_partial_data(
     synth: Path, tmp_path: Path, invoke: Invoke, sqlite_url: str, signum: int
@@ -179,7 +157,7 @@ def test_interrupt_leaves_a_killed_run_with_partial_data(
     db = Path(sqlite_url.removeprefix("sqlite:///"))
     assert invoke("run", str(synth / "baseline.yaml"), *FAST).exit_code == 0
     proc = _spawn(synth, db, "--quick", "--duration", "60", "--warmup", "0.3")
-    run_id = _wait_for_measure(db)
+    run_id = wait_for_measure(db)
     proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
@@ -200,7 +178,7 @@ def test_sigkill_is_marked_crashed_at_the_next_start(
     db = Path(sqlite_url.removeprefix("sqlite:///"))
     assert invoke("run", str(synth / "baseline.yaml"), *FAST).exit_code == 0
     proc = _spawn(synth, db, "--quick", "--duration", "60", "--warmup", "0.3")
-    run_id = _wait_for_measure(db)
+    run_id = wait_for_measure(db)
     proc.kill()
     proc.communicate(timeout=30)
     store = Store.open(sqlite_url)

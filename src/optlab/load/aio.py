@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Protocol
 from optlab.config.models import ClosedLoad, OpenLoad, ReplayLoad
 from optlab.errors import ConfigError
 from optlab.load.generator import (
-    LATE_FRACTION,
     LATE_NS,
     REPLAY_MAX_IN_FLIGHT,
     START_LEAD_NS,
@@ -169,14 +168,8 @@ class AsyncLoadGenerator:
                 loop.call_soon_threadsafe(self._request_stop)
             thread.join(self._drain_s + 10)
         self._closed = True
-        issued, completed = self.issued, self.completed
-        self._report = StopReport(
-            issued=issued,
-            completed=completed,
-            abandoned=issued - completed,
-            fell_behind=self.open_loop and issued > 0 and self.late > LATE_FRACTION * issued,
-            late=self.late,
-            failure=self._failure,
+        self._report = StopReport.of(
+            self.issued, self.completed, self.late, open_loop=self.open_loop, failure=self._failure
         )
         return self._report
 

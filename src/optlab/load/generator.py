@@ -59,6 +59,27 @@ class StopReport:
     late: int = 0  # open loop: requests sent more than LATE_NS after their intended time
     failure: BaseException | None = None  # a BaseException raised inside a worker, if any
 
+    @classmethod
+    def of(
+        cls,
+        issued: int,
+        completed: int,
+        late: int,
+        *,
+        open_loop: bool,
+        failure: BaseException | None,
+    ) -> StopReport:
+        """The report of any generator: the same fell-behind rule for threads, event loops
+        and processes."""
+        return cls(
+            issued=issued,
+            completed=completed,
+            abandoned=issued - completed,
+            fell_behind=open_loop and issued > 0 and late > LATE_FRACTION * issued,
+            late=late,
+            failure=failure,
+        )
+
 
 class _Counters:
     """Per-worker counts. Only the owning thread writes them, so they need no lock; readers
@@ -218,13 +239,8 @@ class LoadGenerator:
         issued = sum(c.issued for c in self._counters)
         completed = sum(c.completed for c in self._counters)
         late = sum(c.late for c in self._counters)
-        self._report = StopReport(
-            issued=issued,
-            completed=completed,
-            abandoned=issued - completed,
-            fell_behind=self.open_loop and issued > 0 and late > LATE_FRACTION * issued,
-            late=late,
-            failure=self._failure,
+        self._report = StopReport.of(
+            issued, completed, late, open_loop=self.open_loop, failure=self._failure
         )
         return self._report
 

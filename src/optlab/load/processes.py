@@ -25,7 +25,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optlab.load.generator import LATE_FRACTION, StopReport
+from optlab.load.generator import StopReport
 
 if TYPE_CHECKING:
     from optlab.config.models import ClosedLoad, OpenLoad, ReplayLoad
@@ -256,13 +256,8 @@ class ProcessLoadGenerator:
                     self._failure = RuntimeError(f"{worker.process.name}: {failure}")
             else:
                 issued, completed = issued + worker.issued, completed + worker.completed
-        self._report = StopReport(
-            issued=issued,
-            completed=completed,
-            abandoned=issued - completed,
-            fell_behind=self._open_loop and issued > 0 and late > LATE_FRACTION * issued,
-            late=late,
-            failure=self._failure,
+        self._report = StopReport.of(
+            issued, completed, late, open_loop=self._open_loop, failure=self._failure
         )
         return self._report
 
