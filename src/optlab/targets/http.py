@@ -299,6 +299,8 @@ class HttpClient:
         timeout = aiohttp.ClientTimeout(
             total=self.spec.timeout_s, sock_connect=self.spec.connect_timeout_s
         )
+        from yarl import URL
+
         base = {name: value for name, value in self.spec.headers}
         self._session = aiohttp.ClientSession(
             connector=connector,
@@ -306,7 +308,10 @@ class HttpClient:
             headers=base,
             skip_auto_headers=("User-Agent",) if "User-Agent" in base else (),
             auto_decompress=False,
+            # Virtual clients share one session: one client's cookies must not ride on all.
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
+        self._url = URL(self.spec.url)  # parsed once, not on every request
         self._headers = [
             {"Content-Type": body.content_type} if body.content_type else None
             for body in self.bodies
@@ -325,9 +330,10 @@ class HttpClient:
         body = self.bodies[index]
         async with session.request(
             spec.method,
-            spec.url,
+            self._url,
             data=body.data or None,
             headers=self._headers[index],
+            allow_redirects=False,
         ) as response:
             payload = await response.read()
             status = response.status
