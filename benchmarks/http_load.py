@@ -31,6 +31,7 @@ import re
 import shutil
 import socket
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -78,6 +79,35 @@ async def ok(request):
 app = web.Application()
 app.router.add_get("/", ok)
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print=None)
+"""
+
+# The reference for optlab's own cost: the smallest aiohttp client loop (the same pooled
+# session, the same event loop optlab uses), timing nothing and recording nothing.
+BARE_AIOHTTP = """\
+import asyncio, sys, time
+import aiohttp
+
+async def main(url, seconds, connections):
+    connector = aiohttp.TCPConnector(limit=connections)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        count = 0
+        async def client():
+            nonlocal count
+            while time.perf_counter() < stop:
+                async with session.get(url) as response:
+                    await response.read()
+                count += 1
+        started = time.perf_counter()
+        stop = started + seconds
+        await asyncio.gather(*(client() for _ in range(connections)))
+        print(count / (time.perf_counter() - started), count)
+
+try:
+    import uvloop
+    loop = uvloop.new_event_loop()
+except ImportError:
+    loop = asyncio.new_event_loop()
+loop.run_until_complete(main(sys.argv[1], float(sys.argv[2]), int(sys.argv[3])))
 """
 
 LOCUSTFILE = """\
@@ -208,6 +238,18 @@ def run_wrk(url: str, seconds: int, connections: int) -> str:
     return line
 
 
+def run_bare(url: str, seconds: int, connections: int) -> tuple[float | None, str]:
+    command = [sys.executable, "-c", BARE_AIOHTTP, url, str(seconds), str(connections)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60)
+    try:
+        rps, count = done.stdout.split()
+        rate = float(rps)
+    except ValueError:
+        return None, f"failed: exit {done.returncode}: {done.stderr.strip()[-300:]}"
+    line = f"{rate:>10,.0f} requests/s   (one process, {connections} coroutines, {seconds} s, "
+    return rate, line + f"{int(count):,} requests, nothing recorded)"
+
+
 def locust_ready(venv: Path, install: bool) -> tuple[Path | None, str]:
     locust = venv / "bin" / "locust"
     if locust.exists():
@@ -247,7 +289,7 @@ def run_locust(
     locustfile = workdir / "locustfile.py"
     locustfile.write_text(LOCUSTFILE)
     command = [str(locust), "-f", str(locustfile), "--headless", "-u", str(users),
-               "-r", str(users), "-t", f"{seconds}s", "--host", url.rstrip("/"),
+               "-r", str(users * 10), "-t", f"{seconds}s", "--host", url.rstrip("/"),
                "--only-summary", "--loglevel", "WARNING"]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 120)
     output = done.stderr + done.stdout
@@ -373,6 +415,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="2 s per tool, 16 connections; Locust only if already installed",
     )
     parser.add_argument("--seconds", type=int, help="measured seconds per tool (default 15)")
+    parser.add_argument(
+        "--rounds", type=int, help="rounds of every tool, interleaved (default 3; smoke 1)"
+    )
     parser.add_argument("--connections", type=int, help="connections / users (default 64)")
     parser.add_argument(
         "--locust-venv",
@@ -391,60 +436,101 @@ def main(argv: Sequence[str] | None = None) -> int:
     connections = args.connections or (16 if args.smoke else 64)
     warmup_s = 0.5 if args.smoke else 2.0
 
+    rounds = args.rounds or (1 if args.smoke else 3)
     load1, _, _ = os.getloadavg()
     print(
         f"# http_load: Python {platform.python_version()}, {os.cpu_count()} CPUs, load average "
         f"{load1:.2f}; code: {code_id()}; {seconds} s per tool, {connections} connections; "
-        f"optlab warmup {warmup_s:g} s",
+        f"optlab warmup {warmup_s:g} s; {rounds} round(s), the tools interleaved in each",
         flush=True,
     )
+    rates: dict[str, list[float]] = {}
+    pairs: list[float] = []  # optlab 1 proc / locust within each round: drift cancels
     with tempfile.TemporaryDirectory(prefix="optlab-http-load-") as tmp:
         workdir = Path(tmp)
         with start_server(workdir, args.server) as server:
             print(f"{label('server')}{server.description}", flush=True)
-
-            try:
-                wrk_line = run_wrk(server.url, seconds, connections)
-            except (OSError, subprocess.SubprocessError) as exc:
-                wrk_line = f"failed: {exc!r}"
-            wrk_rps = None
-            if found := re.match(r"\s*([\d,]+) requests/s", wrk_line):
-                wrk_rps = float(found.group(1).replace(",", ""))
-            print(f"{label('wrk')}{wrk_line}", flush=True)
-
             locust, why = locust_ready(args.locust_venv, install=not args.smoke)
-            locust_rps = None
-            if locust is None:
-                print(f"{label('locust')}skipped: {why}", flush=True)
-            else:
-                try:
-                    locust_rps, line = run_locust(locust, server.url, seconds, connections, workdir)
-                except (OSError, subprocess.SubprocessError) as exc:
-                    line = f"failed: {exc!r}"
-                print(f"{label('locust')}{line}", flush=True)
+            for number in range(1, rounds + 1):
+                if rounds > 1:
+                    print(f"# round {number} of {rounds}", flush=True)
+                found = one_round(server.url, seconds, connections, warmup_s, workdir, locust, why)
+                for tool, rate in found.items():
+                    if rate is not None:
+                        rates.setdefault(tool, []).append(rate)
+                if found.get("optlab 1 proc") and found.get("locust"):
+                    pairs.append(found["optlab 1 proc"] / found["locust"])  # type: ignore[operator]
 
-            optlab_rps: dict[int, float | None] = {}
-            for processes in (1, 2):
-                try:
-                    result = run_optlab(
-                        server.url, seconds, connections, processes, warmup_s, workdir
-                    )
-                except (OSError, subprocess.SubprocessError) as exc:
-                    result = f"failed: {exc!r}"
-                optlab_rps[processes] = None if isinstance(result, str) else result.rps
-                for line in optlab_lines(processes, result):
-                    print(line, flush=True)
+    def median(tool: str) -> float | None:
+        values = rates.get(tool)
+        return statistics.median(values) if values else None
 
-    one, two = optlab_rps[1], optlab_rps[2]
+    if rounds > 1:
+        for tool, values in rates.items():
+            listed = ", ".join(f"{v:,.0f}" for v in values)
+            print(f"{label(tool)}median {median(tool):>10,.0f} requests/s   ({listed})")
+    one, two, bare = median("optlab 1 proc"), median("optlab 2 proc"), median("bare aiohttp")
+    locust_rps, wrk_rps = median("locust"), median("wrk")
     print(f"ratio optlab 1 proc / locust  {ratio(one, locust_rps)}    "
           f"optlab 2 proc / locust {ratio(two, locust_rps)}")  # fmt: skip
     print(f"ratio optlab 1 proc / wrk     {ratio(one, wrk_rps)}    "
           f"optlab 2 proc / wrk    {ratio(two, wrk_rps)}")  # fmt: skip
-    if one is not None and locust_rps:
-        times = one / locust_rps
+    print(f"ratio optlab 1 proc / bare aiohttp loop {ratio(one, bare)} (optlab's own cost)")
+    if pairs:
+        times = statistics.median(pairs)
         verdict = "PASS" if times >= GOAL_VS_LOCUST else "MISS"
-        print(f"optlab 1 process >= {GOAL_VS_LOCUST:g}x locust: {times:.2f}x {verdict}")
+        listed = ", ".join(f"{p:.2f}" for p in pairs)
+        print(
+            f"optlab 1 process >= {GOAL_VS_LOCUST:g}x locust: {times:.2f}x "
+            f"(median of {len(pairs)} rounds: {listed}) {verdict}"
+        )
     return 0
+
+
+def one_round(
+    url: str,
+    seconds: int,
+    connections: int,
+    warmup_s: float,
+    workdir: Path,
+    locust: Path | None,
+    why: str,
+) -> dict[str, float | None]:
+    """Each tool once against the same server; the line each prints; its requests/s."""
+    found: dict[str, float | None] = {}
+    try:
+        wrk_line = run_wrk(url, seconds, connections)
+    except (OSError, subprocess.SubprocessError) as exc:
+        wrk_line = f"failed: {exc!r}"
+    found["wrk"] = None
+    if rate := re.match(r"\s*([\d,]+) requests/s", wrk_line):
+        found["wrk"] = float(rate.group(1).replace(",", ""))
+    print(f"{label('wrk')}{wrk_line}", flush=True)
+
+    if locust is None:
+        print(f"{label('locust')}skipped: {why}", flush=True)
+    else:
+        try:
+            found["locust"], line = run_locust(locust, url, seconds, connections, workdir)
+        except (OSError, subprocess.SubprocessError) as exc:
+            line = f"failed: {exc!r}"
+        print(f"{label('locust')}{line}", flush=True)
+
+    try:
+        found["bare aiohttp"], line = run_bare(url, seconds, connections)
+    except (OSError, subprocess.SubprocessError) as exc:
+        line = f"failed: {exc!r}"
+    print(f"{label('bare aiohttp')}{line}", flush=True)
+
+    for processes in (1, 2):
+        try:
+            result = run_optlab(url, seconds, connections, processes, warmup_s, workdir)
+        except (OSError, subprocess.SubprocessError) as exc:
+            result = f"failed: {exc!r}"
+        found[f"optlab {processes} proc"] = None if isinstance(result, str) else result.rps
+        for line in optlab_lines(processes, result):
+            print(line, flush=True)
+    return found
 
 
 if __name__ == "__main__":

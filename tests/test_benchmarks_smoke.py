@@ -61,6 +61,8 @@ EXPECTED: dict[str, list[str]] = {
         r"^server +(nginx \S+, 1 worker|aiohttp fallback \(.*\), 1 process), constant 3-byte body",
         r"^optlab 1 proc +[\d,]+ requests/s +latency recorded for [\d,]+ of [\d,]+ requests",
         r"^optlab 2 proc +[\d,]+ requests/s +latency recorded for [\d,]+ of [\d,]+ requests",
+        r"^bare aiohttp +[\d,]+ requests/s",
+        r"^ratio optlab 1 proc / bare aiohttp loop [\d.]+",
     ],
     "memory.py": [
         r"^run +10 s +[\d,]+ requests .*peak [\d.]+ MiB",
