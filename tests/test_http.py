@@ -498,3 +498,41 @@ def test_a_secret_appears_nowhere_in_the_database_or_any_report(
     db = Path(sqlite_url.removeprefix("sqlite:///"))
     for file in db.parent.glob(db.name + "*"):  # the database and its WAL/SHM files
         assert TOKEN.encode() not in file.read_bytes(), file
+
+
+# -- the serve chain -----------------------------------------------------------------------------
+
+
+def test_serve_chain_measured_over_http_shows_the_server_side_stages(
+    tmp_path: Path, invoke: Invoke
+) -> None:
+    """experiments/serve: `optlab serve` started as a command target, end to end over HTTP.
+
+    Two of its steps, on a free port: the baseline with vectorised preprocessing (the naive
+    one needs ~12 s for the 662 queries a P99 needs) and the dynamic-batching step.
+    """
+    port = str(free_port())
+    folder = tmp_path / "serve"
+    folder.mkdir()
+    base = (REPO / "experiments" / "serve" / "baseline.yaml").read_text()
+    base = base.replace("8765", port).replace("preprocess: python", "preprocess: numpy-pooled")
+    (folder / "baseline.yaml").write_text(base)
+    step = (REPO / "experiments" / "serve" / "02-dynamic-batch.yaml").read_text()
+    (folder / "batch.yaml").write_text(
+        step.replace("parent: serve-preprocess", "parent: serve-baseline")
+    )
+    quick = ("--quick", "--duration", "8", "--warmup", "1")
+    result = invoke("run", str(folder / "batch.yaml"), "--chain", *quick, "--json")
+    assert result.exit_code == 0, result.output
+    table = json.loads(invoke("table", "serve-dynamic-batch", "--format", "json").stdout)
+    rows = {row["experiment"]: row for row in table["chain"]}
+    assert list(rows) == ["serve-baseline", "serve-dynamic-batch"]
+    for row in rows.values():
+        # The server's own stages, from its Server-Timing header, in the stacked table.
+        for stage in ("preprocess", "infer", "postprocess", "app"):
+            assert row[f"{stage}_p50_ms"] is not None and row[f"{stage}_p50_ms"] > 0
+        assert row["p50_ms"] >= row["app_p50_ms"]  # the client saw the server's time and more
+    # Batching shows where it acts: a queue stage appears (requests wait for their batch).
+    assert rows["serve-dynamic-batch"]["queue_p50_ms"] > 0
+    markdown = invoke("table", "serve-dynamic-batch", "--format", "markdown").stdout
+    assert "preprocess P50" in markdown and "app P50" in markdown and "queue P50" in markdown
