@@ -110,7 +110,10 @@ def main() -> int:
     args = parser.parse_args()
     runs_per_step, others, windows = (10, 90, 60) if args.smoke else (100, 90, 600)
     total = runs_per_step * (STEPS + others)
-    path = Path(f"/tmp/optlab-table-scale-{total}-{windows}.db")
+    from optlab.store.database import head_revision
+
+    # Keyed by the schema too: a database built by an older optlab is rebuilt, not refused.
+    path = Path(f"/tmp/optlab-table-scale-{total}-{windows}-{head_revision()}.db")
     started = time.perf_counter()
     if not path.exists():
         tmp = path.with_suffix(".building")

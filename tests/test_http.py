@@ -264,6 +264,29 @@ def test_unreachable_service_counts_connection_errors(tmp_path: Path, invoke: In
     assert isinstance(errors, dict) and list(errors) == ["ClientConnectorError"]
 
 
+def test_a_hung_service_does_not_hang_the_run(tmp_path: Path, invoke: Invoke) -> None:
+    """Requests still in flight at the end are drained for a bounded time, then abandoned."""
+    port = free_port()
+    service = subprocess.Popen(
+        [sys.executable, str(TOY), "--port", str(port), "--delay-ms", "60000"],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        wait_listening(port)
+        path = http_experiment(
+            tmp_path, "hung", f"http://127.0.0.1:{port}/", "{mode: closed, concurrency: 3}"
+        )
+        started = time.monotonic()
+        summary = summary_of(invoke("run", str(path), "--quick", "--duration", "1", "--json"))
+        elapsed = time.monotonic() - started
+    finally:
+        service.kill()  # its handlers are asleep for a minute: no graceful stop
+        service.wait(10)
+    assert summary["requests"] == 0
+    assert any("3 requests were still in flight" in n for n in summary["notes"])  # type: ignore[union-attr]
+    assert elapsed < 30  # 1 s warmup + 1 s measured + the 5 s drain, not the 60 s requests
+
+
 def test_two_generator_processes_merge_every_request(
     tmp_path: Path, invoke: Invoke, toy: int, sqlite_url: str
 ) -> None:
@@ -463,7 +486,9 @@ def test_a_secret_appears_nowhere_in_the_database_or_any_report(
     )
     # The service prints the token to its log, and /echo sends it back in every 401 body.
     base = command_experiment(tmp_path, "secret", port, extra=extra)
-    echo = command_experiment(tmp_path, "secret-echo", port, extra=extra, url_path="/echo")
+    echo = command_experiment(
+        tmp_path, "secret-echo", port, extra=extra, url_path="/echo?key=${OPTLAB_TEST_TOKEN}"
+    )
     outputs = []
     for path in (base, echo):
         result = invoke("run", str(path), *FAST, "--json")
@@ -521,8 +546,14 @@ def test_serve_chain_measured_over_http_shows_the_server_side_stages(
     (folder / "batch.yaml").write_text(
         step.replace("parent: serve-preprocess", "parent: serve-baseline")
     )
-    quick = ("--quick", "--duration", "8", "--warmup", "1")
-    result = invoke("run", str(folder / "batch.yaml"), "--chain", *quick, "--json")
+    quick = ("--quick", "--duration", "7", "--warmup", "0.5")
+    for _ in range(3):
+        # A 7 s run on a shared machine is now and then INVALID (too few queries for its
+        # P99, halves apart): measured again, as `optlab demo` does; --chain keeps what passed.
+        result = invoke("run", str(folder / "batch.yaml"), "--chain", *quick, "--json")
+        if result.exit_code == 0:
+            break
+        assert "FINISHED INVALID" in result.output, result.output
     assert result.exit_code == 0, result.output
     table = json.loads(invoke("table", "serve-dynamic-batch", "--format", "json").stdout)
     rows = {row["experiment"]: row for row in table["chain"]}

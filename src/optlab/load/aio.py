@@ -205,13 +205,19 @@ class AsyncLoadGenerator:
                 workers = [asyncio.create_task(self._scheduler(load, log, limit))]
             self._ready.set()
             stopper = asyncio.create_task(self._stop_requested.wait())
-            done, _ = await asyncio.wait([stopper, *workers], return_when=asyncio.FIRST_EXCEPTION)
+            running: set[asyncio.Task[None]] = set(workers)
+            # Until stop() (or a worker's failure): not until every worker has returned, which
+            # after stop() may take a slow request's whole timeout; the drain bounds that.
+            while not stopper.done():
+                done, _ = await asyncio.wait(
+                    {stopper, *running}, return_when=asyncio.FIRST_COMPLETED
+                )
+                for task in done - {stopper}:
+                    failure = task.exception()
+                    if failure is not None:
+                        raise failure
+                running -= done
             self._running = False
-            for task in done:
-                if task is not stopper and task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
-            if not stopper.done():
-                await stopper
             pending = {t for t in (*workers, *self._in_flight) if not t.done()}
             if pending:
                 await asyncio.wait(pending, timeout=self._drain_s)
