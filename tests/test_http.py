@@ -156,6 +156,26 @@ def test_bodies_from_files_jsonl_template_text(tmp_path: Path) -> None:
     assert bodies({}) == [(b"", None)]
 
 
+def test_a_missing_secret_is_refused_before_any_run(
+    tmp_path: Path, invoke: Invoke, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OPTLAB_UNSET_TOKEN", raising=False)
+    path = http_experiment(
+        tmp_path,
+        "needs-token",
+        "http://127.0.0.1:9/",
+        "{mode: closed, concurrency: 1}",
+        extra=", headers: {Authorization: 'Bearer ${OPTLAB_UNSET_TOKEN}'}",
+    )
+    result = invoke("run", str(path), *FAST)
+    assert result.exit_code == 2
+    assert "target.headers.Authorization needs the environment variable OPTLAB_UNSET_TOKEN" in (
+        result.stderr
+    )
+    assert "export OPTLAB_UNSET_TOKEN=" in result.stderr
+    assert Store.open(sqlite_url).list_runs() == []
+
+
 def test_bad_http_inputs_are_refused_at_load_naming_file_and_field(
     tmp_path: Path, invoke: Invoke
 ) -> None:

@@ -22,6 +22,7 @@ from optlab.measurement import LiveStatus, Progress, RunOptions, _Measurement
 from optlab.protocol import EffectiveProtocol, effective_protocol
 from optlab.store import RunRecord, Store
 from optlab.targets.identity import code_identity
+from optlab.targets.templates import check_environment
 
 __all__ = ["LiveStatus", "Progress", "RunOptions", "RunOutcome", "run"]
 
@@ -72,6 +73,8 @@ def _measure_link(
     config, protocol = _config_and_protocol(link, options)
     paths = _paths(link)
     code = code_identity(config.target.model_dump(mode="json"), paths)
+    # A secret the target needs and the environment lacks: refused before a run row exists.
+    check_environment(config.target, str(link.path or link.name))
     parent_run = None
     if parent is not None:
         # Refuse before anything expensive: no target is built, no row written.

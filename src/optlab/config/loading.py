@@ -123,24 +123,13 @@ def validate_knobs(
         except ValidationError as exc:
             raise config_error(exc, model, source, file_prefix) from exc
     if isinstance(target, CommandTarget | HttpTarget):
-        from optlab.targets.templates import check_knob_references
+        from optlab.targets.templates import check_knob_references, target_templates
 
         try:
-            check_knob_references(_templates(target), checked)
+            check_knob_references(target_templates(target), checked)
         except ConfigError as exc:
             raise ConfigError(f"{source.where(file_prefix)}: {exc.message}", exc.hint) from None
     return checked
-
-
-def _templates(target: CommandTarget | HttpTarget) -> list[tuple[str, str]]:
-    found = [("target.url", target.url)]
-    found += [(f"target.headers.{k}", v) for k, v in target.headers.items()]
-    if isinstance(target, CommandTarget):
-        found += [(f"target.command[{i}]", arg) for i, arg in enumerate(target.command)]
-        found += [(f"target.env.{k}", v) for k, v in target.env.items()]
-        if target.health_url:
-            found.append(("target.health_url", target.health_url))
-    return found
 
 
 def canonical_json(value: Any) -> str:

@@ -14,11 +14,22 @@ import os
 import re
 import sys
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from optlab.errors import ConfigError
 
-__all__ = ["ENV_REFERENCE", "KNOB_REFERENCE", "Secrets", "check_knob_references", "render"]
+if TYPE_CHECKING:
+    from optlab.config.models import CommandTarget, HttpTarget
+
+__all__ = [
+    "ENV_REFERENCE",
+    "KNOB_REFERENCE",
+    "Secrets",
+    "check_environment",
+    "check_knob_references",
+    "render",
+    "target_templates",
+]
 
 ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 KNOB_REFERENCE = re.compile(r"\{(knobs(?:\.[A-Za-z0-9_-]+)+|python)\}")
@@ -70,6 +81,37 @@ def check_knob_references(templates: Iterable[tuple[str, str]], knobs: Mapping[s
     """Refuse at load time a template that names a knob the config does not hold."""
     for field, template in templates:
         render(template, knobs, field)
+
+
+def target_templates(target: CommandTarget | HttpTarget) -> list[tuple[str, str]]:
+    """(field, text) of every templated field of a network target."""
+    from optlab.config.models import CommandTarget
+
+    found = [("target.url", target.url)]
+    found += [(f"target.headers.{k}", v) for k, v in target.headers.items()]
+    if isinstance(target, CommandTarget):
+        found += [(f"target.command[{i}]", arg) for i, arg in enumerate(target.command)]
+        found += [(f"target.env.{k}", v) for k, v in target.env.items()]
+        if target.health_url:
+            found.append(("target.health_url", target.health_url))
+    return found
+
+
+def check_environment(target: Any, where: str, environ: Mapping[str, str] | None = None) -> None:
+    """Before a run is created: every `${ENV_VAR}` the target names is set."""
+    from optlab.config.models import CommandTarget, HttpTarget
+
+    if not isinstance(target, CommandTarget | HttpTarget):
+        return
+    environ = os.environ if environ is None else environ
+    for field, text in target_templates(target):
+        for name in ENV_REFERENCE.findall(text):
+            if name not in environ:
+                raise ConfigError(
+                    f"{where}: {field} needs the environment variable {name}, which is not set",
+                    hint=f"export {name}=... before `optlab run`; it is read when the run "
+                    "starts and never stored",
+                )
 
 
 class Secrets:
