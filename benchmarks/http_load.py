@@ -432,8 +432,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="auto: nginx if found, else the aiohttp fallback",
     )
     args = parser.parse_args(argv)
-    seconds = args.seconds or (2 if args.smoke else 15)
-    connections = args.connections or (16 if args.smoke else 64)
+    seconds = args.seconds or (1 if args.smoke else 15)
+    connections = args.connections or (8 if args.smoke else 64)
     warmup_s = 0.5 if args.smoke else 2.0
 
     rounds = args.rounds or (1 if args.smoke else 3)

@@ -2,7 +2,7 @@
 
 A no-op target is driven open-loop at a fixed rate (constant arrivals, default 10,000
 requests/s) with a Collector drained every runner tick, for a short and a long duration (1 and
-5 minutes; ``--smoke``: 10 s and 20 s; ``--long`` adds 15 minutes). Each duration runs in a
+5 minutes; ``--smoke``: 5 s and 10 s; ``--long`` adds 15 minutes). Each duration runs in a
 fresh subprocess, so the runs share no heap and the second does not inherit the first's
 high-water mark. The child samples its RSS with psutil every second and reports the peak, the
 requests completed, and how much RSS grew per million requests.
@@ -188,7 +188,7 @@ def describe(r: ChildResult) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="10 s and 20 s")
+    parser.add_argument("--smoke", action="store_true", help="5 s and 10 s")
     parser.add_argument("--long", action="store_true", help="add the 15-minute run")
     parser.add_argument("--rate", type=float, default=10_000.0, help="requests/s")
     parser.add_argument("--max-in-flight", type=int, default=None, help="open-loop threads")
@@ -198,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(asdict(child(args.child, args.rate, args.max_in_flight))))
         return 0
 
-    durations = [10.0, 20.0] if args.smoke else [60.0, 300.0]
+    durations = [5.0, 10.0] if args.smoke else [60.0, 300.0]
     if args.long:
         durations.append(900.0)
     load1, _, _ = os.getloadavg()

@@ -65,9 +65,9 @@ EXPECTED: dict[str, list[str]] = {
         r"^ratio optlab 1 proc / bare aiohttp loop [\d.]+",
     ],
     "memory.py": [
+        r"^run +5 s +[\d,]+ requests .*peak [\d.]+ MiB",
         r"^run +10 s +[\d,]+ requests .*peak [\d.]+ MiB",
-        r"^run +20 s +[\d,]+ requests .*peak [\d.]+ MiB",
-        r"^10 s -> 20 s: peak RSS [-+][\d.]+ MiB .*(PASS|MISS|NOT JUDGED.*)$",
+        r"^5 s -> 10 s: peak RSS [-+][\d.]+ MiB .*(PASS|MISS|NOT JUDGED.*)$",
     ],
 }
 
