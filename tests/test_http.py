@@ -585,5 +585,11 @@ def test_serve_chain_measured_over_http_shows_the_server_side_stages(
         assert row["p50_ms"] >= row["app_p50_ms"]  # the client saw the server's time and more
     # Batching shows where it acts: a queue stage appears (requests wait for their batch).
     assert rows["serve-dynamic-batch"]["queue_p50_ms"] > 0
+    # The service's own figures, read from metrics_url and accuracy_url, are in the table.
+    assert rows["serve-dynamic-batch"]["mean_batch_size"] > 1
+    assert rows["serve-baseline"]["mean_batch_size"] is None
+    for row in rows.values():
+        assert row["accuracy_top1"] > 0.9 and row["infer_ms_per_request"] > 0
+        assert row["service_cpu_pct"] > 10  # the service's process tree, sampled apart
     markdown = invoke("table", "serve-dynamic-batch", "--format", "markdown").stdout
     assert "preprocess P50" in markdown and "app P50" in markdown and "queue P50" in markdown

@@ -57,6 +57,23 @@ class _HttpRequest(StrictModel):
         None, description="status codes that count as success; default any 2xx"
     )
     connect_timeout_ms: float = Field(2_000.0, gt=0, le=600_000)
+    metrics_url: str | None = Field(
+        None,
+        pattern=r"^(https?://|\$\{)",
+        description="GET after the measured phase: a JSON object of the service's own "
+        "counters (batch sizes, cache hits), stored with the run like a python target's metrics()",
+    )
+    metrics_reset_url: str | None = Field(
+        None,
+        pattern=r"^(https?://|\$\{)",
+        description="POST when the measured phase starts, so those counters cover it alone",
+    )
+    accuracy_url: str | None = Field(
+        None,
+        pattern=r"^(https?://|\$\{)",
+        description="GET before the load: a JSON object with `top1` and optionally `drop_pts`, "
+        "judged against slo.max_accuracy_drop_pts",
+    )
     knobs_model: str | None = Field(
         None,
         pattern=REFERENCE_PATTERN,

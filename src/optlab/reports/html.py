@@ -76,6 +76,7 @@ def _table(frame: pd.DataFrame) -> tuple[str, list[str]]:
         for c, h in (
             ("error_rate", "errors"),
             ("cpu_pct", "CPU %"),
+            ("service_cpu_pct", "service CPU %"),
             ("gpu_util_pct", "GPU %"),
             ("gpu_mem_peak_mib", "GPU MiB"),
             ("mean_batch_size", "batch"),

@@ -36,7 +36,8 @@ SLO_FIELDS = {"p50_ms": "p50_ms", "p95_ms": "p95_ms", "p99_ms": "p99_ms", "p999_
 COLUMNS = (
     "experiment", "variable", "change", "hypothesis", "run_id", "runs", "status", "valid",
     "provisional", "missing", "p50_ms", "p95_ms", "p99_ms", "p999_ms", "qps", "error_rate",
-    "cpu_pct", "gpu_util_pct", "gpu_mem_peak_mib", "accuracy_top1", "infer_ms_per_request",
+    "cpu_pct", "service_cpu_pct", "gpu_util_pct", "gpu_mem_peak_mib", "accuracy_top1",
+    "infer_ms_per_request",
     "mean_batch_size", "cache_hit_rate", "qps_step_pct", "qps_step_low_pct",
     "qps_step_high_pct", "qps_cumulative_pct", "p50_step_pct", "p50_step_low_pct",
     "p50_step_high_pct", "p50_cumulative_pct", "p99_step_pct", "p99_step_low_pct",
@@ -96,6 +97,8 @@ def _figures(step: ChainStep) -> dict[str, Any]:
         "qps": run.qps,
         "error_rate": errors / (requests + errors) if requests + errors else None,
         "cpu_pct": (resources.get("cpu_process_pct") or {}).get("mean"),
+        # A service optlab started: its own process tree, where the work of the step is done.
+        "service_cpu_pct": (resources.get("service_cpu_pct") or {}).get("mean"),
         "gpu_util_pct": (resources.get("gpu_util_pct") or {}).get("mean"),
         "gpu_mem_peak_mib": gpu_mem / 2**20 if gpu_mem is not None else None,
         "reasons": list(run.reasons),

@@ -10,7 +10,7 @@ from typing import Any
 
 from optlab.config.models import ResolvedConfig, Workload
 from optlab.errors import OptlabError
-from optlab.targets.templates import Secrets
+from optlab.targets.templates import Secrets, render
 
 
 @dataclass
@@ -178,17 +178,19 @@ def _network_target(
     spec = http_spec(target, config.workload, secrets, config.knobs)
     where = secrets.redact(spec.url)
     if not isinstance(target, CommandTarget):
-        return LoadedTarget(
+        loaded = LoadedTarget(
             _not_in_process,
             bodies,
             f"http {target.method} {where}",
             client=HttpRecipe(spec, tuple(bodies)),
         )
+        service_hooks(loaded, target, config.knobs, secrets)
+        return loaded
     from optlab.targets.command import Service
 
     service = Service(target, config.knobs, secrets, folder)
     service.start()
-    return LoadedTarget(
+    loaded = LoadedTarget(
         _not_in_process,
         bodies,
         f"command {' '.join(service.info()['command'])} -> {target.method} {where}",
@@ -198,6 +200,36 @@ def _network_target(
         service_pid=service.pid,
         service_info=service.info,
     )
+    service_hooks(loaded, target, config.knobs, secrets)
+    return loaded
+
+
+def service_hooks(
+    loaded: LoadedTarget, target: Any, knobs: dict[str, Any], secrets: Secrets
+) -> None:
+    """`metrics_url`, `metrics_reset_url`, `accuracy_url` as the target's metrics(),
+    reset_metrics() and accuracy() hooks, as a python target's object would have them."""
+    from optlab.targets.http import fetch_json
+
+    def hook(
+        field: str, method: str, timeout_s: float = 30.0
+    ) -> Callable[[], dict[str, Any]] | None:
+        value = getattr(target, field)
+        if not value:
+            return None
+        where = f"target.{field}"
+        url = secrets.resolve(render(value, knobs, where), where)
+        return lambda: fetch_json(method, url, where, secrets, timeout_s=timeout_s)
+
+    loaded.metrics = hook("metrics_url", "GET") or loaded.metrics
+    loaded.accuracy = hook("accuracy_url", "GET", timeout_s=600) or loaded.accuracy
+    reset = hook("metrics_reset_url", "POST")
+    if reset is not None:
+
+        def reset_metrics() -> None:
+            reset()
+
+        loaded.reset_metrics = reset_metrics
 
 
 def load_target(

@@ -223,6 +223,44 @@ def http_bodies(workload: Workload, folder: Path) -> list[Body]:
     return [Body(b"", None)]
 
 
+def fetch_json(
+    method: str,
+    url: str,
+    field: str,
+    secrets: Secrets,
+    *,
+    timeout_s: float = 30.0,
+) -> dict[str, Any]:
+    """One side request to the service (its metrics, accuracy): a JSON object, or a
+    TargetError naming the field (the URL redacted)."""
+    import urllib.error
+    import urllib.request
+
+    from optlab.targets.base import TargetError
+
+    request = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            payload = response.read()
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise TargetError(
+            secrets.redact(f"{field}: {method} {url} failed: {exc}"),
+            hint=f"the service must answer {field} with 2xx",
+        ) from None
+    if method == "POST" and not payload.strip():
+        return {}  # a reset answers 204 No Content
+    try:
+        found = json.loads(payload)
+    except ValueError:
+        found = None
+    if not isinstance(found, dict):
+        raise TargetError(
+            secrets.redact(f"{field}: {url} did not answer with a JSON object"),
+            hint="answer with a JSON object (Content-Type application/json)",
+        )
+    return found
+
+
 # -- Server-Timing ------------------------------------------------------------------------------
 
 
