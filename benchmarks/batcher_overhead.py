@@ -32,7 +32,6 @@ Run: ``PYTHONPATH=src python benchmarks/batcher_overhead.py [--smoke]`` (~20 s; 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import platform
 import queue
@@ -42,7 +41,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+
+from provenance import source_hashes
 
 from optlab.load.timerslack import tighten_timer_slack
 from optlab.metrics.stages import RequestTiming
@@ -53,7 +53,6 @@ LONE_WAITS_MS = (1.0, 5.0)
 NEVER_MS = 10_000.0  # a deadline no round reaches: each batch closes because it is full
 LONE_SLACK_MS = 1.0  # the goal's allowance over max_wait_ms (the generator's own LATE_NS)
 WARMUP_ROUNDS = 50
-SRC = Path(__file__).resolve().parents[1] / "src" / "optlab"
 
 
 def spin(item: int, ns: int) -> int:
@@ -301,8 +300,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def code_id() -> str:
-    path = SRC / "targets" / "builtin" / "batcher.py"
-    return f"batcher.py {hashlib.sha256(path.read_bytes()).hexdigest()[:8]}"
+    return source_hashes("targets/builtin/batcher.py")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

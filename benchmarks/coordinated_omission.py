@@ -21,16 +21,15 @@ Run: ``PYTHONPATH=src python benchmarks/coordinated_omission.py [--smoke]``.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import platform
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
+from provenance import source_hashes
 
 from optlab.config.models import ClosedLoad, OpenLoad
 from optlab.load.generator import LoadGenerator
@@ -47,7 +46,6 @@ GOAL_ERROR = 0.10
 PERCENTILES = (("P50", 50.0), ("P99", 99.0), ("P99.9", 99.9))
 JUDGED = ("P99", "P99.9")  # P50 is shown, not judged: it is the service time plus overheads
 TIMEOUT_S = 30.0  # far above any stall, so no stalled request is counted as an error
-SRC = Path(__file__).resolve().parents[1] / "src" / "optlab"
 
 
 @dataclass(frozen=True)
@@ -129,13 +127,7 @@ def pct_ms(hist: LatencyHistogram, q: float) -> float:
 
 
 def code_id() -> str:
-    # The generator and the target are still changing: name the code each figure came from.
-    parts = []
-    for rel in ("load/generator.py", "targets/synthetic.py", "metrics/log.py"):
-        path = SRC / rel
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:8] if path.exists() else "?"
-        parts.append(f"{Path(rel).name} {digest}")
-    return ", ".join(parts)
+    return source_hashes("load/generator.py", "targets/synthetic.py", "metrics/log.py")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

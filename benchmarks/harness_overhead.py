@@ -20,7 +20,6 @@ Run: ``PYTHONPATH=src python benchmarks/harness_overhead.py [--smoke]``.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import platform
 import statistics
@@ -29,8 +28,9 @@ import time
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
+
+from provenance import source_hashes
 
 from optlab.config.models import ClosedLoad, OpenLoad
 from optlab.load.generator import LoadGenerator
@@ -46,7 +46,6 @@ RATE_KEPT_FRACTION = 0.99  # sending fewer than this share of the arrivals is fa
 DEFAULT_RATES = (1_000, 5_000, 10_000, 20_000, 50_000, 100_000)
 REQUESTS = list(range(64))  # like the synthetic target's default inputs
 BARE_CHECK_EVERY = 1_000  # the bare loop reads the deadline once per this many calls
-SRC = Path(__file__).resolve().parents[1] / "src" / "optlab"
 
 
 def noop(request: Any) -> Any:
@@ -154,13 +153,7 @@ def kept_schedule(result: Driven, rate: float) -> bool:
 
 
 def code_id() -> str:
-    # The generator and collector are still changing: name the code each figure came from.
-    parts = []
-    for rel in ("load/generator.py", "metrics/log.py"):
-        path = SRC / rel
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:8] if path.exists() else "?"
-        parts.append(f"{Path(rel).name} {digest}")
-    return ", ".join(parts)
+    return source_hashes("load/generator.py", "metrics/log.py")
 
 
 def verdict(ok: bool) -> str:

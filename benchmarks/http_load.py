@@ -23,7 +23,6 @@ or fails is reported on its line and the rest still runs.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import platform
@@ -42,8 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from provenance import source_hashes
+
 REPO = Path(__file__).resolve().parents[1]
-SRC = REPO / "src" / "optlab"
 GOAL_VS_LOCUST = 1.3
 DEFAULT_LOCUST_VENV = Path("/tmp/optlab-bench-locust")
 BODY = b"ok\n"
@@ -399,12 +399,7 @@ def ratio(num: float | None, den: float | None) -> str:
 
 
 def code_id() -> str:
-    parts = []
-    for rel in ("targets/http.py", "load/aio.py", "load/processes.py"):
-        path = SRC / rel
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:8] if path.exists() else "?"
-        parts.append(f"{Path(rel).name} {digest}")
-    return ", ".join(parts)
+    return source_hashes("targets/http.py", "load/aio.py", "load/processes.py")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

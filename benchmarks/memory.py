@@ -20,7 +20,6 @@ Run: ``PYTHONPATH=src python benchmarks/memory.py [--smoke] [--long] [--rate N]`
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import platform
@@ -30,8 +29,9 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
+
+from provenance import source_hashes
 
 RUNNER_TICK_S = 0.25  # optlab.runner.TICK_S: how often the runner drains the collector
 SAMPLE_S = 1.0  # RSS sampling period
@@ -41,7 +41,6 @@ GOAL_GROWTH_MIB = 20.0
 GOAL_COUNT_RATIO = 4.0
 SUSTAINED_FRACTION = 0.97  # a calibration run completing less than this share fell behind
 CALIBRATE_S = 5.0
-SRC = Path(__file__).resolve().parents[1] / "src" / "optlab"
 
 
 @dataclass(frozen=True)
@@ -164,12 +163,7 @@ def sustained_rate(rate: float, seconds: float, max_in_flight: int | None) -> fl
 
 
 def code_id() -> str:
-    parts = []
-    for rel in ("load/generator.py", "metrics/log.py", "metrics/histogram.py"):
-        path = SRC / rel
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:8] if path.exists() else "?"
-        parts.append(f"{Path(rel).name} {digest}")
-    return ", ".join(parts)
+    return source_hashes("load/generator.py", "metrics/log.py", "metrics/histogram.py")
 
 
 def describe(r: ChildResult) -> str:

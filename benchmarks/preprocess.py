@@ -30,7 +30,6 @@ Run: ``PYTHONPATH=src python benchmarks/preprocess.py [--smoke]``.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import platform
 import statistics
@@ -39,8 +38,9 @@ import time
 import tracemalloc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
+
+from provenance import source_hashes
 
 from optlab.targets.builtin.data import MODEL_SIDE, decode_reference, requests
 from optlab.targets.builtin.preprocess import VARIANTS, make_preprocessor
@@ -50,7 +50,6 @@ SIZES = (128, 256, 512)
 GOAL_SIZE = 256
 PYTHON_GOAL_MS = (3.0, 10.0)
 WARMUP_CALLS = 5
-SRC = Path(__file__).resolve().parents[1] / "src" / "optlab"
 
 
 @dataclass(frozen=True)
@@ -112,12 +111,7 @@ def traced_peak_kib(function: Callable[[bytes], Any], payloads: list[bytes]) -> 
 
 
 def code_id() -> str:
-    parts = []
-    for rel in ("targets/builtin/preprocess.py", "targets/builtin/data.py"):
-        path = SRC / rel
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:8] if path.exists() else "?"
-        parts.append(f"{Path(rel).name} {digest}")
-    return ", ".join(parts)
+    return source_hashes("targets/builtin/preprocess.py", "targets/builtin/data.py")
 
 
 def versions(torch_threads: int) -> str:

@@ -191,6 +191,18 @@ def test_bad_http_inputs_are_refused_at_load_naming_file_and_field(
     assert result.exit_code == 2 and "matches no file" in result.stderr, result.stderr
 
 
+def test_a_url_without_its_scheme_is_refused_with_an_example(
+    tmp_path: Path, invoke: Invoke
+) -> None:
+    path = http_experiment(
+        tmp_path, "noscheme", "127.0.0.1:8000/", "{mode: closed, concurrency: 1}"
+    )
+    result = invoke("diff", str(path))
+    assert result.exit_code == 2
+    assert f"{path}:2: target.url: '127.0.0.1:8000/' is not an http(s) URL" in result.stderr
+    assert "http://127.0.0.1:8000/predict" in result.stderr
+
+
 def test_processes_need_a_network_target(synth: Path, invoke: Invoke) -> None:
     path = synth / "baseline.yaml"
     text = path.read_text()

@@ -40,6 +40,8 @@ class PythonTarget(StrictModel):
 
 
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD")
+# An http(s) URL, or one that starts with a `${ENV_VAR}` resolved at run time.
+ServiceUrl = Annotated[str, Field(pattern=r"^(https?://|\$\{)")]
 # A header name as RFC 9110 allows it (a token); values are free text but never hold a newline.
 HEADER_NAME_PATTERN = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"
 
@@ -48,7 +50,7 @@ class _HttpRequest(StrictModel):
     """How each request is sent. `url` and header values may hold `${ENV_VAR}` references:
     resolved when the run starts, never stored (the stored config keeps the reference)."""
 
-    url: str = Field(pattern=r"^(https?://|\$\{)", description="where every request is sent")
+    url: ServiceUrl = Field(description="where every request is sent")
     method: Literal["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"] = "POST"
     headers: dict[Annotated[str, Field(pattern=HEADER_NAME_PATTERN)], str] = Field(
         default_factory=dict
@@ -57,20 +59,17 @@ class _HttpRequest(StrictModel):
         None, description="status codes that count as success; default any 2xx"
     )
     connect_timeout_ms: float = Field(2_000.0, gt=0, le=600_000)
-    metrics_url: str | None = Field(
+    metrics_url: ServiceUrl | None = Field(
         None,
-        pattern=r"^(https?://|\$\{)",
         description="GET after the measured phase: a JSON object of the service's own "
         "counters (batch sizes, cache hits), stored with the run like a python target's metrics()",
     )
-    metrics_reset_url: str | None = Field(
+    metrics_reset_url: ServiceUrl | None = Field(
         None,
-        pattern=r"^(https?://|\$\{)",
         description="POST when the measured phase starts, so those counters cover it alone",
     )
-    accuracy_url: str | None = Field(
+    accuracy_url: ServiceUrl | None = Field(
         None,
-        pattern=r"^(https?://|\$\{)",
         description="GET before the load: a JSON object with `top1` and optionally `drop_pts`, "
         "judged against slo.max_accuracy_drop_pts",
     )
@@ -109,7 +108,7 @@ class CommandTarget(_HttpRequest):
         default_factory=dict
     )
     cwd: str | None = Field(None, description="working directory; default the experiment's")
-    health_url: str | None = Field(None, pattern=r"^(https?://|\$\{)")
+    health_url: ServiceUrl | None = None
     ready_timeout_s: float = Field(60.0, gt=0, le=3600)
     stop_grace_s: float = Field(10.0, ge=0, le=600)
     log_tail_lines: int = Field(40, ge=0, le=10_000)

@@ -117,9 +117,24 @@ def describe_error(
         tag = located_key(error)
         message = f"needs {tag!r} to say which variant it is"
         fix = f"add {tag}: ... under {field}"
+    elif kind == "string_pattern_mismatch" and str(error.get("ctx", {}).get("pattern", "")) in (
+        PATTERN_HINTS
+    ):
+        pattern = str(error["ctx"]["pattern"])
+        message = f"{value!r} is not {PATTERN_HINTS[pattern][0]}"
+        fix = PATTERN_HINTS[pattern][1]
     else:
         message = f"{error['msg']} (got {value!r})" if "input" in error else error["msg"]
     return f"{where}: {field}: {message}", fix
+
+
+# Patterns whose regex says little to a reader: what the value must be, and an example.
+PATTERN_HINTS = {
+    r"^(https?://|\$\{)": (
+        "an http(s) URL",
+        "write it whole, e.g. http://127.0.0.1:8000/predict (or start it with ${ENV_VAR})",
+    ),
+}
 
 
 def located_key(error: Any) -> str:
