@@ -402,6 +402,28 @@ def test_command_target_chain_renders_knobs_and_stops_the_service(
     assert base.exists()
 
 
+def test_service_metrics_and_accuracy_urls_are_the_targets_hooks(
+    tmp_path: Path, invoke: Invoke
+) -> None:
+    port = free_port()
+    extra = (
+        f"  metrics_url: 'http://127.0.0.1:{port}/metrics'\n"
+        f"  metrics_reset_url: 'http://127.0.0.1:{port}/metrics/reset'\n"
+        f"  accuracy_url: 'http://127.0.0.1:{port}/accuracy'\n"
+    )
+    path = command_experiment(tmp_path, "hooks", port, extra=extra)
+    summary = summary_of(invoke("run", str(path), *FAST, "--json"))
+    assert summary["status"] == "FINISHED"
+    # Checked before the load, judged against slo.max_accuracy_drop_pts (1 point by default).
+    assert summary["accuracy"] == {"top1": 0.61, "drop_pts": 2.5, "n": 100}
+    assert summary["valid"] is False
+    assert any("accuracy" in r and "2.5" in r for r in summary["reasons"])  # type: ignore[union-attr]
+    # Reset when the measured phase started: the service counted the measured requests only
+    # (and those still in flight at its end), not the warmup's.
+    served = summary["target"]["requests"]  # type: ignore[index]
+    assert summary["requests"] <= served <= int(summary["requests"]) + 8  # type: ignore[operator]
+
+
 def test_port_in_use_is_a_clear_error(tmp_path: Path, invoke: Invoke, toy: int) -> None:
     path = command_experiment(tmp_path, "clash", toy)
     result = invoke("run", str(path), *FAST, "--json")
@@ -573,6 +595,8 @@ def test_serve_chain_measured_over_http_shows_the_server_side_stages(
     folder.mkdir()
     base = (REPO / "experiments" / "serve" / "baseline.yaml").read_text()
     base = base.replace("8765", port).replace("preprocess: python", "preprocess: numpy-pooled")
+    # The held-out check costs seconds per run; accuracy_url is tested on the toy service.
+    base = "\n".join(line for line in base.splitlines() if "accuracy_url" not in line)
     (folder / "baseline.yaml").write_text(base)
     step = (REPO / "experiments" / "serve" / "02-dynamic-batch.yaml").read_text()
     (folder / "batch.yaml").write_text(
@@ -601,7 +625,7 @@ def test_serve_chain_measured_over_http_shows_the_server_side_stages(
     assert rows["serve-dynamic-batch"]["mean_batch_size"] > 1
     assert rows["serve-baseline"]["mean_batch_size"] is None
     for row in rows.values():
-        assert row["accuracy_top1"] > 0.9 and row["infer_ms_per_request"] > 0
+        assert row["infer_ms_per_request"] > 0
         assert row["service_cpu_pct"] > 10  # the service's process tree, sampled apart
     markdown = invoke("table", "serve-dynamic-batch", "--format", "markdown").stdout
     assert "preprocess P50" in markdown and "app P50" in markdown and "queue P50" in markdown

@@ -94,9 +94,11 @@ def test_table_formats_and_default_head(chain: Path, invoke: Invoke) -> None:
 
 
 def test_check_exits_3_on_a_regressed_head_and_0_otherwise(chain: Path, invoke: Invoke) -> None:
-    passed = invoke("check", "synthetic-faster-service", "--max-regression", "p99=5%")
+    # P50 for the passing gate: one scheduler hiccup on a shared machine can double a 3 s
+    # run's P99 (seen in CI: 7.2 -> 10.7 ms for a service twice as fast), never its P50.
+    passed = invoke("check", "synthetic-faster-service", "--max-regression", "p50=5%")
     assert passed.exit_code == 0, passed.output
-    assert "optlab check: PASSED" in passed.stdout and "| p99 |" in passed.stdout
+    assert "optlab check: PASSED" in passed.stdout and "| p50 |" in passed.stdout
     failed = invoke("check", "synthetic-slower", "--max-regression", "p99=5%")
     assert failed.exit_code == 3, failed.output
     assert "optlab check: FAILED" in failed.stdout and "**FAIL**" in failed.stdout

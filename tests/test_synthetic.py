@@ -107,8 +107,9 @@ def test_a_stall_holds_a_request_until_it_ends() -> None:
     time.sleep(delay / 1e9)
     elapsed, _ = timed_call(target)
     assert elapsed == pytest.approx(91, abs=15)
-    # Outside a stall, the service time alone.
-    elapsed, _ = timed_call(target)
+    # Outside a stall, the service time alone: the quickest of three calls, since a shared
+    # machine can deschedule any one of them for a millisecond or two (seen in CI: 2.6 ms).
+    elapsed = min(timed_call(target)[0] for _ in range(3))
     assert elapsed == pytest.approx(1, abs=0.5)
 
 

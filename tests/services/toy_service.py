@@ -3,11 +3,12 @@
     python toy_service.py --port 8123 [--delay-ms 2] [--pid-file F] [--fail-every N]
 
 POST or GET / sleeps `--delay-ms` (or env TOY_DELAY_MS), then answers 200 "ok" with a
-Server-Timing header (`queue`, `work`, and a `total` that the client must not take as its own).
-Every `--fail-every`-th request answers 503. `/health` answers 200. It prints the
-Authorization header it receives and the env var TOY_SECRET on stdout (a careless service
-logging a secret: optlab must redact it), and echoes Authorization back in a 401 body when the
-request path is /echo.
+Server-Timing header (`queue`, `work`, and a `total` that the client must not take as its
+own). Every `--fail-every`-th request answers 503. `/health` answers 200; `/metrics`,
+`/metrics/reset` and `/accuracy` answer like `optlab serve`'s (a fixed accuracy 2.5 points
+below its reference). It prints the Authorization header it receives and the env var
+TOY_SECRET on stdout (a careless service logging a secret: optlab must redact it), and echoes
+Authorization back in a 401 body when the request path is /echo.
 """
 
 from __future__ import annotations
@@ -64,8 +65,25 @@ def main() -> None:
     async def health(request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
+    since_reset = 0
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.json_response({"requests": count - since_reset, "served_by": "toy"})
+
+    async def reset(request: web.Request) -> web.Response:
+        nonlocal since_reset
+        since_reset = count
+        return web.Response(status=204)
+
+    async def accuracy(request: web.Request) -> web.Response:
+        # A model that lost 2.5 points against its reference: the run must be INVALID.
+        return web.json_response({"top1": 0.61, "drop_pts": 2.5, "n": 100})
+
     app = web.Application()
     app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/metrics/reset", reset)
+    app.router.add_get("/accuracy", accuracy)
     app.router.add_route("*", "/{tail:.*}", handle)
     print(f"toy service: listening on {args.port} with delay {delay_ms} ms", flush=True)
     web.run_app(app, host="127.0.0.1", port=args.port, print=None, access_log=None)
