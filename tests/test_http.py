@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -51,21 +52,27 @@ def wait_listening(port: int, timeout_s: float = 30) -> None:
     raise AssertionError(f"nothing listens on {port}")
 
 
-@pytest.fixture(scope="module")
-def toy() -> Iterator[int]:
-    """A toy service on a free port for the whole module (a plain http target)."""
+@contextmanager
+def toy_service(*args: str) -> Iterator[int]:
+    """The toy service on a free port, killed on the way out (a graceful stop would wait for
+    requests still asleep in it)."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, str(TOY), "--port", str(port), "--delay-ms", "1", "--fail-every", "0"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        [sys.executable, str(TOY), "--port", str(port), *args], stdout=subprocess.DEVNULL
     )
     try:
         wait_listening(port)
         yield port
     finally:
-        proc.terminate()
+        proc.kill()
         proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def toy() -> Iterator[int]:
+    """A toy service for the whole module (a plain http target)."""
+    with toy_service("--delay-ms", "1") as port:
+        yield port
 
 
 def http_experiment(folder: Path, name: str, url: str, load: str, extra: str = "") -> Path:
@@ -259,13 +266,7 @@ def test_http_closed_loop_records_server_timing_stages(
 def test_http_open_loop_keeps_its_rate_and_counts_errors_by_status(
     tmp_path: Path, invoke: Invoke
 ) -> None:
-    port = free_port()
-    service = subprocess.Popen(
-        [sys.executable, str(TOY), "--port", str(port), "--delay-ms", "0", "--fail-every", "4"],
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        wait_listening(port)
+    with toy_service("--delay-ms", "0", "--fail-every", "4") as port:
         path = http_experiment(
             tmp_path,
             "toy-open",
@@ -273,9 +274,6 @@ def test_http_open_loop_keeps_its_rate_and_counts_errors_by_status(
             "{mode: open, rate: 200, arrival: constant}",
         )
         result = invoke("run", str(path), *FAST, "--json")
-    finally:
-        service.terminate()
-        service.wait(10)
     summary = summary_of(result)
     sent = int(summary["requests"]) + int(summary["errors"])  # type: ignore[call-overload]
     assert 350 <= sent <= 450  # 200/s for 2 s
@@ -298,22 +296,13 @@ def test_unreachable_service_counts_connection_errors(tmp_path: Path, invoke: In
 
 def test_a_hung_service_does_not_hang_the_run(tmp_path: Path, invoke: Invoke) -> None:
     """Requests still in flight at the end are drained for a bounded time, then abandoned."""
-    port = free_port()
-    service = subprocess.Popen(
-        [sys.executable, str(TOY), "--port", str(port), "--delay-ms", "60000"],
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        wait_listening(port)
+    with toy_service("--delay-ms", "60000") as port:  # every request asleep for a minute
         path = http_experiment(
             tmp_path, "hung", f"http://127.0.0.1:{port}/", "{mode: closed, concurrency: 3}"
         )
         started = time.monotonic()
         summary = summary_of(invoke("run", str(path), "--quick", "--duration", "1", "--json"))
         elapsed = time.monotonic() - started
-    finally:
-        service.kill()  # its handlers are asleep for a minute: no graceful stop
-        service.wait(10)
     assert summary["requests"] == 0
     assert any("3 requests were still in flight" in n for n in summary["notes"])  # type: ignore[union-attr]
     assert elapsed < 30  # 1 s warmup + 1 s measured + the 5 s drain, not the 60 s requests
