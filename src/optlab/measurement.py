@@ -11,7 +11,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -194,21 +194,13 @@ class _Measurement:
         return now - started
 
     def _flush(self) -> None:
-        # Each list is taken before its write and put back only if that write fails: Ctrl-C
-        # landing after the windows were committed (while the samples were being written) used
-        # to leave them pending, and the final flush wrote them again (UNIQUE constraint).
-        windows, self.pending_windows = self.pending_windows, []
-        try:
-            self.store.add_windows(self.run_id, window_rows(windows))
-        except BaseException:
-            self.pending_windows = windows + self.pending_windows
-            raise
-        readings, self.pending_readings = self.pending_readings, []
-        try:
-            self.store.add_resource_samples(self.run_id, resource_rows(readings))
-        except BaseException:
-            self.pending_readings = readings + self.pending_readings
-            raise
+        _write_pending(
+            self.pending_windows, lambda w: self.store.add_windows(self.run_id, window_rows(w))
+        )
+        _write_pending(
+            self.pending_readings,
+            lambda r: self.store.add_resource_samples(self.run_id, resource_rows(r)),
+        )
         self.last_flush = time.monotonic()
 
     def _warm_up(self) -> None:
@@ -428,6 +420,20 @@ class _Measurement:
             error_message=error,
         )
         return status, judged, summary
+
+
+def _write_pending(pending: list[Any], write: Callable[[list[Any]], None]) -> None:
+    """Write and empty `pending`. The list is emptied before the write and refilled only if
+    the write fails: Ctrl-C landing after one list was committed (while the next was being
+    written) used to leave it pending, and the final flush wrote it again (UNIQUE constraint).
+    """
+    taken = pending[:]
+    del pending[:]
+    try:
+        write(taken)
+    except BaseException:
+        pending[:0] = taken
+        raise
 
 
 def _who() -> str:

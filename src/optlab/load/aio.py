@@ -31,9 +31,9 @@ from optlab.config.models import ClosedLoad, OpenLoad, ReplayLoad
 from optlab.errors import ConfigError
 from optlab.load.generator import (
     LATE_NS,
-    REPLAY_MAX_IN_FLIGHT,
     START_LEAD_NS,
     StopReport,
+    in_flight_limit,
 )
 from optlab.load.schedules import indexed_trace, make_schedule
 from optlab.metrics.stages import RequestTiming
@@ -201,7 +201,7 @@ class AsyncLoadGenerator:
                 clients = len(range(index, load.concurrency, count))
                 workers = [asyncio.create_task(self._closed_worker(log)) for _ in range(clients)]
             else:
-                limit = load.max_in_flight if isinstance(load, OpenLoad) else REPLAY_MAX_IN_FLIGHT
+                limit = in_flight_limit(load)
                 workers = [asyncio.create_task(self._scheduler(load, log, limit))]
             self._ready.set()
             stopper = asyncio.create_task(self._stop_requested.wait())

@@ -31,7 +31,7 @@ from optlab.metrics.stages import CURRENT, RequestTiming
 if TYPE_CHECKING:
     from optlab.metrics.log import Collector, WorkerLog
 
-__all__ = ["LATE_NS", "REPLAY_MAX_IN_FLIGHT", "LoadGenerator", "StopReport"]
+__all__ = ["LATE_NS", "REPLAY_MAX_IN_FLIGHT", "LoadGenerator", "StopReport", "in_flight_limit"]
 
 # Sleeping is only accurate to ~50-100 us on Linux (timer slack, wake-up), so the last stretch
 # before an intended time is spun. The spin calls sleep(0), which releases the GIL, so the
@@ -45,6 +45,13 @@ MAX_LOGS = 4
 # Time zero is set a little after the threads are released, so the first intended sends are
 # not already due while the workers are still waking.
 START_LEAD_NS = 2_000_000
+
+
+def in_flight_limit(load: ClosedLoad | OpenLoad | ReplayLoad) -> int:
+    """The most requests a load has in flight at once: its clients, or its open-loop pool."""
+    if isinstance(load, ClosedLoad):
+        return load.concurrency
+    return load.max_in_flight if isinstance(load, OpenLoad) else REPLAY_MAX_IN_FLIGHT
 
 
 @dataclass(frozen=True)
@@ -190,7 +197,7 @@ class LoadGenerator:
             workers, body = load.concurrency, self._closed_worker
         else:
             self._schedule = make_schedule(load, len(self._requests), self._seed, self._trace)
-            workers = load.max_in_flight if isinstance(load, OpenLoad) else REPLAY_MAX_IN_FLIGHT
+            workers = in_flight_limit(load)
             body = self._open_worker
         self._stop_lock.acquire()
         self._gate.acquire()

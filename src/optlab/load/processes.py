@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -57,18 +56,13 @@ class _OneLog:
         return self.log
 
 
-def _die_with_parent() -> None:
-    if sys.platform != "linux":
-        return
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 def _worker(conn: Connection, job: _Job) -> None:  # pragma: no cover - runs in the child
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    _die_with_parent()
+    from optlab.targets.command import parent_death_signal
+
+    arm = parent_death_signal()
+    if arm is not None:
+        arm()  # the kernel kills this worker should optlab die without stopping it
     from optlab.load.aio import AsyncLoadGenerator
     from optlab.metrics.log import WorkerLog
     from optlab.targets.http import classify

@@ -210,16 +210,14 @@ class ResourceSampler:
         self._nvml: _Nvml | None = None
         self._process: psutil.Process | None = None
         self._procs: dict[int, psutil.Process] = {}
-        self._prev_proc_cpu: dict[int, float] = {}
+        self._own_cpu = _TreeCpu()
         self._prev_cores: list[Any] | None = None
-        self._prev_wall = 0.0
         self._last_sample = 0.0
         self.started_ns: int | None = None  # perf_counter_ns at start(), to align t_s with runs
         # A service optlab started: sampled as its own tree, and left out of optlab's figures.
         self._service: psutil.Process | None = None
         self._service_procs: dict[int, psutil.Process] = {}
-        self._prev_service_cpu: dict[int, float] = {}
-        self._prev_service_wall = 0.0
+        self._service_cpu = _TreeCpu()
         self._trees_at = -CHILDREN_REFRESH_S
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -378,25 +376,12 @@ class ResourceSampler:
         return list(self._service_procs.values())
 
     def _cpu_process_pct(self) -> float | None:
-        wall = time.perf_counter()
-        seen = _cpu_seconds(self._tracked())
-        elapsed = wall - self._prev_wall
-        previous, self._prev_proc_cpu, self._prev_wall = self._prev_proc_cpu, seen, wall
-        if self.pid not in seen or elapsed <= 0 or not previous:
-            return None
-        return _cpu_pct(seen, previous, elapsed)
+        return self._own_cpu.sample(self._tracked(), self.pid)
 
     def _service_cpu_pct(self) -> float | None:
         if self._service is None:
             return None
-        wall = time.perf_counter()
-        seen = _cpu_seconds(self._service_tree())
-        elapsed = wall - self._prev_service_wall
-        previous, self._prev_service_cpu = self._prev_service_cpu, seen
-        self._prev_service_wall = wall
-        if self._service.pid not in seen or elapsed <= 0 or not previous:
-            return None
-        return _cpu_pct(seen, previous, elapsed)
+        return self._service_cpu.sample(self._service_tree(), self._service.pid)
 
     def _cpu_host(self) -> tuple[float | None, list[float] | None, float | None]:
         try:
@@ -432,18 +417,26 @@ class ResourceSampler:
         return total
 
 
-def _cpu_seconds(procs: list[psutil.Process]) -> dict[int, float]:
-    seen: dict[int, float] = {}
-    for proc in procs:
-        try:
-            times = proc.cpu_times()
-        except psutil.Error:
-            continue
-        seen[proc.pid] = float(times.user + times.system)
-    return seen
+class _TreeCpu:
+    """CPU used by a process tree between two samples, in percent of one core."""
 
+    def __init__(self) -> None:
+        self._previous: dict[int, float] = {}
+        self._wall = 0.0
 
-def _cpu_pct(seen: dict[int, float], previous: dict[int, float], elapsed: float) -> float:
-    # Only processes present in both samples: a newcomer's lifetime CPU is not this interval's.
-    used = sum(max(0.0, cpu - previous[pid]) for pid, cpu in seen.items() if pid in previous)
-    return 100.0 * used / elapsed
+    def sample(self, procs: list[psutil.Process], root_pid: int) -> float | None:
+        wall = time.perf_counter()
+        seen: dict[int, float] = {}
+        for proc in procs:
+            try:
+                times = proc.cpu_times()
+            except psutil.Error:
+                continue
+            seen[proc.pid] = float(times.user + times.system)
+        elapsed = wall - self._wall
+        previous, self._previous, self._wall = self._previous, seen, wall
+        if root_pid not in seen or elapsed <= 0 or not previous:
+            return None
+        # Only processes present in both samples: a newcomer's lifetime CPU is not this interval's.
+        used = sum(max(0.0, cpu - previous[pid]) for pid, cpu in seen.items() if pid in previous)
+        return 100.0 * used / elapsed

@@ -10,7 +10,7 @@ from typing import Any
 
 from optlab.config.models import ResolvedConfig, Workload
 from optlab.errors import OptlabError
-from optlab.targets.templates import Secrets, render
+from optlab.targets.templates import Secrets
 
 
 @dataclass
@@ -218,7 +218,7 @@ def service_hooks(
         if not value:
             return None
         where = f"target.{field}"
-        url = secrets.resolve(render(value, knobs, where), where)
+        url = secrets.fill(value, knobs, where)
         return lambda: fetch_json(method, url, where, secrets, timeout_s=timeout_s)
 
     loaded.metrics = hook("metrics_url", "GET") or loaded.metrics

@@ -27,9 +27,9 @@ from urllib.parse import urlsplit
 from optlab.config.models import CommandTarget
 from optlab.errors import ConfigError
 from optlab.targets.base import TargetError
-from optlab.targets.templates import Secrets, render
+from optlab.targets.templates import Secrets
 
-__all__ = ["Service", "port_of"]
+__all__ = ["Service", "parent_death_signal", "port_of"]
 
 POLL_S = 0.1
 HEALTH_TIMEOUT_S = 2.0
@@ -57,10 +57,11 @@ def _listening(host: str, port: int) -> bool:
         return False
 
 
-def _death_signal() -> Callable[[], None] | None:
-    """Linux: a function for the child (between fork and exec) that makes the kernel SIGKILL
-    the service if optlab dies, even by SIGKILL (PR_SET_PDEATHSIG). The C function is looked
-    up here, in the parent: loading a library in a forked child of a threaded process can hang.
+def parent_death_signal() -> Callable[[], None] | None:
+    """Linux: a function that makes the kernel SIGKILL the calling process when its parent
+    dies, even by SIGKILL (PR_SET_PDEATHSIG). A service arms it between fork and exec, so the
+    C function is looked up here, in the parent: loading a library in a forked child of a
+    threaded process can hang.
     """
     if sys.platform != "linux":
         return None
@@ -98,22 +99,16 @@ class Service:
     ) -> None:
         self.target = target
         self.secrets = secrets
+        fill = secrets.fill
         self.argv = [
-            secrets.resolve(render(arg, knobs, f"target.command[{i}]"), f"target.command[{i}]")
-            for i, arg in enumerate(target.command)
+            fill(arg, knobs, f"target.command[{i}]") for i, arg in enumerate(target.command)
         ]
         self.env = {
-            name: secrets.resolve(render(value, knobs, f"target.env.{name}"), f"target.env.{name}")
-            for name, value in target.env.items()
+            name: fill(value, knobs, f"target.env.{name}") for name, value in target.env.items()
         }
-        url = secrets.resolve(render(target.url, knobs, "target.url"), "target.url")
-        self.host, self.port = port_of(url, "target.url")
+        self.host, self.port = port_of(fill(target.url, knobs, "target.url"), "target.url")
         self.health_url = (
-            secrets.resolve(
-                render(target.health_url, knobs, "target.health_url"), "target.health_url"
-            )
-            if target.health_url
-            else None
+            fill(target.health_url, knobs, "target.health_url") if target.health_url else None
         )
         cwd = Path(target.cwd) if target.cwd else folder
         self.cwd = cwd if cwd.is_absolute() else folder / cwd
@@ -148,7 +143,7 @@ class Service:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own group: stopped as a whole, spared our Ctrl-C
-                preexec_fn=_death_signal(),  # noqa: PLW1509
+                preexec_fn=parent_death_signal(),  # noqa: PLW1509
             )
         except OSError as exc:
             raise TargetError(

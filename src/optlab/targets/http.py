@@ -70,26 +70,10 @@ def http_spec(
     secrets: Secrets,
     knobs: dict[str, Any],
 ) -> HttpSpec:
-    from optlab.config.models import ClosedLoad, OpenLoad
-    from optlab.targets.templates import render
-
-    load = workload.load
-    if isinstance(load, ClosedLoad):
-        in_flight = load.concurrency
-    elif isinstance(load, OpenLoad):
-        in_flight = load.max_in_flight
-    else:
-        from optlab.load.generator import REPLAY_MAX_IN_FLIGHT
-
-        in_flight = REPLAY_MAX_IN_FLIGHT
-    url = secrets.resolve(render(target.url, knobs, "target.url"), "target.url")
+    from optlab.load.generator import in_flight_limit
+    url = secrets.fill(target.url, knobs, "target.url")
     headers = tuple(
-        (
-            name,
-            secrets.resolve(
-                render(value, knobs, f"target.headers.{name}"), f"target.headers.{name}"
-            ),
-        )
+        (name, secrets.fill(value, knobs, f"target.headers.{name}"))
         for name, value in target.headers.items()
     )
     return HttpSpec(
@@ -99,7 +83,7 @@ def http_spec(
         ok_status=tuple(target.ok_status) if target.ok_status is not None else None,
         connect_timeout_s=target.connect_timeout_ms / 1000,
         timeout_s=workload.timeout_ms / 1000,
-        connections=in_flight,
+        connections=in_flight_limit(workload.load),
     )
 
 

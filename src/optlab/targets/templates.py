@@ -141,6 +141,10 @@ class Secrets:
 
         return ENV_REFERENCE.sub(replace, text)
 
+    def fill(self, template: str, knobs: Mapping[str, Any], field: str) -> str:
+        """A field as the service gets it: knob references rendered, secrets resolved."""
+        return self.resolve(render(template, knobs, field), field)
+
     def redact(self, text: str) -> str:
         """`text` with every resolved value replaced by its `${NAME}` reference."""
         if not self._values or not text:
