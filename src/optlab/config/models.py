@@ -39,7 +39,6 @@ class PythonTarget(StrictModel):
     )
 
 
-HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD")
 # An http(s) URL, or one that starts with a `${ENV_VAR}` resolved at run time.
 ServiceUrl = Annotated[str, Field(pattern=r"^(https?://|\$\{)")]
 # A header name as RFC 9110 allows it (a token); values are free text but never hold a newline.

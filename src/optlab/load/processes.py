@@ -111,7 +111,6 @@ class _Worker:
         self.issued = 0
         self.completed = 0
         self.done: tuple[int, int, int, str | None] | None = None
-        self.failed: str | None = None
         self.receiver: threading.Thread | None = None
 
 
@@ -222,7 +221,6 @@ class ProcessLoadGenerator:
                 worker.done = message[1:]
                 return
             elif kind == "failed":
-                worker.failed = message[1]
                 if self._failure is None:
                     self._failure = RuntimeError(
                         f"load-generator process {worker.process.name} failed: {message[1]}"
