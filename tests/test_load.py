@@ -49,6 +49,7 @@ def measure(
     timeout_s: float = 10.0,
     requests: Sequence[Any] = tuple(range(64)),
     trace_dir: Path | None = None,
+    drain_s: float = 5.0,
 ) -> tuple[StopReport, Collector, LoadGenerator]:
     collector = Collector()
     generator = LoadGenerator(call, requests, load, timeout_s=timeout_s, trace_dir=trace_dir)
@@ -58,7 +59,7 @@ def measure(
     while time.monotonic() < deadline:
         time.sleep(0.1)
         collector.drain()  # as the runner does, so buffers stay small
-    report = generator.stop(drain_timeout_s=5.0)
+    report = generator.stop(drain_timeout_s=drain_s)
     collector.finish()
     return report, collector, generator
 
@@ -412,3 +413,46 @@ def test_a_failed_start_leaves_no_thread_waiting(monkeypatch: pytest.MonkeyPatch
     assert time.monotonic() - began < 1.0
     assert report.issued == 0
     assert all(not thread.is_alive() for thread in generator._threads)
+
+
+@pytest.mark.parametrize("load", [closed(3), open_(200.0)], ids=["closed", "open"])
+def test_a_call_that_never_returns_is_a_timeout_while_it_hangs(load: Load) -> None:
+    # One request in 40 hangs until the test releases it: it must be counted as a timeout
+    # during the run, once, not vanish (before: a VALID run with 0 errors).
+    release = threading.Event()
+    seen = itertools.count()
+
+    def call(request: int) -> None:
+        if next(seen) == 7:  # the 8th call only
+            release.wait(30)
+        else:
+            time.sleep(0.002)
+
+    try:
+        report, collector, _ = measure(
+            call, load, 1.0, timeout_s=0.2, requests=range(40), drain_s=0.3
+        )
+        ok, errors = collector.totals("measure")
+        count, example = collector.error_counts("measure")["timeout"]
+        assert count == errors == 1
+        assert ok > 100
+        assert example is not None and "the call is still running" in example
+        assert "over the 200 ms timeout" in example
+        assert report.abandoned == 1
+    finally:
+        release.set()
+
+
+def test_a_run_whose_every_call_hangs_reports_every_client_as_a_timeout() -> None:
+    release = threading.Event()
+    try:
+        report, collector, _ = measure(
+            lambda r: release.wait(30), closed(4), 0.6, timeout_s=0.2, drain_s=0.3
+        )
+        assert collector.totals("measure") == (0, 4)
+        assert report.abandoned == 4
+    finally:
+        release.set()
+    # Released afterwards, the calls are not recorded a second time.
+    time.sleep(0.1)
+    assert collector.totals("measure") == (0, 4)

@@ -45,6 +45,7 @@ MAX_LOGS = 4
 # Time zero is set a little after the threads are released, so the first intended sends are
 # not already due while the workers are still waking.
 START_LEAD_NS = 2_000_000
+WATCH_S = 0.1  # how often calls are checked for hanging past the timeout
 
 
 def in_flight_limit(load: ClosedLoad | OpenLoad | ReplayLoad) -> int:
@@ -89,15 +90,26 @@ class StopReport:
 
 
 class _Counters:
-    """Per-worker counts. Only the owning thread writes them, so they need no lock; readers
-    sum them and may be a request behind, which is all `in_flight` promises."""
+    """Per-worker counts. Only the owning thread writes the counts, so they need no lock;
+    readers sum them and may be a request behind, which is all `in_flight` promises.
 
-    __slots__ = ("completed", "issued", "late")
+    ``call_start`` / ``origin`` describe the call in progress (0 when idle), so the watchdog
+    can count a call that never returns as a timeout; ``swept`` is the `issued` number of
+    the last call the watchdog recorded, and ``lock`` decides who records a call that ends
+    just as the watchdog looks at it: the worker or the watchdog, never both.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("call_start", "completed", "issued", "late", "lock", "log", "origin", "swept")
+
+    def __init__(self, log: WorkerLog) -> None:
         self.issued = 0
         self.completed = 0
         self.late = 0
+        self.call_start = 0
+        self.origin = 0
+        self.swept = 0
+        self.lock = threading.Lock()
+        self.log = log
 
 
 def _describe(exc: BaseException) -> str:
@@ -163,6 +175,7 @@ class LoadGenerator:
         self._t0 = 0
         self._failure: BaseException | None = None
         self._report: StopReport | None = None
+        self._watchdog: threading.Thread | None = None
 
     # -- public API ---------------------------------------------------------------------------
     @property
@@ -208,10 +221,10 @@ class LoadGenerator:
         logs = [collector.new_log() for _ in range(min(workers, MAX_LOGS))]
         try:
             for i in range(workers):
-                counters = _Counters()
+                counters = _Counters(logs[i % len(logs)])
                 thread = threading.Thread(
                     target=self._run,
-                    args=(body, counters, logs[i % len(logs)]),
+                    args=(body, counters, counters.log),
                     name=f"optlab-load-{i}",
                     daemon=True,  # a target stuck forever must not keep the process alive
                 )
@@ -225,6 +238,10 @@ class LoadGenerator:
             raise
         self._t0 = time.perf_counter_ns() + START_LEAD_NS
         self._gate.release()
+        self._watchdog = threading.Thread(
+            target=self._watch, name="optlab-load-watchdog", daemon=True
+        )
+        self._watchdog.start()
 
     def stop(self, drain_timeout_s: float = 5.0) -> StopReport:
         """Stop issuing; wait up to ``drain_timeout_s`` for requests in flight to return.
@@ -240,6 +257,10 @@ class LoadGenerator:
         deadline = time.monotonic() + max(0.0, drain_timeout_s)
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+        if self._watchdog is not None:
+            self._watchdog.join()
+        # A call still hung past the timeout now is a timeout too, not a request that vanished.
+        self._sweep_timeouts()
         # From here on, requests that return are not recorded: the caller is about to close
         # the collector. A worker between this check and its record() can still slip one in.
         self._closed = True
@@ -280,12 +301,53 @@ class LoadGenerator:
             self._signal_stop()
             raise
 
+    # -- hung calls ----------------------------------------------------------------------------
+    def _watch(self) -> None:
+        """Count calls that have not returned within the timeout as timeouts while they hang.
+
+        A synchronous Python call cannot be cancelled, so without this a request that never
+        returns would be neither an error nor a latency, and a run whose every call hangs
+        would report 0 errors.
+        """
+        period = min(WATCH_S, self._timeout_ns / 4e9)
+        while not self._stop_lock.acquire(timeout=period):
+            self._sweep_timeouts()
+        self._stop_lock.release()  # pass the wake-up on
+
+    def _sweep_timeouts(self) -> None:
+        now = time.perf_counter_ns()
+        for counters in self._counters:
+            started = counters.call_start
+            if not started or now - started <= self._timeout_ns:
+                continue
+            with counters.lock:
+                # Still the same call, and not already recorded by its worker or by us.
+                if counters.call_start != started or counters.swept == counters.issued:
+                    continue
+                counters.swept = counters.issued
+                counters.log.record(
+                    now,
+                    now - counters.origin,
+                    0,
+                    0,
+                    None,
+                    "timeout",
+                    f"no reply after {(now - started) / 1e6:.1f} ms (the call is still "
+                    f"running), over the {self._timeout_ns / 1e6:g} ms timeout",
+                )
+
+    def _returned(self, counters: _Counters) -> bool:
+        """Mark the worker's call as returned; False when the watchdog already counted it."""
+        with counters.lock:
+            counters.call_start = 0
+            return counters.swept != counters.issued
+
     # -- workers: the hot path; locals everywhere because attribute lookups cost per request --
     def _closed_worker(self, counters: _Counters, log: WorkerLog) -> None:
         call, requests, n = self._call, self._requests, len(self._requests)
         round_robin = self._round_robin
         record, clock, timeout_ns = log.record, time.perf_counter_ns, self._timeout_ns
-        set_current, new_timing = CURRENT.set, RequestTiming
+        set_current, new_timing, returned = CURRENT.set, RequestTiming, self._returned
         while self._running:
             request = requests[next(round_robin) % n]
             timing = new_timing()
@@ -294,6 +356,7 @@ class LoadGenerator:
             set_current(timing)
             counters.issued += 1
             start = clock()
+            counters.origin = counters.call_start = start
             try:
                 call(request)
             except Exception as exc:
@@ -305,17 +368,19 @@ class LoadGenerator:
                 error = message = None
                 if end - start > timeout_ns:
                     # A synchronous Python call cannot be cancelled: the timeout is judged
-                    # when the call returns, and the thread was busy until then.
+                    # when the call returns (or by the watchdog while it hangs).
                     error, message = "timeout", self._timeout_message(end - start)
+            unrecorded = returned(counters)
             if self._closed:
                 return
             counters.completed += 1
-            record(end, end - start, 0, 0, timing, error, message)
+            if unrecorded:
+                record(end, end - start, 0, 0, timing, error, message)
 
     def _open_worker(self, counters: _Counters, log: WorkerLog) -> None:
         call, requests, leader = self._call, self._requests, self._leader
         record, clock, timeout_ns = log.record, time.perf_counter_ns, self._timeout_ns
-        set_current, new_timing = CURRENT.set, RequestTiming
+        set_current, new_timing, returned = CURRENT.set, RequestTiming, self._returned
         stop_lock, sleep, t0 = self._stop_lock, time.sleep, self._t0
         schedule = self._schedule
         assert schedule is not None
@@ -354,6 +419,7 @@ class LoadGenerator:
             set_current(timing)
             counters.issued += 1
             start = clock()
+            counters.origin, counters.call_start = intended, start
             try:
                 call(request)
             except Exception as exc:
@@ -366,11 +432,13 @@ class LoadGenerator:
                 if end - start > timeout_ns:
                     # Judged from the actual send: the target's time, not the generator's.
                     error, message = "timeout", self._timeout_message(end - start)
+            unrecorded = returned(counters)
             if self._closed:
                 return
             counters.completed += 1
-            # Latency from the INTENDED send time: the coordinated-omission correction.
-            record(end, end - intended, send_lag, start - intended, timing, error, message)
+            if unrecorded:
+                # Latency from the INTENDED send time: the coordinated-omission correction.
+                record(end, end - intended, send_lag, start - intended, timing, error, message)
 
     def _timeout_message(self, elapsed_ns: int) -> str:
         return (
