@@ -50,6 +50,7 @@ def run_row(r: RunRecord) -> dict[str, Any]:
         "duration_s": r.duration_s,
         "requests": r.requests,
         "errors": r.errors,
+        "errors_by_type": summary.get("errors_by_type") or {},
         "qps": r.qps,
         **{f"{k}_ms": total.get(k) for k in ("p50", "p95", "p99", "p999", "max")},
         "accuracy_top1": (summary.get("accuracy") or {}).get("top1"),

@@ -7,6 +7,7 @@ drain what is in flight (bounded), and leave a KILLED row with the partial data.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -25,6 +26,7 @@ from optlab.protocol import STABILITY_WINDOWS, EffectiveProtocol
 from optlab.store import RunRecord, Store
 from optlab.summary import (
     error_rows,
+    json_safe,
     latency_summary,
     resource_rows,
     resource_summary,
@@ -37,6 +39,7 @@ from optlab.validity import RunFacts, Verdict, halves, is_stable, verdict
 HARNESS_SERIES = ("send_lag", "start_lag")
 TICK_S = 0.25
 HEARTBEAT_S = 1.0
+STORE_RETRY_S = 60.0  # the final write rides out a database restart this long
 FLUSH_S = 5.0  # time series and resource samples reach the database at least this often
 
 
@@ -73,6 +76,11 @@ class Progress(Protocol):
     def note(self, text: str) -> None: ...
 
 
+# SIGHUP is what a closed terminal or SSH session sends: by default it kills the process at
+# once and the partial run is lost, so it ends a run the way SIGTERM does.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
 @contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
@@ -82,11 +90,12 @@ def _sigterm_as_interrupt() -> Iterator[None]:
     def handler(signum: int, frame: FrameType | None) -> None:
         raise Interrupted(f"signal {signal.Signals(signum).name}")
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {signum: signal.signal(signum, handler) for signum in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler_before in previous.items():
+            signal.signal(signum, handler_before)
 
 
 @contextmanager
@@ -95,13 +104,67 @@ def _shielded() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    previous_term = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    previous = {
+        signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, *STOP_SIGNALS)
+    }
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-        signal.signal(signal.SIGTERM, previous_term)
+        for signum, handler_before in previous.items():
+            signal.signal(signum, handler_before)
+
+
+class GuardedProgress:
+    """A Progress whose output failing never fails the measurement.
+
+    `optlab run X | head -2`, a CI log pipe that closed, or a terminal that went away
+    (EIO after SIGHUP) make every later write raise; the measurement goes on silently.
+    """
+
+    def __init__(self, inner: Progress) -> None:
+        self.inner = inner
+        self.broken: OSError | None = None
+
+    def update(self, status: LiveStatus) -> None:
+        if self.broken is None:
+            try:
+                self.inner.update(status)
+            except OSError as exc:
+                self.broken = exc
+
+    def note(self, text: str) -> None:
+        if self.broken is None:
+            try:
+                self.inner.note(text)
+            except OSError as exc:
+                self.broken = exc
+
+
+class _Heartbeat:
+    """Beats for the whole run from its own thread, also while the target builds (a model
+    may take minutes to load) or checks its accuracy, so no other optlab takes the run for
+    dead. A store that refuses a beat is retried at the next one: the run goes on."""
+
+    def __init__(self, store: Store, run_id: int, every_s: float = HEARTBEAT_S) -> None:
+        self._store, self._run_id, self._every_s = store, run_id, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="optlab-heartbeat", daemon=True)
+        self.failures = 0
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self._every_s):
+            try:
+                self._store.heartbeat(self._run_id)
+            except Exception:  # an outage: the final write retries; a beat is only a sign
+                self.failures += 1
 
 
 class _Measurement:
@@ -138,7 +201,8 @@ class _Measurement:
         self.readings: list[Any] = []
         self.pending_windows: list[Any] = []
         self.pending_readings: list[Any] = []
-        self.last_flush = self.last_beat = time.monotonic()
+        self.last_flush = time.monotonic()
+        self.store_failure: str | None = None  # the last store error, while it lasts
         self.warmup_s = 0.0
         self.measured_s = 0.0
         self.stabilised: bool | None = None
@@ -150,6 +214,9 @@ class _Measurement:
         self.service: dict[str, Any] | None = None
         # `${ENV_VAR}` values resolved for this run: every text stored about it is redacted.
         self.secrets = Secrets()
+        self.hook_notes: list[str] = []  # values a target returned that JSON cannot hold
+        self.snapshot: Any = None  # the run as first stored (optlab.store.bundle.RunBundle)
+        self.pending_path: Path | None = None
 
     # -- the loop -------------------------------------------------------------------------
     def _tick(self, phase: str, started: float, planned: float) -> float:
@@ -166,9 +233,6 @@ class _Measurement:
         readings = self.sampler.take()
         self.readings += readings
         self.pending_readings += readings
-        if now - self.last_beat >= HEARTBEAT_S:
-            self.store.heartbeat(self.run_id)
-            self.last_beat = now
         if now - self.last_flush >= FLUSH_S:
             self._flush()
         last = next((w for w in reversed(windows) if w.phase == phase), None)
@@ -194,14 +258,35 @@ class _Measurement:
         return now - started
 
     def _flush(self) -> None:
-        _write_pending(
-            self.pending_windows, lambda w: self.store.add_windows(self.run_id, window_rows(w))
-        )
-        _write_pending(
-            self.pending_readings,
-            lambda r: self.store.add_resource_samples(self.run_id, resource_rows(r)),
-        )
+        """Write the windows and samples gathered since the last flush.
+
+        A store that refuses (a database restarting, a full disk) does not stop the
+        measurement: what was not written stays pending in memory and goes with the next
+        flush, or with the final write.
+        """
         self.last_flush = time.monotonic()
+        try:
+            _write_pending(
+                self.pending_windows,
+                lambda w: self.store.add_windows(self.run_id, window_rows(w)),
+            )
+            _write_pending(
+                self.pending_readings,
+                lambda r: self.store.add_resource_samples(self.run_id, resource_rows(r)),
+            )
+        except Exception as exc:
+            if not retryable(exc):
+                raise
+            if self.store_failure is None:
+                self.progress.note(
+                    f"{self.link.name}: the database refused a write ({_first_line(exc)}); "
+                    "the measurement goes on and its data is kept until the database is back"
+                )
+            self.store_failure = _first_line(exc)
+            return
+        if self.store_failure is not None:
+            self.progress.note(f"{self.link.name}: the database is back; pending data written")
+            self.store_failure = None
 
     def _warm_up(self) -> None:
         p = self.protocol
@@ -244,6 +329,13 @@ class _Measurement:
             self.sampler.set_phase("drain")
 
     def execute(self, paths: list[Path]) -> tuple[str, Verdict, dict[str, Any]]:
+        # What the run row holds now (the database has just accepted it), so a run whose
+        # final write the database refuses can still be saved whole as a pending bundle.
+        self.snapshot = self.store.export_run(self.run_id)
+        with _Heartbeat(self.store, self.run_id):
+            return self._execute(paths)
+
+    def _execute(self, paths: list[Path]) -> tuple[str, Verdict, dict[str, Any]]:
         from optlab.load.select import generator_for
         from optlab.targets.base import load_target
 
@@ -256,7 +348,9 @@ class _Measurement:
                 if target.accuracy is not None:
                     # Before the load, not during it: it would steal the engine's cores.
                     self.progress.note(f"{self.link.name}: checking held-out accuracy")
-                    self.accuracy = _checked_accuracy(target.accuracy())
+                    self.accuracy = _checked_accuracy(
+                        json_safe(target.accuracy(), "accuracy", self.hook_notes)
+                    )
                 generator = generator_for(target, self.config.workload, paths[0])
                 self.collector.set_phase("warmup", time.perf_counter_ns())
                 self.sampler.set_phase("warmup")
@@ -270,15 +364,9 @@ class _Measurement:
         except KeyboardInterrupt as exc:
             status, interrupted = "KILLED", True
             error = f"interrupted ({exc or 'Ctrl-C'}) after {self.measured_s:.1f} s measured"
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit from user code too: stored, not lost
             status = "FAILED"
-            error = (
-                f"{exc.message}\nhint: {exc.hint}"
-                if isinstance(exc, OptlabError) and exc.hint
-                else "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            )
-            if not isinstance(exc, OptlabError):
-                error += "\n" + "".join(traceback.format_tb(exc.__traceback__)[-3:])
+            error = _failure_text(exc)
         with _shielded():
             if generator is not None:
                 report = generator.stop(self.options.drain_timeout_s)
@@ -294,33 +382,38 @@ class _Measurement:
             self.pending_windows += self.collector.take_new_windows()
             if target is not None:
                 if target.metrics is not None:
-                    try:
-                        self.target_metrics = target.metrics()
-                    except Exception as exc:  # a failing hook must not lose the run
-                        self.progress.note(
-                            self.secrets.redact(
-                                f"target metrics() raised {type(exc).__name__}: {exc}"
-                            )
-                        )
-                try:
-                    target.close()
-                except Exception as exc:  # a failing close must not lose the run
-                    self.progress.note(
-                        self.secrets.redact(f"target close() raised {type(exc).__name__}: {exc}")
+                    self.target_metrics = json_safe(
+                        self._hook("metrics()", target.metrics), "target", self.hook_notes
                     )
+                self._hook("close()", target.close)
                 if target.service_info is not None:
-                    self.service = target.service_info()
+                    self.service = json_safe(
+                        self._hook("service info", target.service_info),
+                        "service",
+                        self.hook_notes,
+                    )
             return self._store(status, error, interrupted, report)
+
+    def _hook(self, what: str, call: Callable[[], Any]) -> Any:
+        """Call a target hook after the load: whatever it raises (even SystemExit) is noted,
+        and the run is stored all the same."""
+        try:
+            return call()
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            self.progress.note(
+                self.secrets.redact(f"target {what} raised {type(exc).__name__}: {exc}")
+            )
+            return None
 
     def _store(
         self, status: str, error: str | None, interrupted: bool, report: Any
     ) -> tuple[str, Verdict, dict[str, Any]]:
-        self._flush()
         c = self.collector
-        for phase in ("warmup", "measure"):
-            histograms = c.histograms(phase)
-            if histograms:
-                self.store.add_stage_stats(self.run_id, stage_rows(phase, histograms))
+        stages_stored = [
+            row for phase in ("warmup", "measure") for row in stage_rows(phase, c.histograms(phase))
+        ]
         redact = self.secrets.redact
         if error is not None:
             error = redact(error)
@@ -328,7 +421,6 @@ class _Measurement:
             redact(kind): (count, None if example is None else redact(example))
             for kind, (count, example) in c.error_counts("measure").items()
         }
-        self.store.add_run_errors(self.run_id, error_rows(errors))
         ok, failed = c.totals("measure")
         histograms = c.histograms("measure")
         stages = {k: v for k, v in histograms.items() if k not in HARNESS_SERIES}
@@ -363,7 +455,7 @@ class _Measurement:
             max_accuracy_drop_pts=self.config.slo.max_accuracy_drop_pts,
         )
         judged = verdict(facts)
-        notes = [redact(note) for note in judged.notes]
+        notes = [redact(note) for note in [*judged.notes, *self.hook_notes]]
         if self.stabilised is False:
             notes.append(
                 f"warmup did not stabilise within {self.protocol.warmup_max_s:g} s; measured anyway"
@@ -406,20 +498,74 @@ class _Measurement:
             summary["paired"] = dict(self.paired)
         if self.parent_run is not None:
             summary["parent"] = step_against(self.parent_run, summary, self.link.plan)
-        self.store.finish_run(
-            self.run_id,
-            status=status,
-            valid=valid,
-            reasons=reasons,
-            requests=ok,
-            errors=failed,
-            qps=qps,
-            summary=summary,
-            warmup_s=self.warmup_s,
-            duration_s=self.measured_s,
-            error_message=error,
-        )
+        # A last net: nothing that strict JSON rejects reaches the store or `run --json`.
+        late_notes: list[str] = []
+        summary = json_safe(summary, "summary", late_notes)
+        summary["notes"] += late_notes
+        final = {
+            "status": status,
+            "valid": valid,
+            "reasons": reasons,
+            "requests": ok,
+            "errors": failed,
+            "qps": qps,
+            "summary": summary,
+            "warmup_s": self.warmup_s,
+            "duration_s": self.measured_s,
+            "error_message": error,
+        }
+        self.pending_path = self._persist(final, stages_stored, error_rows(errors))
         return status, judged, summary
+
+    def _persist(self, final: dict[str, Any], stages: list[Any], errors: list[Any]) -> Path | None:
+        """Store the run in one transaction, retrying through an outage; if the database
+        still refuses, save the whole run as a pending bundle (returned) that the next
+        optlab command opening this database stores. Never loses the measurement."""
+        # The whole run, not only what the 5 s flushes left pending: the store replaces the
+        # run's measurements in the same transaction, so a retry after a failed attempt
+        # (or after flushes a restart may have lost) stores exactly this.
+        windows = window_rows(
+            [*self.collector.windows("warmup"), *self.collector.windows("measure")]
+        )
+        samples = resource_rows(self.readings)
+        deadline = time.monotonic() + store_retry_s()
+        delay, told = 0.5, False
+        while True:
+            try:
+                self.store.complete_run(
+                    self.run_id,
+                    stage_stats=stages,
+                    windows=windows,
+                    samples=samples,
+                    run_errors=errors,
+                    **final,
+                )
+                return None
+            except Exception as exc:
+                failure = exc
+                if not retryable(exc) or time.monotonic() + delay > deadline:
+                    break
+                if not told:
+                    told = True
+                    self.progress.note(
+                        f"{self.link.name}: the database refused the run's final write "
+                        f"({_first_line(exc)}); retrying for up to "
+                        f"{max(deadline - time.monotonic(), 0):.0f} s"
+                    )
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        from optlab.store.bundle import save_pending
+
+        bundle = self.snapshot.completed(
+            final=final, stage_stats=stages, windows=windows, samples=samples, errors=errors
+        )
+        path = save_pending(bundle, self.store.url)
+        self.progress.note(
+            f"{self.link.name}: run {self.run_id} was measured but the database refused it "
+            f"({_first_line(failure)}); saved whole in {path}. The next optlab command that "
+            f"opens {self.store.url} stores it (or run `optlab import {path}`)"
+        )
+        return path
 
 
 def _write_pending(pending: list[Any], write: Callable[[list[Any]], None]) -> None:
@@ -487,3 +633,41 @@ def step_against(parent: RunRecord, summary: dict[str, Any], plan: Any) -> dict[
         **{f"{k}_ms": before.get(k) for k in ("p50", "p95", "p99")},
         **{f"{k}_change_pct": change(before.get(k), after.get(k)) for k in ("p50", "p95", "p99")},
     }
+
+
+def store_retry_s() -> float:
+    """How long the final write retries through a store outage before saving a pending
+    bundle: OPTLAB_STORE_RETRY_S, default 60 s."""
+    raw = os.environ.get("OPTLAB_STORE_RETRY_S")
+    try:
+        return max(0.0, float(raw)) if raw else STORE_RETRY_S
+    except ValueError:
+        return STORE_RETRY_S
+
+
+def retryable(exc: BaseException) -> bool:
+    """A store failure that may pass: a server restarting, a lock, a full disk."""
+    from sqlalchemy.exc import OperationalError
+
+    from optlab.errors import StoreError
+
+    return isinstance(exc, StoreError | OperationalError)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "message", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _failure_text(exc: BaseException) -> str:
+    """What a failed run stores as its error: the user's message, or the exception and
+    the last frames of its traceback."""
+    if isinstance(exc, OptlabError):
+        return f"{exc.message}\nhint: {exc.hint}" if exc.hint else exc.message
+    if isinstance(exc, SystemExit):
+        return (
+            f"the target called sys.exit({exc.code!r}) (SystemExit); optlab stored the run "
+            "as FAILED instead of exiting\n" + "".join(traceback.format_tb(exc.__traceback__)[-3:])
+        )
+    text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    return text + "\n" + "".join(traceback.format_tb(exc.__traceback__)[-3:])

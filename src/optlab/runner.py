@@ -8,17 +8,18 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from optlab.comparability import comparable_run
-from optlab.config.models import ResolvedConfig
+from optlab.config.models import HttpTarget, ResolvedConfig
 from optlab.environment import collect_fingerprint, material_hash
 from optlab.errors import OptlabError, RefusedError
 from optlab.lineage import Link, prepare
-from optlab.measurement import LiveStatus, Progress, RunOptions, _Measurement
+from optlab.measurement import GuardedProgress, LiveStatus, Progress, RunOptions, _Measurement
 from optlab.protocol import EffectiveProtocol, effective_protocol
 from optlab.store import RunRecord, Store
 from optlab.targets.identity import code_identity
@@ -27,6 +28,7 @@ from optlab.targets.templates import check_environment
 __all__ = ["LiveStatus", "Progress", "RunOptions", "RunOutcome", "run"]
 
 STALE_HEARTBEAT_S = 60.0
+PID_CLOCK_SLACK_S = 2.0  # process start times are read from /proc in clock ticks
 
 
 @dataclass
@@ -37,6 +39,9 @@ class RunOutcome:
     summary: dict[str, Any]
     parent_run: RunRecord | None = None
     notes: list[str] = field(default_factory=list)
+    # Measured, but the database refused it: the bundle that holds the whole run until the
+    # next optlab command that opens the database stores it.
+    pending: Path | None = None
 
 
 def _paths(link: Link) -> list[Path]:
@@ -75,6 +80,10 @@ def _measure_link(
     code = code_identity(config.target.model_dump(mode="json"), paths)
     # A secret the target needs and the environment lacks: refused before a run row exists.
     check_environment(config.target, str(link.path or link.name))
+    if isinstance(config.target, HttpTarget):
+        from optlab.targets.http import check_listening
+
+        check_listening(config.target, config.knobs, str(link.path or link.name))
     parent_run = None
     if parent is not None:
         # Refuse before anything expensive: no target is built, no row written.
@@ -111,7 +120,24 @@ def _measure_link(
         store, link, config, protocol, run_id, progress, options, parent_run, paired
     )
     status, _, summary = measurement.execute(paths)
-    return RunOutcome(run_id, link.name, status, summary, parent_run)
+    return RunOutcome(
+        run_id, link.name, status, summary, parent_run, pending=measurement.pending_path
+    )
+
+
+def process_alive(pid: int, started_at: datetime) -> bool:
+    """True when `pid` is a live process that existed when the run started: a pid reused by
+    a later process does not keep a dead run RUNNING."""
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        created = float(process.create_time())
+    except (psutil.NoSuchProcess, ValueError):
+        return False
+    except psutil.AccessDenied:  # another user's process: it exists, its age is unknown
+        return True
+    return created <= started_at.timestamp() + PID_CLOCK_SLACK_S
 
 
 def _needs_run(store: Store, link: Link, options: RunOptions, fingerprint: dict[str, Any]) -> bool:
@@ -150,7 +176,8 @@ def run(
             "--paired and --repeats both ask for several runs",
             hint="use --paired N alone: it measures the parent and the step N times each",
         )
-    crashed = store.mark_crashed(STALE_HEARTBEAT_S, pid_alive=psutil.pid_exists)
+    progress = GuardedProgress(progress)
+    crashed = store.mark_crashed(STALE_HEARTBEAT_S, pid_alive=process_alive)
     for run_id in crashed:
         progress.note(f"run {run_id} was left RUNNING by a process that is gone: marked CRASHED")
     prepared = prepare(path, store)
@@ -183,9 +210,7 @@ def run(
         tags += [None] * options.repeats
     outcomes = []
     for (link, parent), tag in zip(todo, tags, strict=True):
-        outcome = _measure_link(
-            store, link, parent, options, progress, fingerprint, env_hash, tag
-        )
+        outcome = _measure_link(store, link, parent, options, progress, fingerprint, env_hash, tag)
         outcomes.append(outcome)
         if on_outcome is not None:
             on_outcome(outcome)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -151,3 +152,52 @@ def resource_summary(readings: Sequence[ResourceReading], peak_rss: int | None) 
         "service_cpu_pct": _stats(pick("service_cpu_pct")),
         "service_rss_bytes": _stats(pick("service_rss_bytes")),
     }
+
+
+MAX_JSON_DEPTH = 32
+
+
+def json_safe(value: Any, where: str, notes: list[str], depth: int = 0) -> Any:
+    """`value` as strict JSON can hold it, with a note for anything changed.
+
+    What a target's hooks return reaches the store and `run --json`: a numpy scalar or
+    array (what `np.sum` returns), a NaN or an infinity (which strict JSON parsers reject),
+    or an arbitrary object would otherwise fail the final write and lose the run.
+    NaN/inf become null; numpy values become Python numbers and lists; anything else
+    becomes its repr.
+    """
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        notes.append(f"{where} was {value!r}, stored as null")
+        return None
+    if depth >= MAX_JSON_DEPTH:
+        notes.append(f"{where} is nested deeper than {MAX_JSON_DEPTH} levels, stored as text")
+        return _short_repr(value)
+    if isinstance(value, dict):
+        return {str(k): json_safe(v, f"{where}.{k}", notes, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v, f"{where}[{i}]", notes, depth + 1) for i, v in enumerate(value)]
+    item = getattr(value, "tolist", None) or getattr(value, "item", None)
+    if callable(item) and type(value).__module__ == "numpy":
+        try:
+            plain = item()
+        except Exception:  # a numpy object that cannot convert: fall back to its repr
+            plain = None
+        else:
+            # numpy's own float spells NaN the same way: one more pass turns it into null.
+            return json_safe(plain, where, notes, depth + 1)
+    notes.append(f"{where} is a {type(value).__name__}, not a JSON value: stored as its repr")
+    return _short_repr(value)
+
+
+def _short_repr(value: Any, limit: int = 200) -> str:
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 1] + "…"

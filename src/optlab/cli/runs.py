@@ -16,6 +16,29 @@ if TYPE_CHECKING:
     from optlab.runner import LiveStatus, RunOutcome
 
 
+LOG_NAME_MAX = 40
+
+
+def echo_or_reader_gone(text: str) -> None:
+    """Print to stdout; if the reader has gone (`| head`, a closed CI log), stop writing
+    quietly: the run is stored, and nothing else should fail for want of a reader."""
+    try:
+        click.echo(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _stdout_to_devnull()
+
+
+def _stdout_to_devnull() -> None:
+    # Python flushes stdout again at exit; pointing it at /dev/null keeps that flush from
+    # printing "Exception ignored ... BrokenPipeError".
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def _ms(value: Any) -> str:
     return "-" if value is None else f"{value:.2f}"
 
@@ -83,7 +106,7 @@ def render_summary(outcome: RunOutcome) -> str:
     lines = [
         f"run {s['run_id']} {s['experiment']}: {s['status']} {verdict}{label} "
         f"({s['protocol']} protocol, {s['load']} loop, {s['duration_s']:.1f} s measured)",
-        f"  requests {s['requests']}  errors {s['errors']}  QPS {_ms(s['qps'])}",
+        f"  requests {s['requests']}  errors {s['errors']}{_error_types(s)}  QPS {_ms(s['qps'])}",
     ]
     for reason in s["reasons"]:
         lines.append(f"  invalid: {reason}")
@@ -131,6 +154,16 @@ def render_summary(outcome: RunOutcome) -> str:
             f"P99 {_pct(parent['p99_change_pct'])}"
         )
     return "\n".join(lines)
+
+
+def _error_types(s: dict[str, Any]) -> str:
+    """Errors by type, most frequent first: "nothing listening" (ClientConnectorError) must
+    not look like "the server returns garbage" (HTTP 500)."""
+    kinds = sorted((s.get("errors_by_type") or {}).items(), key=lambda kv: (-kv[1], kv[0]))
+    if not kinds:
+        return ""
+    shown = ", ".join(f"{kind} {count}" for kind, count in kinds[:4])
+    return f" ({shown}{', ...' if len(kinds) > 4 else ''})"
 
 
 def _target_lines(s: dict[str, Any]) -> list[str]:
@@ -212,31 +245,32 @@ def run(
     environment or target code differs from the parent run's. With --paired, a slow drift
     of a shared machine cancels out of the pairwise comparison.
     """
+    from optlab.measurement import GuardedProgress
     from optlab.runner import RunOptions
     from optlab.runner import run as run_experiment
 
     options = RunOptions(quick, duration, warmup, chain, repeats)
     live = sys.stderr.isatty() and not as_json
-    progress: PlainProgress | LiveProgress = LiveProgress() if live else PlainProgress()
+    shown: PlainProgress | LiveProgress = LiveProgress() if live else PlainProgress()
+    # Output that fails (a closed pipe, a terminal gone) must never fail the measurement.
+    progress = GuardedProgress(shown)
 
     def show(outcome: RunOutcome) -> None:
-        text = render_summary(outcome)
-        if as_json:
-            click.echo(text, err=True)
-        else:
-            progress.note(text)
+        progress.note(render_summary(outcome))
 
     try:
         outcomes = run_experiment(
             Path(experiment), open_store(ctx), options, progress, show, paired=paired or 0
         )
     finally:
-        progress.close()
+        shown.close()
     if as_json and outcomes:
-        click.echo(json.dumps(outcomes[-1].summary, default=str))
+        # Strict JSON: the summary holds no NaN (the measurement made it JSON-safe).
+        echo_or_reader_gone(json.dumps(outcomes[-1].summary, default=str, allow_nan=False))
     if any(o.status == "KILLED" for o in outcomes):
         ctx.exit(130)
-    if any(o.status == "FAILED" for o in outcomes):
+    if any(o.status == "FAILED" for o in outcomes) or any(o.pending for o in outcomes):
+        # A pending run is safe on disk but not in the database yet: a script must know.
         ctx.exit(1)
 
 
@@ -246,7 +280,7 @@ def run(
 @click.pass_context
 def log(ctx: click.Context, experiment: str | None, as_json: bool) -> None:
     """List runs (oldest first) with status, validity, protocol and headline numbers."""
-    store = open_store(ctx)
+    store = open_store(ctx, read_only=True)
     runs = store.list_runs(experiment)
     if as_json:
         from optlab.api import run_row
@@ -257,8 +291,11 @@ def log(ctx: click.Context, experiment: str | None, as_json: bool) -> None:
     if not runs:
         click.echo("no runs yet" + (f" for {experiment}" if experiment else ""))
         return
+    # As wide as the longest name (up to a limit, then cut with an ellipsis), so a long
+    # name never runs into the status column.
+    width = min(max(len("experiment"), *(len(r.experiment) for r in runs)), LOG_NAME_MAX) + 2
     click.echo(
-        f"{'id':>4}  {'experiment':<20}{'status':<10}{'verdict':<22}{'QPS':>10}"
+        f"{'id':>4}  {'experiment':<{width}}{'status':<10}{'verdict':<22}{'QPS':>10}"
         f"{'P99 ms':>10}  started"
     )
     for r in runs:
@@ -266,9 +303,15 @@ def log(ctx: click.Context, experiment: str | None, as_json: bool) -> None:
         verdict = "-" if r.valid is None else ("VALID" if r.valid else "INVALID")
         if r.provisional:
             verdict += " PROVISIONAL"
+        name = r.experiment
+        if len(name) > LOG_NAME_MAX:
+            name = name[: LOG_NAME_MAX - 1] + "…"
         click.echo(
-            f"{r.id:>4}  {r.experiment:<20}{r.status:<10}{verdict:<22}{_ms(r.qps):>10}"
+            f"{r.id:>4}  {name:<{width}}{r.status:<10}{verdict:<22}{_ms(r.qps):>10}"
             f"{_ms(total.get('p99')):>10}  {r.started_at:%Y-%m-%d %H:%M:%S}"
         )
         for reason in r.reasons:
             click.echo(f"{'':6}{reason}")
+        kinds = _error_types(r.summary or {})
+        if kinds:
+            click.echo(f"{'':6}errors by type: {kinds.strip()[1:-1]}")

@@ -387,3 +387,32 @@ def classify(exc: BaseException) -> tuple[str, str]:
     except Exception:
         message = f"<{type(exc).__name__} with an unprintable message>"
     return type(exc).__name__, message
+
+
+def check_listening(target: HttpTarget, knobs: dict[str, Any], where: str) -> None:
+    """Before a run is created: something accepts connections at an `http` target's URL.
+
+    Without it a service that is not up is measured for the whole protocol as a wall of
+    connection errors. A `command` target starts its own service and waits for its health.
+    """
+    import socket
+    from urllib.parse import urlsplit
+
+    from optlab.targets.templates import Secrets
+
+    secrets = Secrets()
+    url = secrets.fill(target.url, knobs, "target.url")
+    parts = urlsplit(url)
+    host = parts.hostname or "localhost"
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=target.connect_timeout_ms / 1000):
+            return
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ConfigError(
+            f"{where}: nothing is listening at {secrets.redact(url)} "
+            f"(connecting to {host}:{port}: {reason})",
+            hint="start the service first (or give it as `kind: command` so optlab starts "
+            "it), and check target.url",
+        ) from exc

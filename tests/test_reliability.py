@@ -1,0 +1,456 @@
+"""Nothing measured is lost, nothing wrong is stored: a run against misbehaving targets,
+signals, closed pipes and a store that goes away (README: Reliability)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import Result
+
+from optlab.store import Store
+from tests.conftest import REPO, wait_for_measure, write
+
+Invoke = Callable[..., Result]
+FAST = ("--quick", "--duration", "1.5", "--warmup", "0.3")
+
+
+def _strict_json(line: str) -> dict[str, object]:
+    """What a strict parser (jq, Go, JavaScript) accepts: no NaN or Infinity."""
+
+    def refuse(token: str) -> None:
+        raise ValueError(f"{token} is not JSON")
+
+    return json.loads(line, parse_constant=refuse)  # type: ignore[no-any-return]
+
+
+def _python_target(folder: Path, module: str, source: str, **load: object) -> Path:
+    folder.mkdir(exist_ok=True)
+    write(folder, f"{module}.py", source)
+    concurrency = load.get("concurrency", 2)
+    return write(
+        folder,
+        f"{module}.yaml",
+        f"name: {module.replace('_', '-')}\n"
+        f"target: {{kind: python, factory: '{module}:build'}}\n"
+        f"workload: {{load: {{mode: closed, concurrency: {concurrency}}}, timeout_ms: 300}}\n",
+    )
+
+
+NUMPY_TARGET = """
+import numpy as np
+
+class Target:
+    def __call__(self, request):
+        return np.float32(1.0)
+
+    def metrics(self):
+        return {
+            "mean": np.float32(1.5),
+            "total": np.sum([1, 2, 3]),
+            "hist": np.array([1.0, np.nan]),
+            "ratio": float("nan"),
+            "peak": np.float64("inf"),
+            "handle": object(),
+        }
+
+
+def build(knobs):
+    return Target()
+"""
+
+
+def test_numpy_nan_and_objects_from_a_target_are_stored_json_safe(
+    tmp_path: Path, invoke: Invoke, sqlite_url: str
+) -> None:
+    # Before: the final write failed on np.float32 (the run stayed RUNNING, an SQL dump on the
+    # terminal), and a NaN was printed by `run --json` as bare NaN.
+    path = _python_target(tmp_path / "np", "numpy_target", NUMPY_TARGET)
+    result = invoke("run", str(path), *FAST, "--json")
+    assert result.exit_code == 0, result.output
+    summary = _strict_json(result.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "FINISHED"
+    target = summary["target"]
+    assert isinstance(target, dict)
+    assert target["mean"] == 1.5 and target["total"] == 6
+    assert target["hist"] == [1.0, None]
+    assert target["ratio"] is None and target["peak"] is None
+    assert isinstance(target["handle"], str) and "object" in target["handle"]
+    notes = summary["notes"]
+    assert isinstance(notes, list)
+    assert "target.ratio was nan, stored as null" in notes
+    assert any("target.handle is a object" in n for n in notes)
+    stored = Store.open(sqlite_url).get_run(int(summary["run_id"]))  # type: ignore[call-overload]
+    assert stored.status == "FINISHED" and stored.summary is not None
+    assert stored.summary["target"]["ratio"] is None
+
+
+def test_a_factory_that_calls_sys_exit_leaves_a_failed_run(
+    tmp_path: Path, invoke: Invoke, sqlite_url: str
+) -> None:
+    # Before: optlab exited 3, printed nothing and left the row RUNNING.
+    path = _python_target(
+        tmp_path / "exit", "exiting_target", "import sys\n\ndef build(knobs):\n    sys.exit(3)\n"
+    )
+    result = invoke("run", str(path), *FAST, "--json")
+    assert result.exit_code == 1, result.output
+    summary = _strict_json(result.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "FAILED" and summary["valid"] is False
+    assert "sys.exit(3)" in summary["reasons"][0]  # type: ignore[index]
+    (run,) = Store.open(sqlite_url).list_runs()
+    assert run.status == "FAILED"
+    assert run.error_message is not None and "sys.exit(3)" in run.error_message
+
+
+# The worker re-raises SystemExit so that threading's excepthook prints it: never silent.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_target_that_calls_sys_exit_during_the_load_fails_the_run(
+    tmp_path: Path, invoke: Invoke
+) -> None:
+    source = "import sys\n\ndef build(knobs):\n    return lambda request: sys.exit(4)\n"
+    path = _python_target(tmp_path / "exit2", "exit_in_call", source)
+    result = invoke("run", str(path), *FAST, "--json")
+    assert result.exit_code == 1, result.output
+    summary = _strict_json(result.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "FAILED"
+    assert "SystemExit" in summary["reasons"][0]  # type: ignore[index]
+
+
+def test_a_request_that_never_returns_is_a_timeout_not_a_valid_run(
+    tmp_path: Path, invoke: Invoke
+) -> None:
+    # Before: every call hanging gave "errors 0".
+    source = (
+        "import threading\n\nNEVER = threading.Event()\n\n"
+        "def build(knobs):\n    return lambda request: NEVER.wait()\n"
+    )
+    path = _python_target(tmp_path / "hang", "hanging_target", source)
+    result = invoke("run", str(path), *FAST, "--json")
+    summary = _strict_json(result.stdout.strip().splitlines()[-1])
+    assert summary["valid"] is False
+    assert summary["errors"] == 2 and summary["errors_by_type"] == {"timeout": 2}
+    assert "timeout 2" in result.stderr  # the error types are printed, not only a rate
+
+
+def _spawn(args: list[str], db: Path, **popen: object) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OPTLAB_DB": f"sqlite:///{db}"}
+    return subprocess.Popen(  # type: ignore[call-overload,no-any-return]
+        [sys.executable, "-m", "optlab", *args], env=env, text=True, **popen
+    )
+
+
+def test_sighup_stores_the_partial_run_like_sigterm(
+    synth: Path, invoke: Invoke, sqlite_url: str
+) -> None:
+    # The terminal or SSH session closing: before, the run died at once with no data.
+    db = Path(sqlite_url.removeprefix("sqlite:///"))
+    args = ["run", str(synth / "baseline.yaml"), "--quick", "--duration", "60", "--warmup", "0.3"]
+    proc = _spawn(args, db, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    run_id = wait_for_measure(db)
+    proc.send_signal(signal.SIGHUP)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    store = Store.open(sqlite_url)
+    killed = store.get_run(run_id)
+    assert killed.status == "KILLED" and killed.requests and killed.requests > 0
+    assert killed.error_message is not None and "signal SIGHUP" in killed.error_message
+    assert store.get_windows(run_id, "measure")
+
+
+def test_a_closed_output_pipe_never_fails_the_measurement(synth: Path, sqlite_url: str) -> None:
+    # `optlab run X 2>&1 | head -2`: before, the run FAILED with BrokenPipeError.
+    db = Path(sqlite_url.removeprefix("sqlite:///"))
+    args = ["run", str(synth / "baseline.yaml"), "--quick", "--duration", "2", "--warmup", "0.3"]
+    proc = _spawn(args, db, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    proc.stdout.readline()
+    proc.stdout.close()  # the reader is gone
+    assert proc.wait(timeout=60) == 0
+    (run,) = Store.open(sqlite_url).list_runs()
+    assert run.status == "FINISHED" and run.valid, run.reasons
+
+
+def test_heartbeats_go_on_while_a_slow_target_builds(tmp_path: Path, sqlite_url: str) -> None:
+    # Before: no heartbeat while the target built, and the next `optlab run` marked a live
+    # run CRASHED after 60 s of silence.
+    source = "import time\n\ndef build(knobs):\n    time.sleep(4)\n    return lambda r: r\n"
+    path = _python_target(tmp_path / "slow", "slow_build", source)
+    db = Path(sqlite_url.removeprefix("sqlite:///"))
+    proc = _spawn(["run", str(path), *FAST], db, cwd=tmp_path / "slow")
+    beats: list[object] = []
+    store: Store | None = None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+        if not db.exists():
+            continue
+        store = store or Store.open(sqlite_url)
+        runs = store.list_runs()
+        if runs and runs[0].status == "RUNNING":
+            beats.append(runs[0].heartbeat_at)
+    assert proc.wait(timeout=60) == 0
+    # While the factory slept, the heartbeat moved on (several distinct values).
+    assert len(set(beats)) >= 3, beats
+
+
+def test_nothing_listening_at_an_http_target_is_refused_before_a_run(
+    tmp_path: Path, invoke: Invoke, sqlite_url: str
+) -> None:
+    import socket
+
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    folder = tmp_path / "http"
+    folder.mkdir()
+    path = write(
+        folder,
+        "down.yaml",
+        f"name: down\ntarget: {{kind: http, url: 'http://127.0.0.1:{port}/predict'}}\n"
+        "workload: {load: {mode: closed, concurrency: 2}, inputs: {text: hello}}\n",
+    )
+    started = time.monotonic()
+    result = invoke("run", str(path), *FAST)
+    assert result.exit_code == 2, result.output
+    assert f"nothing is listening at http://127.0.0.1:{port}/predict" in result.stderr
+    assert "start the service first" in result.stderr
+    assert time.monotonic() - started < 5  # not 5 s of connection errors
+    assert Store.open(sqlite_url).list_runs() == []
+
+
+def test_log_keeps_long_names_out_of_the_status_column_and_shows_error_types(
+    tmp_path: Path, invoke: Invoke
+) -> None:
+    source = (
+        "def build(knobs):\n    def call(r):\n        raise ConnectionError('refused')\n"
+        "    return call\n"
+    )
+    module = "a_target_with_a_rather_long_descriptive_name_for_its_experiment"
+    path = _python_target(tmp_path / "long", module, source)
+    assert invoke("run", str(path), *FAST).exit_code == 0
+    out = invoke("log").stdout.splitlines()
+    header, row = out[0], out[1]
+    assert row.index("FINISHED") == header.index("status")
+    assert "…" in row
+    assert any("errors by type: ConnectionError" in line for line in out)
+
+
+def test_a_thread_safe_progress_that_breaks_is_ignored() -> None:
+    from optlab.measurement import GuardedProgress, LiveStatus
+
+    class Broken:
+        calls = 0
+
+        def update(self, status: LiveStatus) -> None:
+            self.calls += 1
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def note(self, text: str) -> None:
+            self.calls += 1
+            raise OSError(5, "Input/output error")  # a terminal gone after SIGHUP
+
+    inner = Broken()
+    guarded = GuardedProgress(inner)
+    status = LiveStatus("x", "measure", 1.0, 2.0, None, None, None, None, None)
+    guarded.update(status)
+    guarded.note("still here")
+    guarded.update(status)
+    assert inner.calls == 1 and isinstance(guarded.broken, BrokenPipeError)
+    assert threading.current_thread() is threading.main_thread()
+
+
+# -- the store goes away during a run (a private PostgreSQL cluster, stopped for real) ---------
+
+
+def _wait_for_measure_pg(url: str, timeout_s: float = 60) -> int:
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.exc import SQLAlchemyError
+
+    engine = create_engine(url)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            time.sleep(0.3)
+            try:
+                with engine.connect() as connection:
+                    row = connection.execute(
+                        text(
+                            "select r.id from runs r join run_windows w on w.run_id = r.id "
+                            "where r.status = 'RUNNING' and w.phase = 'measure' limit 1"
+                        )
+                    ).first()
+            except SQLAlchemyError:
+                continue
+            if row:
+                return int(row[0])
+    finally:
+        engine.dispose()
+    raise AssertionError("the run never reached its measurement phase")
+
+
+def _spawn_pg(synth: Path, url: str, *args: str, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "optlab", "run", str(synth / "baseline.yaml"), *args],
+        env={**os.environ, "PYTHONPATH": str(REPO / "src"), "OPTLAB_DB": url, **env},
+        cwd=synth.parent,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+@pytest.mark.postgres
+def test_a_run_survives_postgresql_stopped_for_10_s_mid_run(synth: Path) -> None:
+    from tests.pgcluster import private_cluster
+
+    with private_cluster() as pg:
+        proc = _spawn_pg(synth, pg.url, "--quick", "--duration", "16", "--warmup", "0.3", "--json")
+        run_id = _wait_for_measure_pg(pg.url)
+        pg.stop()  # `pg_ctl stop -m fast`: every connection is cut
+        time.sleep(10)
+        pg.start()
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 0, stderr
+        assert "the database refused a write" in stderr
+        summary = _strict_json(stdout.strip().splitlines()[-1])
+        assert summary["run_id"] == run_id and summary["status"] == "FINISHED"
+        store = Store.open(pg.url)
+        run = store.get_run(run_id)
+        assert run.status == "FINISHED" and run.requests == summary["requests"]
+        # Every measured second is stored, those of the outage included.
+        windows = store.get_windows(run_id, "measure")
+        assert len(windows) >= 15
+        # (the last, partial second is not a window of its own)
+        assert (
+            run.requests - max(w.completed for w in windows)
+            <= sum(w.completed for w in windows)
+            <= run.requests
+        )
+        assert {s.stage for s in store.get_stage_stats(run_id, "measure")} >= {"total"}
+        store.close()
+
+
+@pytest.mark.postgres
+def test_a_run_whose_store_never_comes_back_is_pending_then_stored_by_the_next_command(
+    synth: Path,
+) -> None:
+    from tests.pgcluster import private_cluster
+
+    with private_cluster() as pg:
+        proc = _spawn_pg(
+            synth,
+            pg.url,
+            "--quick",
+            "--duration",
+            "7",  # past the first 5 s flush, which the wait below looks for
+            "--warmup",
+            "0.3",
+            "--json",
+            OPTLAB_STORE_RETRY_S="2",
+        )
+        run_id = _wait_for_measure_pg(pg.url)
+        pg.stop()
+        stdout, stderr = proc.communicate(timeout=120)
+        # Measured, printed, saved on disk; exit 1 says it is not in the database yet.
+        assert proc.returncode == 1, stderr
+        summary = _strict_json(stdout.strip().splitlines()[-1])
+        assert summary["run_id"] == run_id and summary["status"] == "FINISHED"
+        pending = list((synth.parent / ".optlab" / "pending").glob("*.jsonl"))
+        assert len(pending) == 1 and str(pending[0].name) in stderr
+        pg.start()
+        log = subprocess.run(
+            [sys.executable, "-m", "optlab", "log", "--json"],
+            env={**os.environ, "PYTHONPATH": str(REPO / "src"), "OPTLAB_DB": pg.url},
+            cwd=synth.parent,
+            text=True,
+            capture_output=True,
+            timeout=60,
+        )
+        assert log.returncode == 0, log.stderr
+        assert f"stored pending run {run_id}" in log.stderr
+        rows = [json.loads(line) for line in log.stdout.splitlines()]
+        assert [(r["run_id"], r["status"]) for r in rows] == [(run_id, "FINISHED")]
+        store = Store.open(pg.url)
+        assert store.get_run(run_id).requests == summary["requests"]
+        assert store.get_windows(run_id, "measure")
+        store.close()
+        assert not list((synth.parent / ".optlab" / "pending").glob("*.jsonl"))
+
+
+# -- many runners on one database ---------------------------------------------------------------
+
+
+def _concurrent_runs(synth: Path, url: str, runners: int) -> list[subprocess.CompletedProcess[str]]:
+    """`runners` processes at once: half on one shared experiment (its first use raced),
+    the rest each on an experiment of its own."""
+    base = (synth / "baseline.yaml").read_text()
+    paths = []
+    for i in range(runners):
+        if i % 2 == 0:
+            paths.append(synth / "baseline.yaml")  # the same file, from several processes
+        else:
+            own = base.replace("synthetic-baseline", f"synthetic-own-{i}")
+            paths.append(write(synth, f"runner-{i}.yaml", own))
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OPTLAB_DB": url}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "optlab", "run", str(path), *FAST, "--json"],
+            env=env,
+            cwd=synth.parent,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for path in paths
+    ]
+    done = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=300)
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr))
+    return done
+
+
+def _every_run_stored(url: str, done: list[subprocess.CompletedProcess[str]]) -> None:
+    for result in done:
+        assert result.returncode == 0, result.stderr
+    ids = sorted(int(_strict_json(r.stdout.strip().splitlines()[-1])["run_id"]) for r in done)  # type: ignore[call-overload]
+    store = Store.open(url)
+    runs = store.list_runs()
+    assert sorted(r.id for r in runs) == ids
+    assert all(r.status == "FINISHED" and r.requests for r in runs)
+    for run in runs:
+        assert store.get_windows(run.id, "measure")
+    names = {e.name for e in store.list_experiments()}
+    assert "synthetic-baseline" in names and len(names) == 1 + len(done) // 2
+    store.close()
+
+
+def test_four_concurrent_runners_on_one_sqlite_file_store_every_run(
+    synth: Path, sqlite_url: str
+) -> None:
+    import sqlite3
+
+    done = _concurrent_runs(synth, sqlite_url, 4)
+    _every_run_stored(sqlite_url, done)
+    con = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"))
+    assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    con.close()
+
+
+@pytest.mark.postgres
+def test_eight_concurrent_runners_on_one_postgresql_database_store_every_run(
+    synth: Path,
+) -> None:
+    from tests.pgcluster import private_cluster
+
+    with private_cluster() as pg:
+        done = _concurrent_runs(synth, pg.url, 8)
+        _every_run_stored(pg.url, done)
