@@ -58,6 +58,7 @@ def experiment_record(row: SqlExperiment) -> ExperimentRecord:
 def run_record(row: SqlRun, experiment: str, config_hash: str) -> RunRecord:
     return RunRecord(
         id=row.id,
+        uid=row.uid,
         experiment=experiment,
         config_id=row.config_id,
         config_hash=config_hash,

@@ -7,6 +7,7 @@ compares the two with Alembic's `compare_metadata`.
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -45,6 +46,11 @@ EXPERIMENT_KINDS = ("baseline", "step")
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def new_uid() -> str:
+    """A run's identity: uuid4 hex, unique across every database the run is copied to."""
+    return uuid.uuid4().hex
 
 
 def canonical_json(value: Any) -> str:
@@ -182,9 +188,13 @@ class SqlRun(Base):
     __table_args__ = (
         CheckConstraint(_in_list("status", RUN_STATUSES), name="status"),
         Index(None, "experiment_id", "status"),
+        # A unique index rather than a constraint, and nullable: migration 0004 says why.
+        Index(None, "uid", unique=True),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    # The run's identity in every database it is copied to (ids differ between databases).
+    uid: Mapped[str] = mapped_column(String(32), nullable=True, default=new_uid)
     experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id"))
     config_id: Mapped[int] = mapped_column(ForeignKey("experiment_configs.id"), index=True)
     environment_id: Mapped[int | None] = mapped_column(ForeignKey("environments.id"))

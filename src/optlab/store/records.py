@@ -63,7 +63,8 @@ class EnvironmentRecord:
 
 @dataclass(frozen=True, slots=True)
 class RunRecord:
-    id: int
+    id: int  # this database's id
+    uid: str  # the run's identity in every database (see `optlab export` / `optlab import`)
     experiment: str
     config_id: int
     config_hash: str

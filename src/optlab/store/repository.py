@@ -30,6 +30,7 @@ from optlab.store.models import (
     SqlExperiment,
     SqlRun,
     canonical_json,
+    new_uid,
     utcnow,
 )
 from optlab.store.records import (
@@ -282,6 +283,7 @@ class Store(MeasurementsMixin):
                 raise NotFoundError(f"experiment {experiment!r} has no stored config")
             now = utcnow()
             run = SqlRun(
+                uid=new_uid(),
                 experiment_id=row.id,
                 config_id=row.current_config_id,
                 environment_id=environment_id,
