@@ -15,10 +15,31 @@ def db_url(ctx: click.Context) -> str | None:
     return root.obj.get("db_url") if root.obj else None
 
 
-def open_store(ctx: click.Context) -> Store:
+def open_store(ctx: click.Context, *, read_only: bool = False) -> Store:
+    """The store named by --db. `read_only`: for commands that only read. A command that
+    writes first stores the runs a failed final write left under .optlab/pending/ for this
+    database."""
     from optlab.store import Store
 
-    return Store.open(db_url(ctx))
+    store = Store.open(db_url(ctx))
+    if not read_only:
+        _store_pending(store)
+    return store
+
+
+def _store_pending(store: Store) -> None:
+    import os
+
+    from optlab.store.bundle import import_pending
+
+    for result in import_pending(store):
+        shown = os.path.relpath(result.path) if result.path else None
+        if result.action == "failed":
+            click.echo(f"optlab: pending run bundle {shown} not stored: {result.error}", err=True)
+        elif result.action == "skipped":
+            click.echo(f"pending run {result.run_id} from {shown} was already stored", err=True)
+        else:
+            click.echo(f"stored pending run {result.run_id} from {shown}", err=True)
 
 
 EXPERIMENT_PATH = click.Path(path_type=str)

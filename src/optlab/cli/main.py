@@ -63,7 +63,7 @@ def cli(ctx: click.Context, db_url: str | None) -> None:
 
 
 def _register() -> None:
-    from optlab.cli import db, demo, env, experiments, reports, runs, serve
+    from optlab.cli import bundles, db, demo, env, experiments, reports, runs, serve
 
     cli.add_command(env.env)
     cli.add_command(experiments.diff)
@@ -73,6 +73,8 @@ def _register() -> None:
     cli.add_command(db.db)
     cli.add_command(demo.demo)
     cli.add_command(serve.serve)
+    cli.add_command(bundles.export)
+    cli.add_command(bundles.import_)
     for command in (reports.table, reports.report, reports.audit, reports.check):
         cli.add_command(command)
 

@@ -131,7 +131,7 @@ def gpu_dicts(gpus: tuple[GpuSample, ...] | None) -> list[dict[str, Any]] | None
     return dicts
 
 
-def _gpu_sample(value: dict[str, Any]) -> GpuSample:
+def gpu_sample(value: dict[str, Any]) -> GpuSample:
     reasons = value.get("throttle_reasons")
     return GpuSample(
         index=value["index"],
@@ -160,5 +160,5 @@ def resource_sample(row: SqlResourceSample) -> ResourceSample:
         iowait_pct=row.iowait_pct,
         service_cpu_pct=row.service_cpu_pct,
         service_rss_bytes=row.service_rss_bytes,
-        gpus=None if gpus is None else tuple(_gpu_sample(gpu) for gpu in gpus),
+        gpus=None if gpus is None else tuple(gpu_sample(gpu) for gpu in gpus),
     )

@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager
 from dataclasses import asdict
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
 from optlab.errors import NotFoundError
@@ -41,6 +41,50 @@ def _check_phase(phase: str) -> None:
         raise ValueError(f"phase must be one of {PHASES}, not {phase!r}")
 
 
+def _sample_values(samples: Sequence[ResourceSample]) -> list[dict[str, Any]]:
+    values = []
+    for sample in samples:
+        _check_phase(sample.phase)
+        value = asdict(sample)
+        del value["cpu_per_core"], value["gpus"]
+        value["cpu_per_core_json"] = (
+            None if sample.cpu_per_core is None else list(sample.cpu_per_core)
+        )
+        value["gpu_json"] = gpu_dicts(sample.gpus)
+        values.append(value)
+    return values
+
+
+def replace_measurements(
+    session: Session,
+    run_id: int,
+    *,
+    stage_stats: Sequence[StageStatsRow],
+    windows: Sequence[WindowStats],
+    samples: Sequence[ResourceSample],
+    errors: Sequence[RunErrorCount],
+) -> None:
+    """Make these the run's measurements, in the caller's transaction.
+
+    Delete and insert rather than merge: the result is exactly what was given however much a
+    failed attempt (or the 5 s flushes) stored before, and resource samples have no key to
+    merge on.
+    """
+    for phase in [row.phase for row in stage_stats] + [window.phase for window in windows]:
+        _check_phase(phase)
+    for model in (SqlStageStats, SqlWindow, SqlResourceSample, SqlRunError):
+        session.execute(delete(model).where(model.run_id == run_id))
+    tables: list[tuple[type[Any], list[dict[str, Any]]]] = [
+        (SqlStageStats, [asdict(row) for row in stage_stats]),
+        (SqlWindow, [asdict(window) for window in windows]),
+        (SqlResourceSample, _sample_values(samples)),
+        (SqlRunError, [asdict(error) for error in errors]),
+    ]
+    for model, values in tables:
+        if values:
+            session.execute(insert(model), [{**value, "run_id": run_id} for value in values])
+
+
 class MeasurementsMixin:
     """Measurement methods of `Store`; they rely only on its `session_scope`."""
 
@@ -58,17 +102,7 @@ class MeasurementsMixin:
         self._insert(run_id, SqlWindow, [asdict(window) for window in windows])
 
     def add_resource_samples(self, run_id: int, samples: Sequence[ResourceSample]) -> None:
-        values = []
-        for sample in samples:
-            _check_phase(sample.phase)
-            value = asdict(sample)
-            del value["cpu_per_core"], value["gpus"]
-            value["cpu_per_core_json"] = (
-                None if sample.cpu_per_core is None else list(sample.cpu_per_core)
-            )
-            value["gpu_json"] = gpu_dicts(sample.gpus)
-            values.append(value)
-        self._insert(run_id, SqlResourceSample, values)
+        self._insert(run_id, SqlResourceSample, _sample_values(samples))
 
     def add_run_errors(self, run_id: int, errors: Sequence[RunErrorCount]) -> None:
         self._insert(run_id, SqlRunError, [asdict(error) for error in errors])

@@ -41,9 +41,10 @@ from optlab.store.records import (
     RunStatus,
     StoredConfig,
 )
+from optlab.store.transfer import TransferMixin
 
 
-class Store(MeasurementsMixin):
+class Store(MeasurementsMixin, TransferMixin):
     """optlab's database. Create one with `Store.open()`; close it (or use `with`)."""
 
     def __init__(self, engine: Engine) -> None:
