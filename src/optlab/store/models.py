@@ -7,6 +7,7 @@ compares the two with Alembic's `compare_metadata`.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -90,6 +91,49 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.astimezone(UTC)
 
 
+# What some backend refuses or mangles in text: C0 control characters other than tab, newline
+# and carriage return (PostgreSQL rejects NUL outright), and lone surrogates, which are not
+# UTF-8 (Python makes them when it decodes bytes with errors="surrogateescape").
+_UNSTORABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def storable_text(value: str) -> str:
+    """`value` with what some backend cannot store spelled as a Python escape (NUL as the
+    four characters `\\x00`): a target's error message or a binary response body quoted as
+    an error example must not cost the run it belongs to.
+
+    One way only: the escape is for people reading the text, and a literal `\\x00` typed in
+    a description reads back the same as an escaped NUL.
+    """
+    return _UNSTORABLE.sub(_escape, value)
+
+
+class StorableText(TypeDecorator[str]):
+    """Text that every backend stores (see `storable_text`); every Text column uses it.
+
+    Applied to bound values, so a lookup by a name holding a NUL finds the row stored
+    under the same name.
+    """
+
+    impl: type[String] = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        return None if value is None else storable_text(value)
+
+
+class StorableString(StorableText):
+    """`StorableText` for String(length) columns."""
+
+    impl = String
+    cache_ok = True
+
+
 class JSONText(TypeDecorator[Any]):
     """JSON stored as canonical text (sorted keys, compact).
 
@@ -103,7 +147,8 @@ class JSONText(TypeDecorator[Any]):
     def process_bind_param(self, value: Any, dialect: Dialect) -> str | None:
         if value is None:
             return None
-        return canonical_json(value)
+        # json.dumps already escapes control characters; this catches lone surrogates.
+        return storable_text(canonical_json(value))
 
     def process_result_value(self, value: str | None, dialect: Dialect) -> Any:
         if value is None:
@@ -131,16 +176,16 @@ class SqlExperiment(Base):
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    name: Mapped[str] = mapped_column(String(200), unique=True)
-    kind: Mapped[str] = mapped_column(String(16))
+    name: Mapped[str] = mapped_column(StorableString(200), unique=True)
+    kind: Mapped[str] = mapped_column(StorableString(16))
     parent_id: Mapped[int | None] = mapped_column(ForeignKey("experiments.id"))
     # use_alter: experiments and experiment_configs reference each other, so this key is
     # added after both tables exist (PostgreSQL refuses a forward reference at CREATE).
     current_config_id: Mapped[int | None] = mapped_column(
         ForeignKey("experiment_configs.id", use_alter=True)
     )
-    description: Mapped[str | None] = mapped_column(Text)
-    hypothesis: Mapped[str | None] = mapped_column(Text)
+    description: Mapped[str | None] = mapped_column(StorableText)
+    hypothesis: Mapped[str | None] = mapped_column(StorableText)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 
@@ -161,12 +206,12 @@ class SqlConfig(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id"))
     config_json: Mapped[dict[str, Any]] = mapped_column(JSONText)
-    config_hash: Mapped[str] = mapped_column(String(64))
+    config_hash: Mapped[str] = mapped_column(StorableString(64))
     change_json: Mapped[dict[str, Any] | None] = mapped_column(JSONText)
-    variable: Mapped[str | None] = mapped_column(String(200))
-    parent_config_hash: Mapped[str | None] = mapped_column(String(64))
-    source_path: Mapped[str] = mapped_column(Text)
-    source_hash: Mapped[str] = mapped_column(String(64))
+    variable: Mapped[str | None] = mapped_column(StorableString(200))
+    parent_config_hash: Mapped[str | None] = mapped_column(StorableString(64))
+    source_path: Mapped[str] = mapped_column(StorableText)
+    source_hash: Mapped[str] = mapped_column(StorableString(64))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
     experiment: Mapped[SqlExperiment] = relationship(foreign_keys=[experiment_id])
@@ -176,9 +221,9 @@ class SqlEnvironment(Base):
     __tablename__ = "environments"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    fingerprint_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    fingerprint_hash: Mapped[str] = mapped_column(StorableString(64), unique=True)
     # The hash of only the parts that change performance; runs are comparable when it matches.
-    material_hash: Mapped[str] = mapped_column(String(64), index=True)
+    material_hash: Mapped[str] = mapped_column(StorableString(64), index=True)
     fingerprint_json: Mapped[dict[str, Any]] = mapped_column(JSONText)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
@@ -194,19 +239,19 @@ class SqlRun(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     # The run's identity in every database it is copied to (ids differ between databases).
-    uid: Mapped[str] = mapped_column(String(32), nullable=True, default=new_uid)
+    uid: Mapped[str] = mapped_column(StorableString(32), nullable=True, default=new_uid)
     experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id"))
     config_id: Mapped[int] = mapped_column(ForeignKey("experiment_configs.id"), index=True)
     environment_id: Mapped[int | None] = mapped_column(ForeignKey("environments.id"))
-    status: Mapped[str] = mapped_column(String(16))
-    protocol_name: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(StorableString(16))
+    protocol_name: Mapped[str] = mapped_column(StorableString(64))
     protocol_json: Mapped[dict[str, Any]] = mapped_column(JSONText)
     provisional: Mapped[bool] = mapped_column(Boolean)
     repeat: Mapped[bool] = mapped_column(Boolean)
     code_identity_json: Mapped[dict[str, Any]] = mapped_column(JSONText)
-    git_commit: Mapped[str | None] = mapped_column(String(64))
+    git_commit: Mapped[str | None] = mapped_column(StorableString(64))
     git_dirty: Mapped[bool | None] = mapped_column(Boolean)
-    hostname: Mapped[str] = mapped_column(String(255))
+    hostname: Mapped[str] = mapped_column(StorableString(255))
     pid: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime)
     heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime)
@@ -219,7 +264,7 @@ class SqlRun(Base):
     errors: Mapped[int | None] = mapped_column(BigInteger)
     qps: Mapped[float | None] = mapped_column(Double)
     summary_json: Mapped[dict[str, Any] | None] = mapped_column(JSONText)
-    error_message: Mapped[str | None] = mapped_column(Text)
+    error_message: Mapped[str | None] = mapped_column(StorableText)
 
     experiment: Mapped[SqlExperiment] = relationship()
     config: Mapped[SqlConfig] = relationship()
@@ -240,8 +285,8 @@ class SqlStageStats(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = _run_fk()
-    stage: Mapped[str] = mapped_column(String(64))
-    phase: Mapped[str] = mapped_column(String(16))
+    stage: Mapped[str] = mapped_column(StorableString(64))
+    phase: Mapped[str] = mapped_column(StorableString(16))
     count: Mapped[int] = mapped_column(BigInteger)
     min_ms: Mapped[float | None] = mapped_column(Double)
     mean_ms: Mapped[float | None] = mapped_column(Double)
@@ -253,7 +298,7 @@ class SqlStageStats(Base):
     p999_ms: Mapped[float | None] = mapped_column(Double)
     max_ms: Mapped[float | None] = mapped_column(Double)
     # HdrHistogram encode() output: lossless, and mergeable across runs and processes.
-    histogram: Mapped[str] = mapped_column(Text)
+    histogram: Mapped[str] = mapped_column(StorableText)
 
 
 class SqlWindow(Base):
@@ -262,7 +307,7 @@ class SqlWindow(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = _run_fk()
-    phase: Mapped[str] = mapped_column(String(16))
+    phase: Mapped[str] = mapped_column(StorableString(16))
     t_s: Mapped[int] = mapped_column(Integer)
     completed: Mapped[int] = mapped_column(BigInteger)
     errors: Mapped[int] = mapped_column(BigInteger)
@@ -281,7 +326,7 @@ class SqlResourceSample(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = _run_fk()
-    phase: Mapped[str] = mapped_column(String(16))
+    phase: Mapped[str] = mapped_column(StorableString(16))
     t_s: Mapped[float] = mapped_column(Double)
     cpu_process_pct: Mapped[float | None] = mapped_column(Double)
     cpu_system_pct: Mapped[float | None] = mapped_column(Double)
@@ -301,6 +346,6 @@ class SqlRunError(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = _run_fk()
-    error_type: Mapped[str] = mapped_column(String(200))
+    error_type: Mapped[str] = mapped_column(StorableString(200))
     count: Mapped[int] = mapped_column(BigInteger)
-    example: Mapped[str | None] = mapped_column(Text)
+    example: Mapped[str | None] = mapped_column(StorableText)
