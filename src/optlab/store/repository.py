@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, Select, func, select
 from sqlalchemy.exc import IntegrityError, OperationalError
@@ -42,6 +42,33 @@ from optlab.store.records import (
     StoredConfig,
 )
 from optlab.store.transfer import TransferMixin
+
+_Row = TypeVar("_Row", SqlExperiment, SqlConfig, SqlEnvironment)
+
+
+def _insert_or_get(session: Session, query: Select[_Row], new: Callable[[], _Row]) -> _Row:
+    """The row `query` finds, else `new()` inserted - or, when another process inserted the
+    same unique key first, that process's row.
+
+    Select-then-insert alone races: two processes storing the same new experiment both find
+    nothing, and the second insert fails on the unique constraint. The insert runs in a
+    SAVEPOINT, so losing the race rolls back only the insert, and the row is selected again
+    (PostgreSQL's READ COMMITTED sees the winner's commit; SQLite's BEGIN IMMEDIATE already
+    lets one writer in at a time).
+    """
+    existing = session.scalar(query)
+    if existing is not None:
+        return existing
+    row = new()
+    try:
+        with session.begin_nested():
+            session.add(row)
+    except IntegrityError:
+        existing = session.scalar(query)
+        if existing is None:
+            raise  # another constraint failed: a real error, not a lost race
+        return existing
+    return row
 
 
 class Store(MeasurementsMixin, TransferMixin):
@@ -162,26 +189,24 @@ class Store(MeasurementsMixin, TransferMixin):
             raise ValueError("a baseline has no parent and a step must have one")
         with self.session_scope() as session:
             parent_row = None if parent is None else self._experiment_row(session, parent)
-            experiment = session.scalar(select(SqlExperiment).where(SqlExperiment.name == name))
-            if experiment is None:
-                experiment = SqlExperiment(name=name)
-                session.add(experiment)
-            else:
-                # Only an existing experiment can already be somebody's ancestor.
-                self._refuse_cycle(experiment, parent_row)
+            experiment = _insert_or_get(
+                session,
+                select(SqlExperiment).where(SqlExperiment.name == name),
+                lambda: SqlExperiment(name=name, kind=kind, parent=parent_row),
+            )
+            self._refuse_cycle(experiment, parent_row)
             experiment.kind = kind
             experiment.parent = parent_row
             experiment.description = description
             experiment.hypothesis = hypothesis
             experiment.updated_at = utcnow()
             session.flush()
-            row = session.scalar(
+            row = _insert_or_get(
+                session,
                 select(SqlConfig).where(
                     SqlConfig.experiment_id == experiment.id, SqlConfig.config_hash == config_hash
-                )
-            )
-            if row is None:
-                row = SqlConfig(
+                ),
+                lambda: SqlConfig(
                     experiment=experiment,
                     config_json=config,
                     config_hash=config_hash,
@@ -190,8 +215,8 @@ class Store(MeasurementsMixin, TransferMixin):
                     parent_config_hash=parent_config_hash,
                     source_path=source_path,
                     source_hash=source_hash,
-                )
-                session.add(row)
+                ),
+            )
             experiment.current_config = row
             session.flush()
             return stored_config(row, name)
@@ -227,27 +252,18 @@ class Store(MeasurementsMixin, TransferMixin):
     def record_environment(self, fingerprint: dict[str, Any], material_hash: str) -> int:
         """Store a fingerprint once (by the hash of its canonical JSON); return its id."""
         fingerprint_hash = hashlib.sha256(canonical_json(fingerprint).encode()).hexdigest()
-        query = select(SqlEnvironment.id).where(SqlEnvironment.fingerprint_hash == fingerprint_hash)
-        try:
-            with self.session_scope() as session:
-                existing = session.scalar(query)
-                if existing is not None:
-                    return existing
-                row = SqlEnvironment(
+        query = select(SqlEnvironment).where(SqlEnvironment.fingerprint_hash == fingerprint_hash)
+        with self.session_scope() as session:
+            row = _insert_or_get(
+                session,
+                query,
+                lambda: SqlEnvironment(
                     fingerprint_hash=fingerprint_hash,
                     material_hash=material_hash,
                     fingerprint_json=fingerprint,
-                )
-                session.add(row)
-                session.flush()
-                return row.id
-        except IntegrityError:
-            # Another process stored the same fingerprint between our read and our write.
-            with self.session_scope() as session:
-                existing = session.scalar(query)
-                if existing is None:
-                    raise
-                return existing
+                ),
+            )
+            return row.id
 
     def get_environment(self, environment_id: int) -> EnvironmentRecord:
         with self.session_scope() as session:
