@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from optlab.config.loading import ExperimentFile, load_experiment
-from optlab.config.source import read_yaml
+from optlab.config.source import read_name
 from optlab.errors import ConfigError, NotFoundError
 
 EXPERIMENT_SUFFIXES = (".yaml", ".yml")
@@ -23,16 +23,20 @@ class Catalog:
 
     @classmethod
     def scan(cls, folder: Path) -> Catalog:
+        """Index the folder by `name`. Only each file's first YAML events are read (a
+        neighbour is loaded in full only once it is a parent), so one odd or hostile file
+        beside the experiment cannot make a command slow; such files are noted, not fatal."""
         catalog = cls(folder)
         for path in sorted(folder.iterdir()):
+            # is_file() follows links and is false for FIFOs and devices: never opened.
             if path.suffix not in EXPERIMENT_SUFFIXES or not path.is_file():
                 continue
             try:
-                name = read_yaml(path).data.get("name")
+                name = read_name(path)
             except ConfigError as exc:
                 catalog.unreadable[path] = exc.message
                 continue
-            if isinstance(name, str):
+            if name is not None:
                 catalog.by_name.setdefault(name, []).append(path)
         return catalog
 
