@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from optlab.config.models import BASELINE_ONLY_KEYS
-from optlab.config.source import SourceFile
+from optlab.config.source import KeyPath, SourceFile
 from optlab.errors import RefusedError
 
 
@@ -19,13 +21,38 @@ class _Absent:
 ABSENT: Any = _Absent()
 
 
+# A key printed bare in a path; any other key (a dot, a space, a slash) is printed quoted, so
+# the knob "lr.decay" never reads like the field decay of a knob lr.
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def describe_key(key: str | int) -> str:
+    if isinstance(key, int):
+        return f"[{key}]"
+    return key if _BARE_KEY.match(key) else json.dumps(key, ensure_ascii=False)
+
+
+def describe_path(keys: KeyPath) -> str:
+    """For humans only: `knobs.batching.max_batch_size`, `knobs."lr.decay"`, `hosts[0]`.
+    Code compares and groups the tuple itself, never this text."""
+    out = ""
+    for key in keys:
+        part = describe_key(key)
+        out += part if isinstance(key, int) or not out else f".{part}"
+    return out
+
+
 @dataclass(frozen=True)
 class PathChange:
-    """One leaf that differs: `knobs.batching.max_batch_size`, old -> new."""
+    """One leaf that differs: ("knobs", "batching", "max_batch_size"), old -> new."""
 
-    path: str
+    keys: KeyPath
     old: Any
     new: Any
+
+    @property
+    def path(self) -> str:
+        return describe_path(self.keys)
 
 
 @dataclass(frozen=True)
@@ -38,7 +65,7 @@ class VariableChange:
     fields: tuple[PathChange, ...]
 
     def describe(self) -> str:
-        return f"{self.name}: {render_value(self.old)} -> {render_value(self.new)}"
+        return f"{describe_key(self.name)}: {render_value(self.old)} -> {render_value(self.new)}"
 
 
 @dataclass(frozen=True)
@@ -68,13 +95,12 @@ def render_value(value: Any) -> str:
     return str(value)
 
 
-def diff_values(old: Any, new: Any, prefix: str = "") -> list[PathChange]:
+def diff_values(old: Any, new: Any, prefix: KeyPath = ()) -> list[PathChange]:
     """Every leaf path where `old` and `new` differ; mappings are compared key by key."""
     if isinstance(old, dict) and isinstance(new, dict):
         changes: list[PathChange] = []
         for key in [*old, *(k for k in new if k not in old)]:
-            path = f"{prefix}.{key}" if prefix else str(key)
-            changes += diff_values(old.get(key, ABSENT), new.get(key, ABSENT), path)
+            changes += diff_values(old.get(key, ABSENT), new.get(key, ABSENT), (*prefix, key))
         return changes
     if old == new and type(old) is type(new):
         return []
@@ -82,10 +108,12 @@ def diff_values(old: Any, new: Any, prefix: str = "") -> list[PathChange]:
 
 
 def group_by_variable(old_knobs: dict[str, Any], new_knobs: dict[str, Any]) -> list[VariableChange]:
-    """Knob diffs grouped by top-level knob: fields of one group change together as one."""
+    """Knob diffs grouped by top-level knob: fields of one group change together as one.
+    The group is the first key of the path tuple: a knob named "lr.decay" is its own
+    variable, not a field of a knob "lr"."""
     groups: dict[str, list[PathChange]] = {}
     for change in diff_values(old_knobs, new_knobs):
-        groups.setdefault(change.path.split(".")[0], []).append(change)
+        groups.setdefault(str(change.keys[0]), []).append(change)
     return [
         VariableChange(
             name, old_knobs.get(name, ABSENT), new_knobs.get(name, ABSENT), tuple(fields)
@@ -124,7 +152,7 @@ def plan_step(
     hidden = [
         c
         for section in BASELINE_ONLY_KEYS
-        for c in diff_values(parent_config.get(section), config.get(section), section)
+        for c in diff_values(parent_config.get(section), config.get(section), (section,))
     ]
     if hidden:
         raise RefusedError(
@@ -165,6 +193,12 @@ def plan_step(
     return Plan(name, parent, config, config_hash, variables[0])
 
 
+MAX_NAME_CHARS = 100  # models.NAME_PATTERN
+SLUG_CHARS = 40
+STEM_BYTES = 120  # with the slug and suffix, well under the 255 bytes a file name may hold
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+
+
 @dataclass(frozen=True)
 class SplitFile:
     filename: str
@@ -181,17 +215,51 @@ def propose_split(
     change: dict[str, Any],
 ) -> list[SplitFile]:
     """One file per variable, in the order the change lists them. The last keeps the
-    original name, so steps that already name this experiment as parent still resolve."""
+    original name, so steps that already name this experiment as parent still resolve.
+
+    File and experiment names are derived from knob names, which may hold anything (a
+    slash, a dot, 300 characters): they are reduced to safe characters, bounded, and made
+    unique, so every proposed file can be written and loads as a valid experiment."""
     ordered = sorted(variables, key=lambda v: list(change).index(v.name) if v.name in change else 0)
+    stem = _bounded(source.path.stem, STEM_BYTES)
+    used_names = {name, parent}
+    used_files = {source.path.name, f"{source.path.name}.orig"}
     files: list[SplitFile] = []
     previous = parent
-    stem = source.path.stem
     for index, variable in enumerate(ordered):
-        last = index == len(ordered) - 1
-        step_name = name if last else f"{name}-{variable.name}"
-        filename = source.path.name if last else f"{stem}-{variable.name}{source.path.suffix}"
+        if index == len(ordered) - 1:
+            step_name, filename = name, source.path.name
+        else:
+            slug = knob_slug(variable.name)
+            # 4 characters spare for "-" and a counter: the name stays within NAME_PATTERN.
+            step_name = _unique(f"{name[: MAX_NAME_CHARS - len(slug) - 4]}-{slug}", "", used_names)
+            filename = _unique(f"{stem}-{slug}", source.path.suffix, used_files)
         files.append(
             SplitFile(filename, step_name, previous, {variable.name: change[variable.name]})
         )
         previous = step_name
     return files
+
+
+def knob_slug(knob: str) -> str:
+    """A knob name as a safe part of file and experiment names: letters, digits, '-' and '_'
+    (no '/', no dots, so never `..` or a hidden file), at most SLUG_CHARS."""
+    return _UNSAFE.sub("-", knob).strip("-_")[:SLUG_CHARS].strip("-_") or "knob"
+
+
+def _bounded(text: str, limit: int) -> str:
+    while len(text.encode()) > limit:
+        text = text[:-1]
+    return text
+
+
+def _unique(base: str, tail: str, used: set[str]) -> str:
+    """base+tail, or base-2+tail, base-3+tail...: the first not used yet (two knobs may share
+    a slug: "a/b" and "a.b" are both "a-b")."""
+    counter = 1
+    while True:
+        candidate = f"{base}{'' if counter == 1 else f'-{counter}'}{tail}"
+        if candidate not in used:
+            used.add(candidate)
+            return candidate
+        counter += 1

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from optlab.cli.common import EXPERIMENT_PATH, open_store
-from optlab.plan import render_value
+from optlab.plan import describe_path, render_value
 
 
 @click.command()
@@ -38,7 +38,10 @@ def diff(ctx: click.Context, experiment: str, as_json: bool) -> None:
                 "name": variable.name,
                 "old": variable.old,
                 "new": variable.new,
-                "fields": [{"path": f.path, "old": f.old, "new": f.new} for f in variable.fields],
+                "fields": [
+                    {"path": f.path, "keys": list(f.keys), "old": f.old, "new": f.new}
+                    for f in variable.fields
+                ],
             },
             "chain": [{"experiment": link.name, "action": link.action} for link in prepared.chain],
         }
@@ -53,10 +56,10 @@ def diff(ctx: click.Context, experiment: str, as_json: bool) -> None:
     else:
         click.echo(f"{plan.experiment}: changes 1 variable against {plan.parent}")
         click.echo(f"  {variable.describe()}")
-        if len(variable.fields) > 1 or variable.fields[0].path != variable.name:
+        if len(variable.fields) > 1 or variable.fields[0].keys != (variable.name,):
             for field in variable.fields:
                 old, new = render_value(field.old), render_value(field.new)
-                click.echo(f"    knobs.{field.path}: {old} -> {new}")
+                click.echo(f"    {describe_path(('knobs', *field.keys))}: {old} -> {new}")
     for link in prepared.chain:
         if link.action not in ("unchanged", "from database"):
             click.echo(f"config of {link.name}: {link.action}", err=True)
