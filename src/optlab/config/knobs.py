@@ -12,9 +12,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class StrictModel(BaseModel):
-    """Typos are errors, never silent no-ops; loaded configs are immutable."""
+    """Typos are errors, never silent no-ops; loaded configs are immutable; NaN and infinity
+    are never settings (NaN passes every bound check, and stored JSON cannot hold either)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class BatchingOff(StrictModel):

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from optlab.config.knobs import BuiltinKnobs, ImageInputs
+from optlab.config.limits import check_load
 from optlab.config.models import (
     BASELINE_ONLY_KEYS,
     BaselineFile,
@@ -55,6 +56,13 @@ def is_step(data: dict[str, Any]) -> bool:
 def load_experiment(path: Path) -> ExperimentFile:
     source = read_yaml(path)
     data = source.data
+    if "parent" in data and data["parent"] is None:
+        # An explicit decision either way: a null parent is neither a baseline nor a step.
+        raise ConfigError(
+            f"{source.where(('parent',))}: parent: null names no parent experiment",
+            hint="remove the `parent` key for a baseline (a file with the full config), or "
+            "name the experiment this step builds on, e.g. parent: baseline",
+        )
     if is_step(data):
         misplaced = [k for k in (*BASELINE_ONLY_KEYS, "knobs") if k in data]
         if misplaced:
@@ -191,6 +199,12 @@ def resolve_baseline(experiment: ExperimentFile) -> dict[str, Any]:
             hint="remove `processes`, or serve the model (`optlab serve`) and measure it as a "
             "command target",
         )
+    check_load(
+        workload,
+        experiment.source,
+        threaded=isinstance(spec.target, BuiltinTarget | PythonTarget),
+        kind=spec.target.kind,
+    )
     resolved = ResolvedConfig(
         target=spec.target,
         knobs=knobs,

@@ -12,6 +12,7 @@ from optlab.config.knobs import StrictModel
 # module.path:attribute, as in entry points.
 REFERENCE_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 BUILTIN_TARGETS = ("image-classifier", "synthetic")
 
 
@@ -103,9 +104,7 @@ class CommandTarget(_HttpRequest):
 
     kind: Literal["command"]
     command: list[str] = Field(min_length=1)
-    env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = Field(
-        default_factory=dict
-    )
+    env: dict[Annotated[str, Field(pattern=ENV_NAME_PATTERN)], str] = Field(default_factory=dict)
     cwd: str | None = Field(None, description="working directory; default the experiment's")
     health_url: ServiceUrl | None = None
     ready_timeout_s: float = Field(60.0, gt=0, le=3600)

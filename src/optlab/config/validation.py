@@ -11,6 +11,12 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from optlab.config.models import (
+    ENV_NAME_PATTERN,
+    HEADER_NAME_PATTERN,
+    NAME_PATTERN,
+    REFERENCE_PATTERN,
+)
 from optlab.config.source import KeyPath, SourceFile
 from optlab.errors import ConfigError
 
@@ -120,19 +126,43 @@ def describe_error(
     elif kind == "string_pattern_mismatch" and str(error.get("ctx", {}).get("pattern", "")) in (
         PATTERN_HINTS
     ):
-        pattern = str(error["ctx"]["pattern"])
-        message = f"{value!r} is not {PATTERN_HINTS[pattern][0]}"
-        fix = PATTERN_HINTS[pattern][1]
+        what, rule = PATTERN_HINTS[str(error["ctx"]["pattern"])]
+        message = f"{value!r} is not {what}"
+        fix = rule
+    elif kind == "finite_number":
+        message = f"{value!r} is not a finite number"
+        fix = f"give {field} a finite number"
     else:
         message = f"{error['msg']} (got {value!r})" if "input" in error else error["msg"]
     return f"{where}: {field}: {message}", fix
 
 
-# Patterns whose regex says little to a reader: what the value must be, and an example.
+# Patterns whose regex says little to a reader: what the value must be, the rule in words, and
+# an example.
 PATTERN_HINTS = {
     r"^(https?://|\$\{)": (
         "an http(s) URL",
         "write it whole, e.g. http://127.0.0.1:8000/predict (or start it with ${ENV_VAR})",
+    ),
+    NAME_PATTERN: (
+        "a valid experiment name",
+        "a name is letters, digits, '-', '_' and '.', starting with a letter or digit, at most "
+        "100 characters, e.g. fp16-batch8",
+    ),
+    REFERENCE_PATTERN: (
+        "a module:function reference",
+        "a reference is an importable module path, a colon, then a function or class "
+        "name, each part letters, digits and '_' (no '-'), e.g. my_model.serving:build",
+    ),
+    ENV_NAME_PATTERN: (
+        "an environment variable name",
+        "an environment variable name is letters, digits and '_', not starting with a "
+        "digit, e.g. MODEL_PATH",
+    ),
+    HEADER_NAME_PATTERN: (
+        "an HTTP header name",
+        "a header name is letters, digits and !#$%&'*+.^_`|~- with no spaces or ':', "
+        "e.g. X-Api-Key",
     ),
 }
 
