@@ -169,6 +169,7 @@ def test_laptop_runs_round_trip_through_the_team_store(
             (BASELINE, "imported"),
             (STEP, "imported"),
         ]
+        assert [r.run_id for r in first] == [1, 2]  # the rehearsal used up no ids
         again = team.import_bundles(read_bundles([tmp_path / "laptop.jsonl"]))
         assert [r.action for r in again] == ["skipped", "skipped"]
         assert [r.run_id for r in again] == [r.run_id for r in first]

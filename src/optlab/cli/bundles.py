@@ -86,7 +86,8 @@ def export(
         click.echo(f"run {run.id} {run.experiment}: {run.status} (uid {run.uid})")
     for run in result.left_out:
         click.echo(f"left out run {run.id} {run.experiment}: still RUNNING", err=True)
-    click.echo(f"wrote {len(result.runs)} runs to {result.path}")
+    count = len(result.runs)
+    click.echo(f"wrote {count} run{'' if count == 1 else 's'} to {result.path}")
 
 
 @click.command("import")

@@ -306,12 +306,12 @@ class TransferMixin:
         """
         try:
             with self.session_scope() as session:
-                return self._import(session, bundle, measurements=True)
+                return self._import(session, bundle)
         except IntegrityError:
             # Another process stored this run, an experiment or the environment at the same
             # moment; a second look finds them.
             with self.session_scope() as session:
-                return self._import(session, bundle, measurements=True)
+                return self._import(session, bundle)
 
     def import_bundles(self, bundles: Sequence[RunBundle]) -> list[ImportResult]:
         """Import each bundle in its own transaction, after a rehearsal of all of them in one
@@ -319,16 +319,20 @@ class TransferMixin:
         try:
             with self.session_scope() as session:
                 for bundle in bundles:
-                    self._import(session, bundle, measurements=False)
+                    self._import(session, bundle, rehearsal=True)
                 raise _Rehearsal
         except _Rehearsal:
             pass
         return [self.import_bundle(bundle) for bundle in bundles]
 
-    def _import(self, session: Session, bundle: RunBundle, *, measurements: bool) -> ImportResult:
+    def _import(
+        self, session: Session, bundle: RunBundle, *, rehearsal: bool = False
+    ) -> ImportResult:
+        """A rehearsal makes only the checks that can refuse, and the experiments that later
+        bundles' checks need; it inserts no run (a PostgreSQL id would be used up)."""
         existing = session.scalar(select(SqlRun).where(SqlRun.uid == bundle.uid))
         if existing is not None:
-            return self._import_existing(session, existing, bundle, measurements=measurements)
+            return self._import_existing(session, existing, bundle, rehearsal=rehearsal)
         if bundle.run["status"] == RunStatus.RUNNING:
             raise RefusedError(
                 f"run {bundle.uid} of {bundle.experiment} was still RUNNING when it was "
@@ -336,6 +340,8 @@ class TransferMixin:
                 hint="export it again once it has finished (or has been marked CRASHED)",
             )
         config = self._ensure_chain(session, bundle)
+        if rehearsal:
+            return ImportResult(bundle.uid, None, "imported", bundle.experiment)
         row = SqlRun(
             uid=bundle.uid,
             experiment_id=config.experiment_id,
@@ -345,12 +351,11 @@ class TransferMixin:
         )
         session.add(row)
         session.flush()
-        if measurements:
-            self._replace_from(session, row.id, bundle)
+        self._replace_from(session, row.id, bundle)
         return ImportResult(bundle.uid, row.id, "imported", bundle.experiment)
 
     def _import_existing(
-        self, session: Session, row: SqlRun, bundle: RunBundle, *, measurements: bool
+        self, session: Session, row: SqlRun, bundle: RunBundle, *, rehearsal: bool
     ) -> ImportResult:
         stored = (row.experiment.name, row.config.config_hash)
         if stored != (bundle.experiment, bundle.run["config_hash"]):
@@ -361,8 +366,9 @@ class TransferMixin:
                 hint="the bundle does not belong with this database; import it into another",
             )
         if row.status in _INCOMPLETE_STATUSES and bundle.run["status"] in _FINAL_STATUSES:
-            if measurements:
-                self._replace_from(session, row.id, bundle)
+            if rehearsal:
+                return ImportResult(bundle.uid, row.id, "completed", bundle.experiment)
+            self._replace_from(session, row.id, bundle)
             keys = [*FINAL_FIELDS, "finished_at", "heartbeat_at"]
             for key, value in _column_values(bundle.run, keys).items():
                 setattr(row, key, value)
