@@ -31,5 +31,11 @@ class StoreError(OptlabError):
     """The database cannot be used as it is (wrong schema version, unreachable)."""
 
 
+class StoreUnavailable(StoreError):
+    """The database failed for a reason that may pass: connection refused or lost, the server
+    shutting down, a lock held too long, a full disk. Worth retrying later; nothing is wrong
+    with the database itself."""
+
+
 class NotFoundError(OptlabError):
     """A named experiment, run or file does not exist."""

@@ -16,12 +16,13 @@ def db_url(ctx: click.Context) -> str | None:
 
 
 def open_store(ctx: click.Context, *, read_only: bool = False) -> Store:
-    """The store named by --db. `read_only`: for commands that only read. A command that
-    writes first stores the runs a failed final write left under .optlab/pending/ for this
-    database."""
+    """The store named by --db. `read_only`: for commands that only read; they then work on
+    read-only media and on a database they may not write, and never create one. A command
+    that writes first stores the runs a failed final write left under .optlab/pending/ for
+    this database."""
     from optlab.store import Store
 
-    store = Store.open(db_url(ctx))
+    store = Store.open(db_url(ctx), read_only=read_only)
     if not read_only:
         _store_pending(store)
     return store

@@ -41,7 +41,7 @@ def table(ctx: click.Context, head: str | None, fmt: str) -> None:
 
     HEAD is an experiment's name or its file; it defaults to the newest chain head.
     """
-    store = open_store(ctx)
+    store = open_store(ctx, read_only=True)
     frame = _frame(store, head)
     if fmt == "rich":
         from optlab.reports.terminal import print_table
@@ -85,7 +85,7 @@ def report(ctx: click.Context, head: str | None, path: Path) -> None:
     """
     from optlab.reports.html import collect_report, render_html
 
-    store = open_store(ctx)
+    store = open_store(ctx, read_only=True)
     frame = _frame(store, head)
     text = render_html(frame, collect_report(store, frame))
     if path.parent and not path.parent.exists():
@@ -113,7 +113,7 @@ def audit(ctx: click.Context, head: str | None, as_json: bool) -> None:
     """
     from optlab.reports.audit import build_audit, render_audit
 
-    store = open_store(ctx)
+    store = open_store(ctx, read_only=True)
     result = build_audit(store, _frame(store, head))
     if as_json:
         click.echo(json.dumps(result.as_dict(), default=str))
@@ -167,7 +167,7 @@ def check(
             "optlab check needs at least one threshold",
             hint="for example: optlab check HEAD --max-regression p99=5% --min-gain qps=10%",
         )
-    store = open_store(ctx)
+    store = open_store(ctx, read_only=True)
     frame = _frame(store, head)
     result = evaluate(frame, thresholds, against)
     click.echo(render_gate(result, str(frame.attrs.get("protocol_label"))), nl=False)

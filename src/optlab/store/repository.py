@@ -16,12 +16,13 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine, Select, func, select
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from optlab.errors import NotFoundError, StoreError
+from optlab.errors import NotFoundError
 from optlab.store.convert import experiment_record, run_record, stored_config
 from optlab.store.database import default_url, make_engine, masked, verify_or_create
+from optlab.store.faults import failed
 from optlab.store.measurements import MeasurementsMixin, require_run
 from optlab.store.models import (
     EXPERIMENT_KINDS,
@@ -80,15 +81,16 @@ class Store(MeasurementsMixin, TransferMixin):
         self._sessions = sessionmaker(bind=engine, expire_on_commit=False)
 
     @classmethod
-    def open(cls, url: str | None = None) -> Store:
+    def open(cls, url: str | None = None, *, read_only: bool = False) -> Store:
         """Open `url` (default: `default_url()`), creating a new database at schema head.
 
-        Raises StoreError for an unreachable database, one at an older or newer schema
-        revision, or one that is not an optlab database.
+        Raises StoreError for an unreachable or damaged database, one at an older or newer
+        schema revision, or one that is not an optlab database. `read_only`: for commands
+        that only read; nothing is created or written, so read-only media work too.
         """
-        engine = make_engine(url or default_url())
+        engine = make_engine(url or default_url(), read_only=read_only)
         try:
-            verify_or_create(engine)
+            verify_or_create(engine, read_only=read_only)
         except BaseException:
             engine.dispose()
             raise
@@ -125,14 +127,14 @@ class Store(MeasurementsMixin, TransferMixin):
         try:
             yield session
             session.commit()
-        except OperationalError as exc:
+        except DBAPIError as exc:
             session.rollback()
-            # Lost connections and lock timeouts are the user's to fix, not a bug.
-            raise StoreError(
-                f"database {self.url} failed: {str(exc.orig).strip() or type(exc).__name__}",
-                hint="check that the database is reachable and not locked by another "
-                "process, then run the command again",
-            ) from exc
+            # The engine already turns known conditions into StoreError as they happen
+            # (faults.install); this catches the rest, e.g. an unknown OperationalError.
+            found = failed(self._engine.url, exc)
+            if found is None:
+                raise
+            raise found from exc
         except BaseException:
             session.rollback()
             raise
