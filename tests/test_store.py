@@ -745,3 +745,37 @@ def test_window_series_of_many_runs_in_one_query(store: Store) -> None:
     assert store.window_series([], ("qps",)) == {}
     with pytest.raises(ValueError, match="unknown window fields"):
         store.window_series([first], ("qps; DROP TABLE runs",))
+
+
+def test_a_run_whose_process_is_alive_on_this_host_is_never_marked_crashed(store: Store) -> None:
+    # A target that takes minutes to build used to be marked CRASHED by the next `optlab run`
+    # after 60 s of silence while its process was alive.
+    import subprocess
+    import sys
+
+    from optlab.runner import process_alive
+
+    save_baseline(store)
+    alive, gone, reused = start_run(store), start_run(store), start_run(store)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    finished = subprocess.Popen([sys.executable, "-c", "pass"])
+    finished.wait()
+    long_ago = datetime.now(UTC) - timedelta(hours=2)
+    with store.session_scope() as session:
+        session.execute(
+            update(SqlRun).where(SqlRun.id == alive).values(pid=sleeper.pid, heartbeat_at=long_ago)
+        )
+        session.execute(update(SqlRun).where(SqlRun.id == gone).values(pid=finished.pid))
+        # A live pid that started after the run did: a reused pid, not the run's process.
+        session.execute(
+            update(SqlRun)
+            .where(SqlRun.id == reused)
+            .values(pid=sleeper.pid, started_at=long_ago, heartbeat_at=long_ago)
+        )
+    try:
+        assert store.mark_crashed(stale_after_s=60, pid_alive=process_alive) == [gone, reused]
+        assert store.get_run(alive).status == "RUNNING"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert store.mark_crashed(stale_after_s=60, pid_alive=process_alive) == [alive]

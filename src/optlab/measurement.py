@@ -167,6 +167,73 @@ class _Heartbeat:
                 self.failures += 1
 
 
+class _Flusher:
+    """Writes a run's windows and resource samples every FLUSH_S from its own thread, so a
+    live run shows its data and a crash keeps it.
+
+    Never on the measurement's loop: a database that is locked or restarting can make one
+    write wait for tens of seconds, and the loop must go on timing the load. A write the
+    store refuses is kept and retried at the next flush; the final write stores the whole
+    run anyway (`_Measurement._persist`).
+    """
+
+    def __init__(self, store: Store, run_id: int, progress: Progress, name: str) -> None:
+        self._store, self._run_id, self._progress, self._name = store, run_id, progress, name
+        self._lock = threading.Lock()
+        self._windows: list[Any] = []
+        self._readings: list[Any] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="optlab-flush", daemon=True)
+        self.failure: str | None = None  # the store's last refusal, while it lasts
+
+    def __enter__(self) -> _Flusher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def offer(self, windows: list[Any], readings: list[Any]) -> None:
+        with self._lock:
+            self._windows += windows
+            self._readings += readings
+
+    def close(self) -> None:
+        """Stop flushing; returns once a write under way has ended."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(FLUSH_S):
+            self._flush()
+
+    def _flush(self) -> None:
+        with self._lock:
+            windows, self._windows = self._windows, []
+            readings, self._readings = self._readings, []
+        try:
+            if windows:
+                self._store.add_windows(self._run_id, window_rows(windows))
+                windows = []
+            if readings:
+                self._store.add_resource_samples(self._run_id, resource_rows(readings))
+        except Exception as exc:
+            with self._lock:  # kept, in order, for the next flush
+                self._windows[:0] = windows
+                self._readings[:0] = readings
+            if self.failure is None:
+                self._progress.note(
+                    f"{self._name}: the database refused a write ({_first_line(exc)}); the "
+                    "measurement goes on and its data is kept until the database is back"
+                )
+            self.failure = _first_line(exc)
+            return
+        if self.failure is not None:
+            self._progress.note(f"{self._name}: the database is back; pending data written")
+            self.failure = None
+
+
 class _Measurement:
     """One run of one experiment, from RUNNING to a terminal status."""
 
@@ -199,10 +266,7 @@ class _Measurement:
         self.collector = Collector()
         self.sampler = ResourceSampler()
         self.readings: list[Any] = []
-        self.pending_windows: list[Any] = []
-        self.pending_readings: list[Any] = []
-        self.last_flush = time.monotonic()
-        self.store_failure: str | None = None  # the last store error, while it lasts
+        self.flusher = _Flusher(store, run_id, progress, link.name)
         self.warmup_s = 0.0
         self.measured_s = 0.0
         self.stabilised: bool | None = None
@@ -229,12 +293,9 @@ class _Measurement:
             self.target.check()  # a service that died fails the run, with its log tail
         now = time.monotonic()
         windows = self.collector.take_new_windows()
-        self.pending_windows += windows
         readings = self.sampler.take()
         self.readings += readings
-        self.pending_readings += readings
-        if now - self.last_flush >= FLUSH_S:
-            self._flush()
+        self.flusher.offer(windows, readings)
         last = next((w for w in reversed(windows) if w.phase == phase), None)
         if last is not None:
             self.last_window = last
@@ -256,37 +317,6 @@ class _Measurement:
             )
         )
         return now - started
-
-    def _flush(self) -> None:
-        """Write the windows and samples gathered since the last flush.
-
-        A store that refuses (a database restarting, a full disk) does not stop the
-        measurement: what was not written stays pending in memory and goes with the next
-        flush, or with the final write.
-        """
-        self.last_flush = time.monotonic()
-        try:
-            _write_pending(
-                self.pending_windows,
-                lambda w: self.store.add_windows(self.run_id, window_rows(w)),
-            )
-            _write_pending(
-                self.pending_readings,
-                lambda r: self.store.add_resource_samples(self.run_id, resource_rows(r)),
-            )
-        except Exception as exc:
-            if not retryable(exc):
-                raise
-            if self.store_failure is None:
-                self.progress.note(
-                    f"{self.link.name}: the database refused a write ({_first_line(exc)}); "
-                    "the measurement goes on and its data is kept until the database is back"
-                )
-            self.store_failure = _first_line(exc)
-            return
-        if self.store_failure is not None:
-            self.progress.note(f"{self.link.name}: the database is back; pending data written")
-            self.store_failure = None
 
     def _warm_up(self) -> None:
         p = self.protocol
@@ -332,7 +362,7 @@ class _Measurement:
         # What the run row holds now (the database has just accepted it), so a run whose
         # final write the database refuses can still be saved whole as a pending bundle.
         self.snapshot = self.store.export_run(self.run_id)
-        with _Heartbeat(self.store, self.run_id):
+        with _Heartbeat(self.store, self.run_id), self.flusher:
             return self._execute(paths)
 
     def _execute(self, paths: list[Path]) -> tuple[str, Verdict, dict[str, Any]]:
@@ -376,10 +406,10 @@ class _Measurement:
                     error = f"a load generator failed: {report.failure!r}"
             self.collector.finish()
             self.sampler.stop()
-            final = self.sampler.take()
-            self.readings += final
-            self.pending_readings += final
-            self.pending_windows += self.collector.take_new_windows()
+            self.readings += self.sampler.take()
+            # The final write stores every window and sample; a flush still under way must
+            # end first, or its rows would land after (and beside) the final ones.
+            self.flusher.close()
             if target is not None:
                 if target.metrics is not None:
                     self.target_metrics = json_safe(
@@ -568,20 +598,6 @@ class _Measurement:
         return path
 
 
-def _write_pending(pending: list[Any], write: Callable[[list[Any]], None]) -> None:
-    """Write and empty `pending`. The list is emptied before the write and refilled only if
-    the write fails: Ctrl-C landing after one list was committed (while the next was being
-    written) used to leave it pending, and the final flush wrote it again (UNIQUE constraint).
-    """
-    taken = pending[:]
-    del pending[:]
-    try:
-        write(taken)
-    except BaseException:
-        pending[:0] = taken
-        raise
-
-
 def _who() -> str:
     """user@host of whoever ran the measurement, for the audit."""
     import getpass
@@ -649,9 +665,9 @@ def retryable(exc: BaseException) -> bool:
     """A store failure that may pass: a server restarting, a lock, a full disk."""
     from sqlalchemy.exc import OperationalError
 
-    from optlab.errors import StoreError
+    from optlab.errors import StoreUnavailable
 
-    return isinstance(exc, StoreError | OperationalError)
+    return isinstance(exc, StoreUnavailable | OperationalError)
 
 
 def _first_line(exc: BaseException) -> str:

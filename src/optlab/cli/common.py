@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
+
+from optlab.errors import OptlabError
 
 if TYPE_CHECKING:
     from optlab.store import Store
@@ -21,7 +24,22 @@ def open_store(ctx: click.Context, *, read_only: bool = False) -> Store:
     that writes first stores the runs a failed final write left under .optlab/pending/ for
     this database."""
     from optlab.store import Store
+    from optlab.store.bundle import PENDING_DIR
 
+    if read_only and (Path.cwd() / PENDING_DIR).is_dir() and any(
+        (Path.cwd() / PENDING_DIR).glob("*.jsonl")
+    ):
+        # A run the database refused is stored by the next command that opens it, a reading
+        # one too: `optlab log` after an outage must show the run, not miss it. Where the
+        # database cannot be written (read-only media), the command still reads.
+        try:
+            with Store.open(db_url(ctx)) as writable:
+                _store_pending(writable)
+        except OptlabError as exc:
+            click.echo(
+                f"optlab: runs waiting in {PENDING_DIR}/ could not be stored now: {exc.message}",
+                err=True,
+            )
     store = Store.open(db_url(ctx), read_only=read_only)
     if not read_only:
         _store_pending(store)

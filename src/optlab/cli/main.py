@@ -31,6 +31,8 @@ class OptlabGroup(click.Group):
             ctx.exit(EXIT_INTERRUPTED)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
+        except BrokenPipeError:
+            raise  # the reader left (`| head`): click exits quietly, nothing to report
         except Exception as exc:
             click.secho(
                 f"optlab: unexpected error: {type(exc).__name__}: {exc}", err=True, fg="red"

@@ -11,7 +11,7 @@ import os
 import socket
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -389,12 +389,16 @@ class Store(MeasurementsMixin, TransferMixin):
         )
 
     def mark_crashed(
-        self, stale_after_s: float, *, pid_alive: Callable[[int], bool] | None = None
+        self,
+        stale_after_s: float,
+        *,
+        pid_alive: Callable[[int, datetime], bool] | None = None,
     ) -> list[int]:
         """Mark RUNNING runs silent for more than `stale_after_s` as CRASHED; their ids.
 
-        With `pid_alive`, a RUNNING run started on this host by a process that no longer
-        exists is marked at once: waiting for its heartbeat to go stale would only delay it.
+        With `pid_alive(pid, started_at)`, runs started on this host are judged by their
+        process instead: one whose process is gone is marked at once, and one whose process
+        is alive never is, however long its heartbeat has been silent.
         """
         cutoff = utcnow() - timedelta(seconds=stale_after_s)
         query = (
@@ -409,13 +413,13 @@ class Store(MeasurementsMixin, TransferMixin):
             crashed = []
             for run in session.scalars(query):
                 stale = run.heartbeat_at < cutoff
-                dead = (
-                    pid_alive is not None
-                    and run.hostname == host
-                    and run.pid != os.getpid()
-                    and not pid_alive(run.pid)
-                )
-                if not (stale or dead):
+                if pid_alive is not None and run.hostname == host:
+                    # On this host the process table knows better than a heartbeat: a live
+                    # run may be silent for minutes (a store outage, a stopped terminal).
+                    if run.pid == os.getpid() or pid_alive(run.pid, run.started_at):
+                        continue
+                    stale = True
+                if not stale:
                     continue
                 run.status = RunStatus.CRASHED.value
                 if run.error_message is None:
