@@ -454,3 +454,67 @@ def test_eight_concurrent_runners_on_one_postgresql_database_store_every_run(
     with private_cluster() as pg:
         done = _concurrent_runs(synth, pg.url, 8)
         _every_run_stored(pg.url, done)
+
+
+def test_a_disk_that_fills_during_a_run_loses_nothing(synth: Path, tmp_path: Path) -> None:
+    # The database on a tmpfs with a few KB left: before, the run stayed RUNNING and its data
+    # was neither stored nor printed.
+    import sqlite3
+
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.decode().strip()}")
+    try:
+        db = mount / "optlab.db"
+        url = f"sqlite:///{db}"
+        Store.open(url).close()
+        proc = _spawn_pg(
+            synth,
+            url,
+            "--quick",
+            "--duration",
+            "8",
+            "--warmup",
+            "0.3",
+            "--json",
+            OPTLAB_STORE_RETRY_S="1",
+        )
+        wait_for_measure(db)  # its first windows are stored: the disk fills from here on
+        filler = mount / "filler"
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+        try:
+            while True:
+                os.write(fd, b"\0" * 4096)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 1, stderr  # measured, kept on another disk, not stored yet
+        assert "disk" in stderr and "saved whole in" in stderr
+        summary = _strict_json(stdout.strip().splitlines()[-1])
+        assert summary["status"] == "FINISHED"
+        filler.unlink()  # space again: the next command stores the run
+        log = subprocess.run(
+            [sys.executable, "-m", "optlab", "log", "--json"],
+            env={**os.environ, "PYTHONPATH": str(REPO / "src"), "OPTLAB_DB": url},
+            cwd=synth.parent,
+            text=True,
+            capture_output=True,
+            timeout=60,
+        )
+        assert log.returncode == 0, log.stderr
+        assert f"stored pending run {summary['run_id']}" in log.stderr
+        with Store.open(url) as store:
+            run = store.get_run(int(summary["run_id"]))  # type: ignore[call-overload]
+            assert run.status == "FINISHED" and run.requests == summary["requests"]
+            assert store.get_windows(run.id, "measure")
+        con = sqlite3.connect(db)
+        assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        con.close()
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

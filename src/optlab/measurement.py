@@ -281,6 +281,7 @@ class _Measurement:
         self.hook_notes: list[str] = []  # values a target returned that JSON cannot hold
         self.snapshot: Any = None  # the run as first stored (optlab.store.bundle.RunBundle)
         self.pending_path: Path | None = None
+        self.unstored: str | None = None  # why the run is neither stored nor pending
 
     # -- the loop -------------------------------------------------------------------------
     def _tick(self, phase: str, started: float, planned: float) -> float:
@@ -589,13 +590,40 @@ class _Measurement:
         bundle = self.snapshot.completed(
             final=final, stage_stats=stages, windows=windows, samples=samples, errors=errors
         )
-        path = save_pending(bundle, self.store.url)
-        self.progress.note(
-            f"{self.link.name}: run {self.run_id} was measured but the database refused it "
-            f"({_first_line(failure)}); saved whole in {path}. The next optlab command that "
-            f"opens {self.store.url} stores it (or run `optlab import {path}`)"
+        # Under the current folder first, where the next command looks; if that folder is
+        # the disk that filled up (or read-only), somewhere else, imported by hand.
+        refusals = []
+        for folder in (None, *_fallback_pending_dirs()):
+            try:
+                path = save_pending(bundle, self.store.url, folder)
+            except OptlabError as exc:
+                refusals.append(exc.message)
+                continue
+            how = (
+                f"The next optlab command that opens {self.store.url} from this folder "
+                f"stores it (or run `optlab import {path}`)"
+                if folder is None
+                else f"Store it with `optlab import {path}` once the database is back"
+            )
+            self.progress.note(
+                f"{self.link.name}: run {self.run_id} was measured but the database refused "
+                f"it ({_first_line(failure)}); saved whole in {path}. {how}"
+            )
+            return path
+        # Nowhere to keep it: say so, and let the summary (printed next) be what is left.
+        self.unstored = (
+            f"run {self.run_id} was measured but neither the database "
+            f"({_first_line(failure)}) nor any folder would keep it: " + "; ".join(refusals)
         )
-        return path
+        self.progress.note(f"{self.link.name}: {self.unstored}; free disk space")
+        return None
+
+
+def _fallback_pending_dirs() -> list[Path]:
+    """Where a pending run goes when the current folder cannot take it."""
+    import tempfile
+
+    return [Path.home() / ".optlab" / "pending", Path(tempfile.gettempdir()) / "optlab-pending"]
 
 
 def _who() -> str:

@@ -42,6 +42,7 @@ class RunOutcome:
     # Measured, but the database refused it: the bundle that holds the whole run until the
     # next optlab command that opens the database stores it.
     pending: Path | None = None
+    unstored: str | None = None  # neither stored nor pending (no disk would take it): why
 
 
 def _paths(link: Link) -> list[Path]:
@@ -121,7 +122,13 @@ def _measure_link(
     )
     status, _, summary = measurement.execute(paths)
     return RunOutcome(
-        run_id, link.name, status, summary, parent_run, pending=measurement.pending_path
+        run_id,
+        link.name,
+        status,
+        summary,
+        parent_run,
+        pending=measurement.pending_path,
+        unstored=measurement.unstored,
     )
 
 

@@ -269,7 +269,7 @@ def run(
         echo_or_reader_gone(json.dumps(outcomes[-1].summary, default=str, allow_nan=False))
     if any(o.status == "KILLED" for o in outcomes):
         ctx.exit(130)
-    if any(o.status == "FAILED" for o in outcomes) or any(o.pending for o in outcomes):
+    if any(o.status == "FAILED" or o.pending or o.unstored for o in outcomes):
         # A pending run is safe on disk but not in the database yet: a script must know.
         ctx.exit(1)
 

@@ -134,6 +134,16 @@ def disk_full(path: Path, detail: str) -> StoreUnavailable:
     )
 
 
+def _nearly_full(path: Path | None, margin: int = 1 << 20) -> bool:
+    """Whether the disk holding `path` has less than `margin` bytes free."""
+    if path is None:
+        return False
+    try:
+        return shutil.disk_usage(_mount_point(path)).free < margin
+    except OSError:
+        return False
+
+
 def _sqlite_error(url: URL, exc: BaseException, detail: str) -> StoreError | None:
     path = sqlite_path(url)
     where = str(path) if path is not None else shown(url)
@@ -144,6 +154,9 @@ def _sqlite_error(url: URL, exc: BaseException, detail: str) -> StoreError | Non
     if name.startswith("SQLITE_READONLY") or "readonly" in lowered or "read-only" in lowered:
         return read_only(where, detail)
     if name == "SQLITE_FULL" or "database or disk is full" in lowered:
+        return disk_full(path or Path.cwd(), detail)
+    if (name.startswith("SQLITE_IOERR") or "disk i/o error" in lowered) and _nearly_full(path):
+        # SQLite reports a failed write of its -wal or -shm file as an I/O error, not FULL.
         return disk_full(path or Path.cwd(), detail)
     if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "locked" in lowered:
         return StoreUnavailable(
