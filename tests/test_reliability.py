@@ -307,6 +307,18 @@ def _spawn_pg(synth: Path, url: str, *args: str, **env: str) -> subprocess.Popen
     )
 
 
+def _optlab_log(url: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`optlab log --json` from `cwd`: the next command after an outage, in its own process."""
+    return subprocess.run(
+        [sys.executable, "-m", "optlab", "log", "--json"],
+        env={**os.environ, "PYTHONPATH": str(REPO / "src"), "OPTLAB_DB": url},
+        cwd=cwd,
+        text=True,
+        capture_output=True,
+        timeout=60,
+    )
+
+
 @pytest.mark.postgres
 def test_a_run_survives_postgresql_stopped_for_10_s_mid_run(synth: Path) -> None:
     from tests.pgcluster import private_cluster
@@ -366,14 +378,7 @@ def test_a_run_whose_store_never_comes_back_is_pending_then_stored_by_the_next_c
         pending = list((synth.parent / ".optlab" / "pending").glob("*.jsonl"))
         assert len(pending) == 1 and str(pending[0].name) in stderr
         pg.start()
-        log = subprocess.run(
-            [sys.executable, "-m", "optlab", "log", "--json"],
-            env={**os.environ, "PYTHONPATH": str(REPO / "src"), "OPTLAB_DB": pg.url},
-            cwd=synth.parent,
-            text=True,
-            capture_output=True,
-            timeout=60,
-        )
+        log = _optlab_log(pg.url, synth.parent)
         assert log.returncode == 0, log.stderr
         assert f"stored pending run {run_id}" in log.stderr
         rows = [json.loads(line) for line in log.stdout.splitlines()]
@@ -499,14 +504,7 @@ def test_a_disk_that_fills_during_a_run_loses_nothing(synth: Path, tmp_path: Pat
         summary = _strict_json(stdout.strip().splitlines()[-1])
         assert summary["status"] == "FINISHED"
         filler.unlink()  # space again: the next command stores the run
-        log = subprocess.run(
-            [sys.executable, "-m", "optlab", "log", "--json"],
-            env={**os.environ, "PYTHONPATH": str(REPO / "src"), "OPTLAB_DB": url},
-            cwd=synth.parent,
-            text=True,
-            capture_output=True,
-            timeout=60,
-        )
+        log = _optlab_log(url, synth.parent)
         assert log.returncode == 0, log.stderr
         assert f"stored pending run {summary['run_id']}" in log.stderr
         with Store.open(url) as store:
