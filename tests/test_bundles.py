@@ -23,14 +23,13 @@ from optlab.store import Store, upgrade
 from optlab.store.bundle import (
     RunBundle,
     export_file,
-    import_pending,
     read_bundle,
     read_bundles,
-    save_pending,
     write_bundle,
 )
 from optlab.store.database import make_engine
 from optlab.store.models import SqlRun
+from optlab.store.pending import import_pending, save_pending
 from tests import test_store as store_tests
 from tests.conftest import REPO
 from tests.test_store import alembic_cfg, save_baseline, start_run

@@ -365,7 +365,7 @@ def test_stop_wakes_an_idle_open_loop_at_once() -> None:
     assert report.abandoned == 0
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 @pytest.mark.parametrize("load", [closed(2), open_(1000.0)])
 def test_a_keyboard_interrupt_in_the_target_stops_the_generator(load: Load) -> None:
     calls = itertools.count()

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from click.testing import Result
+from click.testing import CliRunner, Result
 
+from optlab.cli.main import cli
 from optlab.store import Store
 from tests.conftest import REPO, wait_for_measure, write
 
@@ -110,8 +111,8 @@ def test_a_factory_that_calls_sys_exit_leaves_a_failed_run(
     assert run.error_message is not None and "sys.exit(3)" in run.error_message
 
 
-# The worker re-raises SystemExit so that threading's excepthook prints it: never silent.
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+# Also: no raw thread traceback (pytest would warn of an unhandled thread exception).
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_target_that_calls_sys_exit_during_the_load_fails_the_run(
     tmp_path: Path, invoke: Invoke
 ) -> None:
@@ -516,3 +517,183 @@ def test_a_disk_that_fills_during_a_run_loses_nothing(synth: Path, tmp_path: Pat
         con.close()
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+# -- what the hostile review found --------------------------------------------------------------
+
+
+HANGING_CLOSE = """
+import pathlib
+import time
+
+
+class Target:
+    def __call__(self, request):
+        return request
+
+    def close(self):
+        pathlib.Path("closing").write_text("x")
+        time.sleep(1e6)
+
+
+def build(knobs):
+    return Target()
+"""
+
+
+def test_a_close_that_hangs_neither_loses_the_run_nor_deafens_optlab(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    # Before: signals were ignored while close() ran, so only SIGKILL ended optlab, and the
+    # measured run was lost.
+    folder = tmp_path / "hang-close"
+    path = _python_target(folder, "hanging_close", HANGING_CLOSE)
+    db = Path(sqlite_url.removeprefix("sqlite:///"))
+    proc = _spawn(
+        ["run", str(path), *FAST, "--json"],
+        db,
+        cwd=folder,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 60
+    while not (folder / "closing").exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "close() never started"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert "close() was interrupted; the run is stored without it" in stderr
+    summary = _strict_json(stdout.strip().splitlines()[-1])
+    assert summary["status"] == "FINISHED"
+    run = Store.open(sqlite_url).get_run(int(summary["run_id"]))  # type: ignore[call-overload]
+    assert run.status == "FINISHED" and run.requests == summary["requests"]
+    assert run.summary is not None
+    assert any("close() was interrupted" in note for note in run.summary["notes"])
+
+
+def test_a_keyboard_interrupt_raised_by_close_does_not_lose_the_run(
+    tmp_path: Path, invoke: Invoke
+) -> None:
+    source = (
+        "class Target:\n    def __call__(self, r):\n        return r\n\n"
+        "    def close(self):\n        raise KeyboardInterrupt\n\n\n"
+        "def build(knobs):\n    return Target()\n"
+    )
+    path = _python_target(tmp_path / "kbd", "kbd_close", source)
+    result = invoke("run", str(path), *FAST, "--json")
+    assert result.exit_code == 0, result.output
+    summary = _strict_json(result.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "FINISHED"
+    assert "target close() raised KeyboardInterrupt: " in summary["notes"]  # type: ignore[operator]
+
+
+def test_closed_stdout_and_stderr_do_not_fail_a_run(synth: Path, sqlite_url: str) -> None:
+    args = f"run {synth / 'baseline.yaml'} {' '.join(FAST)} --json"
+    closed = subprocess.run(
+        ["bash", "-c", f"{sys.executable} -m optlab {args} >&- 2>&-"],
+        env={**os.environ, "PYTHONPATH": str(REPO / "src"), "OPTLAB_DB": sqlite_url},
+        cwd=synth.parent,
+        timeout=120,
+    )
+    assert closed.returncode == 0
+    (run,) = Store.open(sqlite_url).list_runs()
+    assert run.status == "FINISHED"
+
+
+def test_a_reader_that_leaves_early_is_not_a_failure(
+    synth: Path, invoke: Invoke, sqlite_url: str
+) -> None:
+    # `optlab log | head -1` under `set -o pipefail` used to fail a CI job (exit 1).
+    for _ in range(3):
+        assert invoke("run", str(synth / "baseline.yaml"), *FAST).exit_code == 0
+    result = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", f"{sys.executable} -m optlab log | head -1"],
+        env={**os.environ, "PYTHONPATH": str(REPO / "src"), "OPTLAB_DB": sqlite_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("  id  experiment") and result.stderr == ""
+
+
+def test_a_pending_run_kept_outside_this_folder_is_found_and_no_other_database_is_made(
+    synth: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sqlite_url: str
+) -> None:
+    # The current folder cannot take the pending run (here `.optlab` is a file), so it goes
+    # to ~/.optlab/pending; the next command, from anywhere, stores it. Before: only a command
+    # run from the folder it was saved in found it, and a pending file for one database made
+    # a reading command create any other database it was pointed at.
+    from optlab.store.pending import import_pending, pending_files, save_pending
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    with Store.open(sqlite_url) as store:
+        assert _run_once(synth, store) == "FINISHED"
+        bundle = store.export_run(1)
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / ".optlab").write_text("not a folder")
+    monkeypatch.chdir(blocked)
+    path = save_pending(bundle, Store.open(sqlite_url).url)
+    assert path.parent == tmp_path / "home" / ".optlab" / "pending"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    other = tmp_path / "other.db"
+    assert pending_files(f"sqlite:///{other}") == []
+    result = CliRunner().invoke(cli, ["--db", f"sqlite:///{other}", "log"])
+    assert result.exit_code == 2 and not other.exists()  # "there is no optlab database"
+    with Store.open(sqlite_url) as store:
+        assert pending_files(store.url) == [path]
+        (stored,) = import_pending(store)
+        assert stored.action == "skipped"  # it was in this database already
+    assert not path.exists()
+
+
+def _run_once(synth: Path, store: Store) -> str:
+    result = CliRunner().invoke(
+        cli, ["--db", str(store.engine.url), "run", str(synth / "baseline.yaml"), *FAST]
+    )
+    assert result.exit_code == 0, result.output
+    return store.list_runs()[-1].status
+
+
+def test_a_service_behind_a_wrapper_dies_with_a_sigkilled_optlab(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    # `sh -c "python svc.py; ..."`: PR_SET_PDEATHSIG reached only `sh`, and the server kept
+    # its port after optlab was SIGKILLed, so the next run failed "port already in use".
+    from tests.test_http import TOY, free_port, wait_listening
+
+    port = free_port()
+    folder = tmp_path / "wrapped"
+    folder.mkdir()
+    path = write(
+        folder,
+        "wrapped.yaml",
+        "name: wrapped\ntarget:\n  kind: command\n"
+        f"  command: ['sh', '-c', '{{python}} {TOY} --port {port}; echo exited']\n"
+        f"  url: 'http://127.0.0.1:{port}/'\n"
+        f"  health_url: 'http://127.0.0.1:{port}/health'\n"
+        "workload:\n  load: {mode: closed, concurrency: 2}\n  inputs: {text: hello}\n",
+    )
+    db = Path(sqlite_url.removeprefix("sqlite:///"))
+    proc = _spawn(
+        ["run", str(path), "--quick", "--duration", "60"],
+        db,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_for_measure(db)
+    wait_listening(port)
+    proc.kill()
+    proc.wait(10)
+    import socket
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) != 0:
+                return  # the server is gone with optlab
+        time.sleep(0.1)
+    raise AssertionError(f"the service still listens on {port} after optlab was killed")

@@ -25,6 +25,7 @@ from optlab.lineage import Link
 from optlab.protocol import STABILITY_WINDOWS, EffectiveProtocol
 from optlab.store import RunRecord, Store
 from optlab.summary import (
+    MAX_JSON_DEPTH,
     error_rows,
     json_safe,
     latency_summary,
@@ -40,6 +41,8 @@ HARNESS_SERIES = ("send_lag", "start_lag")
 TICK_S = 0.25
 HEARTBEAT_S = 1.0
 STORE_RETRY_S = 60.0  # the final write rides out a database restart this long
+HOOK_TIMEOUT_S = 60.0  # a target's metrics()/close() after the load, at most
+MAX_TARGET_METRICS_BYTES = 1 << 20  # what a target's metrics() may store with a run
 FLUSH_S = 5.0  # time series and resource samples reach the database at least this often
 
 
@@ -68,6 +71,10 @@ class LiveStatus:
     p99_ms: float | None
     cpu_pct: float | None
     gpu_pct: float | None
+    # The phase's failed requests so far, and how many of them timed out: while every
+    # request times out, QPS 0 and no P50 would otherwise be all the live line shows.
+    errors: int = 0
+    timeouts: int = 0
 
 
 class Progress(Protocol):
@@ -82,7 +89,9 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 @contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
+def _sigterm_as_interrupt(*, sigint: bool = False) -> Iterator[None]:
+    """SIGTERM and SIGHUP raise Interrupted; with `sigint`, Ctrl-C raises KeyboardInterrupt
+    again inside a `_shielded()` block."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -91,6 +100,8 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         raise Interrupted(f"signal {signal.Signals(signum).name}")
 
     previous = {signum: signal.signal(signum, handler) for signum in STOP_SIGNALS}
+    if sigint:
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
@@ -315,6 +326,8 @@ class _Measurement:
                 shown.p99_ms if shown else None,
                 cpu,
                 gpu,
+                errors=self.collector.totals(phase)[1],
+                timeouts=self.collector.error_counts(phase).get("timeout", (0, None))[0],
             )
         )
         return now - started
@@ -398,7 +411,7 @@ class _Measurement:
         except BaseException as exc:  # SystemExit from user code too: stored, not lost
             status = "FAILED"
             error = _failure_text(exc)
-        with _shielded():
+        with _shielded():  # bounded: the drain has its timeout, the rest is in memory
             if generator is not None:
                 report = generator.stop(self.options.drain_timeout_s)
                 if report.failure is not None and status == "FINISHED":
@@ -408,13 +421,14 @@ class _Measurement:
             self.collector.finish()
             self.sampler.stop()
             self.readings += self.sampler.take()
-            # The final write stores every window and sample; a flush still under way must
-            # end first, or its rows would land after (and beside) the final ones.
-            self.flusher.close()
+        # The target's own hooks, each with a time limit and open to Ctrl-C/SIGTERM: a close()
+        # that hangs must not hold the measured run hostage, nor make optlab deaf to signals.
+        with _sigterm_as_interrupt():
             if target is not None:
                 if target.metrics is not None:
-                    self.target_metrics = json_safe(
-                        self._hook("metrics()", target.metrics), "target", self.hook_notes
+                    metrics = self._hook("metrics()", target.metrics)
+                    self.target_metrics = _capped(
+                        json_safe(metrics, "target", self.hook_notes), "target", self.hook_notes
                     )
                 self._hook("close()", target.close)
                 if target.service_info is not None:
@@ -423,20 +437,47 @@ class _Measurement:
                         "service",
                         self.hook_notes,
                     )
+            # The final write stores every window and sample; a flush still under way must
+            # end first, or its rows would land after (and beside) the final ones.
+            try:
+                self.flusher.close()
+            except KeyboardInterrupt:
+                self.hook_notes.append("interrupted while a flush was under way")
+        with _shielded():  # the verdict and summary are quick; only the retries take Ctrl-C
             return self._store(status, error, interrupted, report)
 
     def _hook(self, what: str, call: Callable[[], Any]) -> Any:
-        """Call a target hook after the load: whatever it raises (even SystemExit) is noted,
-        and the run is stored all the same."""
+        """Call a target hook after the load, in a thread of its own, for at most
+        HOOK_TIMEOUT_S: whatever it raises (even SystemExit or KeyboardInterrupt), a hang,
+        or a Ctrl-C while it runs is noted, and the run is stored all the same."""
+        outcome: dict[str, Any] = {}
+
+        def body() -> None:
+            try:
+                outcome["value"] = call()
+            except BaseException as exc:  # noted below, never lost with the run
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=body, name="optlab-target-hook", daemon=True)
+        thread.start()
         try:
-            return call()
+            thread.join(HOOK_TIMEOUT_S)
         except KeyboardInterrupt:
-            raise
-        except BaseException as exc:
-            self.progress.note(
-                self.secrets.redact(f"target {what} raised {type(exc).__name__}: {exc}")
+            return self._hook_note(f"target {what} was interrupted; the run is stored without it")
+        if thread.is_alive():
+            return self._hook_note(
+                f"target {what} did not return within {HOOK_TIMEOUT_S:g} s; the run is stored "
+                "without it"
             )
-            return None
+        exc = outcome.get("error")
+        if exc is not None:
+            return self._hook_note(f"target {what} raised {type(exc).__name__}: {exc}")
+        return outcome.get("value")
+
+    def _hook_note(self, text: str) -> None:
+        text = self.secrets.redact(text)
+        self.hook_notes.append(text)  # stored with the run, not only printed
+        self.progress.note(f"{self.link.name}: {text}")
 
     def _store(
         self, status: str, error: str | None, interrupted: bool, report: Any
@@ -484,6 +525,8 @@ class _Measurement:
             open_loop=open_loop,
             accuracy_drop_pts=_num((self.accuracy or {}).get("drop_pts")),
             max_accuracy_drop_pts=self.config.slo.max_accuracy_drop_pts,
+            stuck_clients=0 if open_loop or report is None else report.abandoned,
+            clients=None if open_loop else getattr(load, "concurrency", None),
         )
         judged = verdict(facts)
         notes = [redact(note) for note in [*judged.notes, *self.hook_notes]]
@@ -531,7 +574,8 @@ class _Measurement:
             summary["parent"] = step_against(self.parent_run, summary, self.link.plan)
         # A last net: nothing that strict JSON rejects reaches the store or `run --json`.
         late_notes: list[str] = []
-        summary = json_safe(summary, "summary", late_notes)
+        # (deeper than the hooks' own pass, which already cut what a target nested too deep)
+        summary = json_safe(summary, "summary", late_notes, max_depth=MAX_JSON_DEPTH + 4)
         summary["notes"] += late_notes
         final = {
             "status": status,
@@ -559,71 +603,89 @@ class _Measurement:
             [*self.collector.windows("warmup"), *self.collector.windows("measure")]
         )
         samples = resource_rows(self.readings)
+        failure = self._write_final(final, stages, windows, samples, errors)
+        if failure is None:
+            return None
+        with _shielded():  # the pending bundle is the run's last copy: write it whole
+            return self._save_pending(final, stages, windows, samples, errors, failure)
+
+    def _write_final(
+        self,
+        final: dict[str, Any],
+        stages: list[Any],
+        windows: list[Any],
+        samples: list[Any],
+        errors: list[Any],
+    ) -> BaseException | None:
+        """The final write, retried through an outage; None once stored, else why not.
+        Ctrl-C or SIGTERM while it retries stops the retries (the run is then kept as a
+        pending bundle at once)."""
         deadline = time.monotonic() + store_retry_s()
         delay, told = 0.5, False
-        while True:
-            try:
-                self.store.complete_run(
-                    self.run_id,
-                    stage_stats=stages,
-                    windows=windows,
-                    samples=samples,
-                    run_errors=errors,
-                    **final,
-                )
-                return None
-            except Exception as exc:
-                failure = exc
-                if not retryable(exc) or time.monotonic() + delay > deadline:
-                    break
-                if not told:
-                    told = True
-                    self.progress.note(
-                        f"{self.link.name}: the database refused the run's final write "
-                        f"({_first_line(exc)}); retrying for up to "
-                        f"{max(deadline - time.monotonic(), 0):.0f} s"
+        with _sigterm_as_interrupt(sigint=True):
+            while True:
+                try:
+                    self.store.complete_run(
+                        self.run_id,
+                        stage_stats=stages,
+                        windows=windows,
+                        samples=samples,
+                        run_errors=errors,
+                        **final,
                     )
-                time.sleep(delay)
+                    return None
+                except KeyboardInterrupt as exc:
+                    self.progress.note(f"{self.link.name}: interrupted while storing the run")
+                    return exc
+                except Exception as exc:
+                    if not retryable(exc) or time.monotonic() + delay > deadline:
+                        return exc
+                    if not told:
+                        told = True
+                        self.progress.note(
+                            f"{self.link.name}: the database refused the run's final write "
+                            f"({_first_line(exc)}); retrying for up to "
+                            f"{max(deadline - time.monotonic(), 0):.0f} s (Ctrl-C keeps the "
+                            "run on disk at once)"
+                        )
+                try:
+                    time.sleep(delay)
+                except KeyboardInterrupt as interrupt:
+                    return interrupt
                 delay = min(delay * 2, 5.0)
-        from optlab.store.bundle import save_pending
+
+    def _save_pending(
+        self,
+        final: dict[str, Any],
+        stages: list[Any],
+        windows: list[Any],
+        samples: list[Any],
+        errors: list[Any],
+        failure: BaseException,
+    ) -> Path | None:
+        from optlab.store.pending import PENDING_DIR, save_pending
 
         bundle = self.snapshot.completed(
             final=final, stage_stats=stages, windows=windows, samples=samples, errors=errors
         )
-        # Under the current folder first, where the next command looks; if that folder is
-        # the disk that filled up (or read-only), somewhere else, imported by hand.
-        refusals = []
-        for folder in (None, *_fallback_pending_dirs()):
-            try:
-                path = save_pending(bundle, self.store.url, folder)
-            except OptlabError as exc:
-                refusals.append(exc.message)
-                continue
-            how = (
-                f"The next optlab command that opens {self.store.url} from this folder "
-                f"stores it (or run `optlab import {path}`)"
-                if folder is None
-                else f"Store it with `optlab import {path}` once the database is back"
+        try:
+            path = save_pending(bundle, self.store.url)
+        except OptlabError as exc:
+            # Nowhere to keep it: say so, and let the summary (printed next) be what is left.
+            self.unstored = (
+                f"run {self.run_id} was measured but neither the database "
+                f"({_first_line(failure)}) nor any folder would keep it: {exc.message}"
             )
-            self.progress.note(
-                f"{self.link.name}: run {self.run_id} was measured but the database refused "
-                f"it ({_first_line(failure)}); saved whole in {path}. {how}"
-            )
-            return path
-        # Nowhere to keep it: say so, and let the summary (printed next) be what is left.
-        self.unstored = (
-            f"run {self.run_id} was measured but neither the database "
-            f"({_first_line(failure)}) nor any folder would keep it: " + "; ".join(refusals)
+            self.progress.note(f"{self.link.name}: {self.unstored}")
+            return None
+        here = path.parent == Path.cwd() / PENDING_DIR
+        self.progress.note(
+            f"{self.link.name}: run {self.run_id} was measured but the database refused it "
+            f"({_first_line(failure)}); saved whole in {path}. The next optlab command that "
+            f"opens {self.store.url}{' from this folder' if here else ''} stores it (or run "
+            f"`optlab import {path}`)"
         )
-        self.progress.note(f"{self.link.name}: {self.unstored}; free disk space")
-        return None
-
-
-def _fallback_pending_dirs() -> list[Path]:
-    """Where a pending run goes when the current folder cannot take it."""
-    import tempfile
-
-    return [Path.home() / ".optlab" / "pending", Path(tempfile.gettempdir()) / "optlab-pending"]
+        return path
 
 
 def _who() -> str:
@@ -677,6 +739,21 @@ def step_against(parent: RunRecord, summary: dict[str, Any], plan: Any) -> dict[
         **{f"{k}_ms": before.get(k) for k in ("p50", "p95", "p99")},
         **{f"{k}_change_pct": change(before.get(k), after.get(k)) for k in ("p50", "p95", "p99")},
     }
+
+
+def _capped(value: Any, where: str, notes: list[str]) -> Any:
+    """A JSON value no bigger than MAX_TARGET_METRICS_BYTES: a target that returns 50 MB from
+    metrics() would make every later `optlab log` and table read it."""
+    import json
+
+    size = len(json.dumps(value, default=str))
+    if size <= MAX_TARGET_METRICS_BYTES:
+        return value
+    notes.append(
+        f"{where} was {size / 2**20:.1f} MiB of JSON, over the "
+        f"{MAX_TARGET_METRICS_BYTES / 2**20:g} MiB limit: only its keys are stored"
+    )
+    return {"keys": sorted(map(str, value))[:100]} if isinstance(value, dict) else None
 
 
 def store_retry_s() -> float:

@@ -157,7 +157,9 @@ def resource_summary(readings: Sequence[ResourceReading], peak_rss: int | None) 
 MAX_JSON_DEPTH = 32
 
 
-def json_safe(value: Any, where: str, notes: list[str], depth: int = 0) -> Any:
+def json_safe(
+    value: Any, where: str, notes: list[str], depth: int = 0, max_depth: int = MAX_JSON_DEPTH
+) -> Any:
     """`value` as strict JSON can hold it, with a note for anything changed.
 
     What a target's hooks return reaches the store and `run --json`: a numpy scalar or
@@ -175,13 +177,18 @@ def json_safe(value: Any, where: str, notes: list[str], depth: int = 0) -> Any:
             return value
         notes.append(f"{where} was {value!r}, stored as null")
         return None
-    if depth >= MAX_JSON_DEPTH:
-        notes.append(f"{where} is nested deeper than {MAX_JSON_DEPTH} levels, stored as text")
+    if depth >= max_depth:
+        notes.append(f"{where} is nested deeper than {max_depth} levels, stored as text")
         return _short_repr(value)
     if isinstance(value, dict):
-        return {str(k): json_safe(v, f"{where}.{k}", notes, depth + 1) for k, v in value.items()}
+        return {
+            str(k): json_safe(v, f"{where}.{k}", notes, depth + 1, max_depth)
+            for k, v in value.items()
+        }
     if isinstance(value, list | tuple):
-        return [json_safe(v, f"{where}[{i}]", notes, depth + 1) for i, v in enumerate(value)]
+        return [
+            json_safe(v, f"{where}[{i}]", notes, depth + 1, max_depth) for i, v in enumerate(value)
+        ]
     item = getattr(value, "tolist", None) or getattr(value, "item", None)
     if callable(item) and type(value).__module__ == "numpy":
         try:
@@ -190,7 +197,7 @@ def json_safe(value: Any, where: str, notes: list[str], depth: int = 0) -> Any:
             plain = None
         else:
             # numpy's own float spells NaN the same way: one more pass turns it into null.
-            return json_safe(plain, where, notes, depth + 1)
+            return json_safe(plain, where, notes, depth + 1, max_depth)
     notes.append(f"{where} is a {type(value).__name__}, not a JSON value: stored as its repr")
     return _short_repr(value)
 

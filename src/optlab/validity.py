@@ -42,6 +42,9 @@ class RunFacts:
     # Held-out top-1 points lost against the fp32 reference model, for targets that report it.
     accuracy_drop_pts: float | None = None
     max_accuracy_drop_pts: float | None = None
+    # Closed loop: clients still inside a call after the drain, of how many.
+    stuck_clients: int = 0
+    clients: int | None = None
 
 
 def verdict(facts: RunFacts) -> Verdict:
@@ -91,6 +94,14 @@ def verdict(facts: RunFacts) -> Verdict:
                 f"unstable: QPS {first:.1f} in the first half vs {second:.1f} in the second "
                 f"({drift:.0%} apart, limit {facts.stability_tolerance:.0%})"
             )
+    if facts.stuck_clients and facts.clients:
+        # A client that never came back sent nothing for the rest of the run: the load was
+        # lower than the configured concurrency, and the run measured something else.
+        reasons.append(
+            f"{facts.stuck_clients} of {facts.clients} clients were stuck in a call when the "
+            "measurement ended (still in flight after the drain): the concurrency measured "
+            "was not the configured one; see the timeouts, and fix the target or its timeout"
+        )
     if facts.throttled:
         reasons.append("thermal throttling was seen on a GPU during the measurement")
     drop, limit = facts.accuracy_drop_pts, facts.max_accuracy_drop_pts

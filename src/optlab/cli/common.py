@@ -20,38 +20,38 @@ def db_url(ctx: click.Context) -> str | None:
 
 def open_store(ctx: click.Context, *, read_only: bool = False) -> Store:
     """The store named by --db. `read_only`: for commands that only read; they then work on
-    read-only media and on a database they may not write, and never create one. A command
-    that writes first stores the runs a failed final write left under .optlab/pending/ for
-    this database."""
+    read-only media and on a database they may not write, and never create one. Any command
+    first stores the runs a refused final write left pending for this database."""
     from optlab.store import Store
-    from optlab.store.bundle import PENDING_DIR
+    from optlab.store.database import default_url, masked
+    from optlab.store.pending import pending_files
 
-    if read_only and (Path.cwd() / PENDING_DIR).is_dir() and any(
-        (Path.cwd() / PENDING_DIR).glob("*.jsonl")
-    ):
+    url = db_url(ctx) or default_url()
+    waiting = pending_files(masked(url))
+    if read_only and waiting:
         # A run the database refused is stored by the next command that opens it, a reading
         # one too: `optlab log` after an outage must show the run, not miss it. Where the
-        # database cannot be written (read-only media), the command still reads.
+        # database cannot be written (read-only media, still down), the command reads on.
         try:
-            with Store.open(db_url(ctx)) as writable:
-                _store_pending(writable)
+            with Store.open(url) as writable:
+                _store_pending(writable, waiting)
         except OptlabError as exc:
             click.echo(
-                f"optlab: runs waiting in {PENDING_DIR}/ could not be stored now: {exc.message}",
+                f"optlab: {len(waiting)} pending run(s) could not be stored now: {exc.message}",
                 err=True,
             )
-    store = Store.open(db_url(ctx), read_only=read_only)
-    if not read_only:
-        _store_pending(store)
+    store = Store.open(url, read_only=read_only)
+    if not read_only and waiting:
+        _store_pending(store, waiting)
     return store
 
 
-def _store_pending(store: Store) -> None:
+def _store_pending(store: Store, paths: list[Path]) -> None:
     import os
 
-    from optlab.store.bundle import import_pending
+    from optlab.store.pending import import_pending
 
-    for result in import_pending(store):
+    for result in import_pending(store, paths):
         shown = os.path.relpath(result.path) if result.path else None
         if result.action == "failed":
             click.echo(f"optlab: pending run bundle {shown} not stored: {result.error}", err=True)

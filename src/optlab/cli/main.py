@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import traceback
 from typing import Any
 
@@ -32,7 +33,11 @@ class OptlabGroup(click.Group):
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except BrokenPipeError:
-            raise  # the reader left (`| head`): click exits quietly, nothing to report
+            # The reader left (`optlab log | head -1`): it had what it wanted, and whatever
+            # was to be stored is stored. Quietly, and 0: under `set -o pipefail` a CI job
+            # must not fail for a `| head`.
+            silence_stdout()
+            ctx.exit(0)
         except Exception as exc:
             click.secho(
                 f"optlab: unexpected error: {type(exc).__name__}: {exc}", err=True, fg="red"
@@ -84,7 +89,26 @@ def _register() -> None:
 _register()
 
 
+def silence_stdout() -> None:
+    """Point stdout at /dev/null: Python flushes it again at exit, and a closed pipe would
+    print "Exception ignored ... BrokenPipeError" there."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):
+        pass  # no usable stdout at all: nothing to silence
+    finally:
+        os.close(devnull)
+
+
 def main() -> None:
+    # Started with stdout or stderr closed (`optlab run X >&- 2>&-`, a daemon without a
+    # terminal): Python leaves them None, and the first write would fail the command,
+    # possibly mid-measurement. Output goes nowhere instead.
+    if sys.stdout is None:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115
     cli.main(prog_name="optlab")
 
 

@@ -294,12 +294,12 @@ class LoadGenerator:
         except BaseException as exc:
             # KeyboardInterrupt or SystemExit raised by the target, or a bug in the harness:
             # stop everything and keep it for the caller (`failure`, StopReport.failure),
-            # then re-raise so threading.excepthook prints it: never swallowed silently.
+            # which fails the run with it. Not re-raised: a raw thread traceback on the
+            # terminal, on top of the run's own report, only hides it.
             with self._signal_lock:
                 if self._failure is None:
                     self._failure = exc
             self._signal_stop()
-            raise
 
     # -- hung calls ----------------------------------------------------------------------------
     def _watch(self) -> None:

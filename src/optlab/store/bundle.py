@@ -24,11 +24,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
-
 from optlab import __version__
-from optlab.errors import NotFoundError, OptlabError, RefusedError, StoreError
+from optlab.errors import NotFoundError, RefusedError, StoreError
 from optlab.store.convert import gpu_sample
 from optlab.store.database import masked
 from optlab.store.models import RUN_STATUSES, utcnow
@@ -47,8 +44,6 @@ if TYPE_CHECKING:
 
 BUNDLE_KIND = "optlab-bundle"
 SCHEMA_VERSION = 1
-PENDING_DIR = Path(".optlab") / "pending"
-IMPORTED_DIR = "imported"
 
 # `Store.finish_run`'s keyword arguments: the run fields a measurement decides at its end.
 FINAL_FIELDS = (
@@ -432,68 +427,3 @@ def export_file(
 def read_bundles(paths: Sequence[str | Path]) -> list[RunBundle]:
     """The runs of several bundle files, every file read (and checked) before any import."""
     return [bundle for path in paths for bundle in read_bundle(path)]
-
-
-# -- pending runs ---------------------------------------------------------------------------
-
-
-def save_pending(bundle: RunBundle, database: str, directory: str | Path | None = None) -> Path:
-    """Keep a run whose final write to `database` failed: `.optlab/pending/<uid>.jsonl` under
-    the current directory (or `directory`), written atomically; the next writing command
-    that opens `database` stores it (`import_pending`)."""
-    folder = Path(directory) if directory is not None else Path.cwd() / PENDING_DIR
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise StoreError(
-            f"cannot create {folder} for run {bundle.uid}: {exc.strerror or exc}",
-            hint="run from a writable folder",
-        ) from exc
-    return write_bundle(folder / f"{bundle.uid}.jsonl", [bundle], database)
-
-
-def same_database(first: str, second: str) -> bool:
-    """Whether two URLs name one database (passwords ignored, SQLite paths resolved)."""
-    return _database_key(first) == _database_key(second)
-
-
-def _database_key(url: str) -> str:
-    try:
-        parsed = make_url(url)
-    except ArgumentError:
-        return url
-    database = parsed.database
-    sqlite = parsed.get_backend_name() == "sqlite"
-    if sqlite and database and database != ":memory:" and not database.startswith("file:"):
-        parsed = parsed.set(drivername="sqlite", database=str(Path(database).resolve()))
-    return parsed.render_as_string(hide_password=True)
-
-
-def import_pending(store: Store, directory: str | Path | None = None) -> list[ImportResult]:
-    """Store every pending bundle meant for `store`'s database.
-
-    A stored file (imported, completed, or found already stored) is moved to
-    `.optlab/pending/imported/` rather than deleted: it costs little and shows what happened.
-    A file that fails stays where it is and comes back with action "failed" and the error;
-    bundles meant for other databases are left alone.
-    """
-    folder = Path(directory) if directory is not None else Path.cwd() / PENDING_DIR
-    if not folder.is_dir():
-        return []
-    results: list[ImportResult] = []
-    for path in sorted(folder.glob("*.jsonl")):
-        try:
-            header, bundles = read_bundle_file(path)
-            if not same_database(str(header.get("source")), store.url):
-                continue
-            stored = [replace(result, path=path) for result in store.import_bundles(bundles)]
-            (folder / IMPORTED_DIR).mkdir(exist_ok=True)
-            os.replace(path, folder / IMPORTED_DIR / path.name)
-        except Exception as exc:  # reported, and the file stays for the next command
-            if not path.exists():
-                continue  # another optlab command stored it (and moved it) meanwhile
-            why = exc.message if isinstance(exc, OptlabError) else f"{type(exc).__name__}: {exc}"
-            results.append(ImportResult(path.stem, None, "failed", path=path, error=why))
-            continue
-        results += stored
-    return results

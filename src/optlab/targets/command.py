@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import psutil
+
 from optlab.config.models import CommandTarget
 from optlab.errors import ConfigError
 from optlab.targets.base import TargetError
@@ -34,6 +36,7 @@ __all__ = ["Service", "parent_death_signal", "port_of"]
 POLL_S = 0.1
 HEALTH_TIMEOUT_S = 2.0
 LOG_LINE_CHARS = 2_000
+MAX_PROCESSES = 64  # distinct command lines kept of a service's process tree
 
 
 def port_of(url: str, field: str) -> tuple[str, int]:
@@ -78,6 +81,45 @@ def parent_death_signal() -> Callable[[], None] | None:
     return arm
 
 
+# PR_SET_PDEATHSIG reaches only the service's own process: behind a wrapper
+# (`sh -c "python svc.py"`) the server outlives a SIGKILLed optlab and holds its port. The
+# reaper, a bare interpreter in a session of its own, reads a pipe only optlab holds: at EOF
+# (optlab gone, however it died) it kills the service's whole process group; a byte means
+# the service was stopped already, and it leaves quietly.
+_REAPER = (
+    "import os, signal, sys\n"
+    "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+    "if not sys.stdin.buffer.read(1):\n"
+    "    try:\n"
+    "        os.killpg(int(sys.argv[1]), signal.SIGKILL)\n"
+    "    except OSError:\n"
+    "        pass\n"
+)
+
+
+def _start_reaper(pgid: int) -> subprocess.Popen[bytes] | None:
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-S", "-c", _REAPER, str(pgid)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except OSError:  # the service still has PR_SET_PDEATHSIG
+        return None
+
+
+def _release_reaper(reaper: subprocess.Popen[bytes] | None) -> None:
+    if reaper is None or reaper.stdin is None:
+        return
+    with contextlib.suppress(OSError):
+        reaper.stdin.write(b"x")
+        reaper.stdin.close()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        reaper.wait(2.0)
+
+
 def describe_exit(code: int) -> str:
     if code < 0:
         try:
@@ -113,6 +155,7 @@ class Service:
         cwd = Path(target.cwd) if target.cwd else folder
         self.cwd = cwd if cwd.is_absolute() else folder / cwd
         self.process: subprocess.Popen[bytes] | None = None
+        self._reaper: subprocess.Popen[bytes] | None = None
         self._lines: collections.deque[str] = collections.deque(
             maxlen=max(target.log_tail_lines, 1)
         )
@@ -121,6 +164,9 @@ class Service:
         self.started_at = 0.0
         self.ready_s: float | None = None
         self.stopped_with: str | None = None
+        # Distinct command lines seen in the service's process tree (workers a framework
+        # forks, the interpreter a wrapper script execs): cmdline -> {cmdline, exe, count}.
+        self._processes: dict[tuple[str, ...], dict[str, Any]] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -145,6 +191,7 @@ class Service:
                 start_new_session=True,  # its own group: stopped as a whole, spared our Ctrl-C
                 preexec_fn=parent_death_signal(),  # noqa: PLW1509
             )
+            self._reaper = _start_reaper(self.process.pid)
         except OSError as exc:
             raise TargetError(
                 self.secrets.redact(
@@ -170,6 +217,7 @@ class Service:
             self.check("before it was ready")
             if self._healthy():
                 self.ready_s = time.monotonic() - self.started_at
+                self._record_processes()
                 return
             if time.monotonic() >= deadline:
                 what = self.health_url or f"a connection to {self.host}:{self.port}"
@@ -214,6 +262,7 @@ class Service:
             return
         self._stopping = True
         if process.poll() is None:
+            self._record_processes()  # workers started lazily, under load, are there by now
             self._signal(signal.SIGTERM)
             try:
                 process.wait(self.target.stop_grace_s)
@@ -224,6 +273,7 @@ class Service:
                 self.stopped_with = f"SIGKILL after {self.target.stop_grace_s:g} s"
         # Whatever is left in the group (a worker the service forked and orphaned) goes too.
         self._signal(signal.SIGKILL)
+        _release_reaper(self._reaper)
         if self._reader is not None:
             self._reader.join(2.0)
 
@@ -231,6 +281,30 @@ class Service:
         assert self.process is not None
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signum)
+
+    def _record_processes(self) -> None:
+        """Note the command line and executable of every process in the service's tree."""
+        if self.process is None:
+            return
+        try:
+            root = psutil.Process(self.process.pid)
+            tree = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return
+        counts: collections.Counter[tuple[str, ...]] = collections.Counter()
+        for proc in tree:
+            try:
+                cmdline = tuple(proc.cmdline())
+                exe = proc.exe()
+            except psutil.Error:  # gone already, or another user's: nothing to note
+                continue
+            counts[cmdline] += 1
+            if cmdline not in self._processes and len(self._processes) < MAX_PROCESSES:
+                self._processes[cmdline] = {"cmdline": list(cmdline), "exe": exe, "count": 0}
+        for cmdline, count in counts.items():
+            if cmdline in self._processes:
+                entry = self._processes[cmdline]
+                entry["count"] = max(entry["count"], count)
 
     # -- output ---------------------------------------------------------------------------------
     def _read_output(self) -> None:
@@ -257,7 +331,8 @@ class Service:
         return self.process.pid if self.process is not None else None
 
     def info(self) -> dict[str, Any]:
-        """What is stored with the run: the command as run (secrets redacted), how it ended."""
+        """What is stored with the run: the command as run (secrets redacted), its process
+        tree's command lines, how it ended."""
         code = self.process.poll() if self.process is not None else None
         return {
             "command": [self.secrets.redact(arg) for arg in self.argv],
@@ -266,4 +341,8 @@ class Service:
             "exit": None if code is None else describe_exit(code),
             "stopped_with": self.stopped_with,
             "log_tail": self.log_tail(),
+            # The process tree while it ran: the exe shows which interpreter really served.
+            "processes": self.secrets.redact_any(
+                [dict(entry) for entry in self._processes.values()]
+            ),
         }
