@@ -48,6 +48,17 @@ _IMMATERIAL_PREFIXES: frozenset[str] = frozenset(
         # hostname is the same machine type.
         "hardware.gpus.*.uuid",
         "software.python.executable",
+        # A command target's service (optlab.targets.service_env): where its interpreter or
+        # program lives, and why it could not be asked, are diagnostics; its version, packages,
+        # size and sha256 are what run, and stay material. A declared code_version is compared
+        # as part of the code identity already.
+        "service.program",
+        "service.interpreter",
+        "service.script",
+        "service.prefix",
+        "service.path",
+        "service.declared",
+        "service.error",
     }
 )
 
@@ -95,13 +106,28 @@ class EnvDifference:
 class EnvComparison:
     material: list[EnvDifference]
     immaterial: list[EnvDifference]
+    # Top-level sections only one side records (a run from before optlab recorded a service's
+    # environment): explained in one line each rather than one line per package.
+    one_sided: tuple[str, ...] = ()
 
     @property
     def comparable(self) -> bool:
         return not self.material
 
     def explain(self) -> str:
-        return "\n".join(f"{d.path}: {d.old!r} -> {d.new!r}" for d in self.material)
+        lines: list[str] = []
+        for section in self.one_sided:
+            inside = [d for d in self.material if d.path.split(".")[0] == section]
+            if inside:
+                recorded = f"recorded ({len(inside)} material fields)"
+                old, new = (ABSENT, recorded) if inside[0].old is ABSENT else (recorded, ABSENT)
+                lines.append(f"{section}: {old} -> {new}")
+        lines += [
+            f"{d.path}: {d.old!r} -> {d.new!r}"
+            for d in self.material
+            if d.path.split(".")[0] not in self.one_sided
+        ]
+        return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- comparison
@@ -150,7 +176,14 @@ def compare_fingerprints(old: dict[str, Any], new: dict[str, Any]) -> EnvCompari
         is_material = not _is_immaterial(path)
         diff = EnvDifference(path=path, old=before, new=after, material=is_material)
         (material if is_material else immaterial).append(diff)
-    return EnvComparison(material=material, immaterial=immaterial)
+    one_sided = tuple(
+        sorted(
+            key
+            for key in old.keys() ^ new.keys()
+            if isinstance(old.get(key, new.get(key)), dict) and old.get(key, new.get(key))
+        )
+    )
+    return EnvComparison(material=material, immaterial=immaterial, one_sided=one_sided)
 
 
 def _material_subtree(value: Any, prefix: str) -> Any:

@@ -1,4 +1,5 @@
-"""The code part of a run's fingerprint: optlab's version and the target's code identity."""
+"""The target's part of a run's fingerprint: optlab's version, the target's code identity, and
+the environment of a service optlab starts (its interpreter and packages)."""
 
 from __future__ import annotations
 
@@ -6,23 +7,58 @@ from pathlib import Path
 from typing import Any
 
 import optlab
-from optlab.config.loading import load_experiment, search_paths
+from optlab.config.loading import ExperimentFile, load_experiment, search_paths
 from optlab.config.models import BaselineFile
+
+
+def baseline_file(experiment: Path) -> ExperimentFile | None:
+    """The file that names the target: the experiment itself when it is a baseline, else its
+    chain's baseline found through the files beside it; None when a parent has no file (it is
+    known only to the database) or the chain cannot be walked."""
+    from optlab.config.catalog import Catalog, file_chain
+    from optlab.errors import OptlabError
+
+    loaded = load_experiment(experiment)
+    if isinstance(loaded.spec, BaselineFile):
+        return loaded
+    try:
+        chain = file_chain(loaded, Catalog.scan(loaded.path.resolve().parent))
+    except OptlabError:
+        return None
+    root = chain[-1]
+    if isinstance(root, ExperimentFile) and isinstance(root.spec, BaselineFile):
+        return root
+    return None
 
 
 def code_section(experiment: Path | None) -> dict[str, Any]:
     """optlab's version, and the target's code identity when an experiment file is named.
 
-    Only a baseline names its target; for a step the target is its chain's baseline's,
-    so the caller passes whichever file holds it.
+    Only a baseline names its target; for a step it is its chain's baseline's.
     """
     section: dict[str, Any] = {"optlab": optlab.__version__}
     if experiment is None:
         return section
     from optlab.targets.identity import code_identity
 
-    loaded = load_experiment(experiment)
-    if isinstance(loaded.spec, BaselineFile):
+    loaded = baseline_file(experiment)
+    if loaded is not None:
+        assert isinstance(loaded.spec, BaselineFile)
         target = loaded.spec.target.model_dump(mode="json")
         section["target"] = code_identity(target, search_paths(loaded.source))
     return section
+
+
+def service_section(experiment: Path | None) -> tuple[dict[str, Any] | None, str | None]:
+    """The fingerprint's `service` section for the experiment's target (None unless optlab
+    starts the service: a command target), and the target's kind (None without a file)."""
+    if experiment is None:
+        return None, None
+    from optlab.targets.service_env import service_environment
+
+    loaded = baseline_file(experiment)
+    if loaded is None:
+        return None, None
+    assert isinstance(loaded.spec, BaselineFile)
+    target = loaded.spec.target.model_dump(mode="json")
+    return service_environment(target, search_paths(loaded.source)[0]), target.get("kind")

@@ -23,6 +23,7 @@ from optlab.measurement import GuardedProgress, LiveStatus, Progress, RunOptions
 from optlab.protocol import EffectiveProtocol, effective_protocol
 from optlab.store import RunRecord, Store
 from optlab.targets.identity import code_identity
+from optlab.targets.service_env import service_environment
 from optlab.targets.templates import check_environment
 
 __all__ = ["LiveStatus", "Progress", "RunOptions", "RunOutcome", "run"]
@@ -189,8 +190,12 @@ def run(
         progress.note(f"run {run_id} was left RUNNING by a process that is gone: marked CRASHED")
     prepared = prepare(path, store)
     fingerprint = collect_fingerprint(data_dir=Path.cwd(), repo_dir=path.resolve().parent)
-    env_hash = material_hash(fingerprint)
     chain = prepared.chain
+    # A command target's service runs in an interpreter of its own: part of the environment.
+    service = service_environment(chain[0].stored.config.get("target", {}), _paths(chain[0])[0])
+    if service is not None:
+        fingerprint["service"] = service
+    env_hash = material_hash(fingerprint)
     todo: list[tuple[Link, Link | None]] = []
     if options.chain:
         for index, link in enumerate(chain[:-1]):

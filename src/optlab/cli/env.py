@@ -70,6 +70,12 @@ def _rows(fp: dict[str, Any]) -> list[tuple[str, str]]:
     )
     if code.get("target"):
         rows.append(("target code", json.dumps(code["target"], sort_keys=True)))
+    from optlab.targets.service_env import describe_service, service_rows
+
+    rows += service_rows(fp.get("service"))
+    kind = (code.get("target") or {}).get("kind")
+    if not fp.get("service") and kind == "http":
+        rows.append(("service environment", str(describe_service(None, kind))))
     return rows
 
 
@@ -79,14 +85,20 @@ def _rows(fp: dict[str, Any]) -> list[tuple[str, str]]:
 def env(experiment: str | None, as_json: bool) -> None:
     """Fingerprint this machine: hardware, software, versions, and code identity.
 
-    With EXPERIMENT, also the code identity of that experiment's target.
+    With EXPERIMENT, also the code identity of that experiment's target and, for a command
+    target, the service's environment: its interpreter, its version and its installed
+    packages (or its executable's path, size and sha256), as `optlab run` records them.
     """
     from optlab.environment import collect_fingerprint, material_hash
-    from optlab.fingerprint import code_section
+    from optlab.fingerprint import code_section, service_section
 
     fp = collect_fingerprint(data_dir=Path.cwd(), repo_dir=Path.cwd())
-    fp["code"] = code_section(Path(experiment) if experiment else None)
+    service, _ = service_section(Path(experiment) if experiment else None)
+    if service is not None:
+        fp["service"] = service
+    # The hash `optlab run` stores for this experiment's runs: the code part is not in it.
     fp["material_hash"] = material_hash(fp)
+    fp["code"] = code_section(Path(experiment) if experiment else None)
     if as_json:
         click.echo(json.dumps(fp, indent=2, sort_keys=True))
         return
