@@ -148,6 +148,10 @@ def render_markdown(frame: pd.DataFrame) -> str:
     environment = (attrs.get("environment") or {}).get("summary")
     lines.append("")
     lines.append(f"**Environment:** {escape(environment or 'not recorded')}")
+    service = (attrs.get("environment") or {}).get("service")
+    if service:
+        lines.append("")
+        lines.append(f"**Service environment:** {escape(service)}")
     confidence = attrs.get("confidence")
     if present(confidence):
         lines.append("")

@@ -240,6 +240,16 @@ def _environment_summary(env: EnvironmentRecord | None) -> dict[str, Any]:
     }
 
 
+def _service_note(store: Store, baseline: str, fingerprint: dict[str, Any]) -> str | None:
+    """Whether the service's own environment was checked (command) or could not be (http)."""
+    from optlab.targets.service_env import describe_service
+
+    record = store.get_experiment(baseline)
+    config = record.current_config.config if record and record.current_config else {}
+    kind = (config.get("target") or {}).get("kind")
+    return describe_service(fingerprint.get("service"), kind)
+
+
 def stacked_table(store: Store, head: str) -> pd.DataFrame:
     """One row per step: figures, step and cumulative change in %, significance, verdict."""
     import pandas as pd
@@ -279,13 +289,16 @@ def stacked_table(store: Store, head: str) -> pd.DataFrame:
         key=lambda c: (_stage_rank(c.removesuffix("_p50_ms")), c),
     )
     frame = frame[[*COLUMNS, *stage_columns]]
+    environment = _environment_summary(reference_env)
+    if service := _service_note(store, steps[0].experiment, environment["fingerprint"]):
+        environment["service"] = service
     frame.attrs.update(
         {
             "schema_version": SCHEMA_VERSION,
             "head": head,
             "protocol": reference.protocol if reference else None,
             "protocol_label": protocol_label(reference.protocol if reference else None),
-            "environment": _environment_summary(reference_env),
+            "environment": environment,
             "confidence": CONFIDENCE,
         }
     )

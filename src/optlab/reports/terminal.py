@@ -43,13 +43,17 @@ def _step(row: Any, metric: str) -> str:
 
 
 def notes(frame: pd.DataFrame) -> list[str]:
-    """Flags, INVALID reasons and SLO failures, one line each, for under the table."""
+    """Flags, INVALID reasons and SLO failures, one line each, for under the table; then
+    whether the service's own environment was checked."""
     lines = []
     for _, row in frame.iterrows():
         for label, key in (("flag", "flags"), ("invalid", "reasons"), ("SLO", "slo_failures")):
             items = row.get(key)
             for item in items if isinstance(items, list) else []:
                 lines.append(f"{row['experiment']}: {label}: {item}")
+    service = (frame.attrs.get("environment") or {}).get("service")
+    if service:
+        lines.append(f"service environment: {service}")
     return lines
 
 
