@@ -131,7 +131,7 @@ def test_0004_gives_every_existing_run_a_distinct_uid(db_url: str) -> None:
         )
     engine.dispose()
 
-    assert upgrade(db_url) == ("0003_service_resources", "0004_run_uid")
+    assert upgrade(db_url) == ("0003_service_resources", "0005_load_and_noise")
     with Store.open(db_url) as store:
         uids = [run.uid for run in store.list_runs()]
         assert len(uids) == len(set(uids)) == 3

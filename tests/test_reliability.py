@@ -697,3 +697,74 @@ def test_a_service_behind_a_wrapper_dies_with_a_sigkilled_optlab(
                 return  # the server is gone with optlab
         time.sleep(0.1)
     raise AssertionError(f"the service still listens on {port} after optlab was killed")
+
+
+# -- verdicts that blame the right party (issue 12) ---------------------------------------------
+
+
+def test_a_saturated_open_loop_run_blames_the_target_with_offered_completed_and_backlog(
+    tmp_path: Path, invoke: Invoke, sqlite_url: str
+) -> None:
+    # A service that answers one request at a time in 10 ms (capacity 100/s) offered 160/s.
+    # Before: INVALID "the load generator, not the target, was the bottleneck ... raise
+    # max_in_flight", which only lengthens the queue.
+    from tests.test_http import http_experiment, toy_service
+
+    with toy_service("--delay-ms", "10", "--serial") as port:
+        path = http_experiment(
+            tmp_path,
+            "slow",
+            f"http://127.0.0.1:{port}/",
+            "{mode: open, rate: 160, arrival: constant, max_in_flight: 64}",
+        )
+        result = invoke("run", str(path), "--quick", "--duration", "4", "--warmup", "0.5", "--json")
+    summary = _strict_json(result.stdout.strip().splitlines()[-1])
+    reasons = summary["reasons"]
+    assert isinstance(reasons, list)
+    (saturation,) = [r for r in reasons if "saturated" in r]
+    assert "offered 160.0/s, completed" in saturation and "in flight at the end" in saturation
+    assert "cannot sustain this rate" in saturation
+    assert not any("fell behind" in r for r in reasons)
+    completed = float(saturation.split("completed ")[1].split("/s")[0])
+    assert 60 < completed < 120  # about the service's capacity, not the offered rate
+    windows = Store.open(sqlite_url).get_windows(int(summary["run_id"]), "measure")  # type: ignore[call-overload]
+    assert all(w.offered is not None and w.in_flight is not None for w in windows)
+    assert sum(w.offered or 0 for w in windows) > sum(w.completed for w in windows)
+    assert windows[-1].in_flight == 64  # the backlog filled the in-flight limit
+
+
+def test_an_unstable_run_under_a_cpu_burning_neighbour_names_the_neighbour(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    # A CPU-bound target; halfway through, three processes outside the run burn both cores.
+    # Before: "unstable: halves > 10% apart", and nothing said the machine was taken away.
+    source = (
+        "import time\n\n\ndef build(knobs):\n    def call(request):\n"
+        "        end = time.perf_counter() + 0.002\n"
+        "        while time.perf_counter() < end:\n            pass\n\n    return call\n"
+    )
+    folder = tmp_path / "burn"
+    path = _python_target(folder, "cpu_bound", source, concurrency=1)
+    db = Path(sqlite_url.removeprefix("sqlite:///"))
+    proc = _spawn(
+        ["run", str(path), "--quick", "--duration", "8", "--warmup", "0.5", "--json"],
+        db,
+        cwd=folder,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    wait_for_measure(db)  # about 4.5 s into the 8 s measurement
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+    try:
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+    summary = _strict_json(stdout.strip().splitlines()[-1])
+    (unstable,) = [r for r in summary["reasons"] if r.startswith("unstable")]  # type: ignore[union-attr]
+    assert "other processes used" in unstable and "in the second half" in unstable
+    assert any(f"pid {burner.pid}" in unstable for burner in burners), unstable
+    assert "--paired or --repeats" in unstable
+    notes = summary["notes"]
+    assert any("other processes used the CPU while this run was measured" in n for n in notes)  # type: ignore[union-attr]

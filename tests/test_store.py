@@ -150,7 +150,7 @@ def test_new_database_is_created_at_head(db_url: str) -> None:
     with Store.open(db_url):
         pass
     status = current(db_url)
-    assert status.revision == head_revision() == "0004_run_uid"
+    assert status.revision == head_revision() == "0005_load_and_noise"
     assert status.up_to_date
     assert CORE_TABLES | MEASUREMENT_TABLES | {"alembic_version"} <= table_names(db_url)
 
@@ -215,20 +215,20 @@ def test_older_revision_is_refused_until_upgraded(db_url: str) -> None:
 
     with pytest.raises(StoreError) as refused:
         Store.open(db_url)
-    assert "schema revision 0001_initial, this optlab needs 0004_run_uid" in str(
+    assert "schema revision 0001_initial, this optlab needs 0005_load_and_noise" in str(
         refused.value
     )
     assert refused.value.hint is not None and "optlab db upgrade" in refused.value.hint
     assert current(db_url).revision == "0001_initial"
     assert not current(db_url).up_to_date
 
-    assert upgrade(db_url) == ("0001_initial", "0004_run_uid")
+    assert upgrade(db_url) == ("0001_initial", "0005_load_and_noise")
     with Store.open(db_url) as store:
         survivor = store.get_experiment("old-baseline")
         assert survivor is not None
         assert survivor.description == "from 0001"
         assert survivor.created_at.tzinfo is not None
-    assert upgrade(db_url) == ("0004_run_uid", "0004_run_uid")
+    assert upgrade(db_url) == ("0005_load_and_noise", "0005_load_and_noise")
 
 
 def test_newer_revision_is_refused(db_url: str) -> None:
@@ -310,6 +310,7 @@ def test_migrations_dir_is_the_repository_folder() -> None:
         "0002_measurements.py",
         "0003_service_resources.py",
         "0004_run_uid.py",
+        "0005_load_and_noise.py",
     }
 
 

@@ -9,7 +9,7 @@ import pytest
 from optlab.config.models import Protocol
 from optlab.errors import ConfigError
 from optlab.protocol import effective_protocol
-from optlab.validity import RunFacts, halves, is_stable, verdict
+from optlab.validity import LoadFacts, RunFacts, halves, is_stable, machine_facts, verdict
 
 GOOD = RunFacts(
     requested_s=600,
@@ -42,7 +42,7 @@ def test_a_good_run_is_valid() -> None:
         ({"interrupted": True, "measured_s": 12.0}, "interrupted after 12.0 s"),
         ({"completed": 661}, "P99 needs at least 662"),
         ({"errors": 200}, "error rate 0.17% is over the limit 0.10%"),
-        ({"send_lag_p99_ms": 7.5}, "the load generator, not the target, was the bottleneck"),
+        ({"send_lag_p99_ms": 7.5}, "the load generator was the bottleneck"),
         ({"second_half_qps": 150.0}, "unstable: QPS 200.0 in the first half vs 150.0"),
         ({"throttled": True}, "thermal throttling"),
     ],
@@ -101,3 +101,118 @@ def test_protocol_resolution() -> None:
     with pytest.raises(ConfigError, match="outside"):
         effective_protocol(Protocol(), duration_s=1200)
     assert full.as_dict() != quick.as_dict()
+
+
+# -- who set the pace, and what else used the machine (issue 12) --------------------------------
+
+OPEN = replace(
+    GOOD,
+    intended_qps=200.0,
+    completed_qps=199.0,
+    in_flight_start=3,
+    in_flight_end=4,
+    in_flight_max=9,
+    in_flight_limit=512,
+)
+
+
+def test_a_backlog_that_grows_is_the_target_saturated_not_the_generator() -> None:
+    overloaded = replace(
+        OPEN, completed_qps=120.0, in_flight_end=512, in_flight_max=512, send_lag_p99_ms=900.0
+    )
+    judged = verdict(overloaded)
+    (reason,) = [r for r in judged.reasons if "saturated" in r]
+    assert "offered 200.0/s, completed 120.0/s, backlog 512 in flight at the end" in reason
+    assert not any("fell behind" in r for r in judged.reasons)
+    # Short of the rate with the backlog growing, the in-flight limit not reached yet.
+    growing = replace(OPEN, completed_qps=150.0, in_flight_end=60, in_flight_max=60)
+    assert any("saturated" in r for r in verdict(growing).reasons)
+    # Keeping up within 5%: not saturated, whatever the backlog did.
+    assert verdict(replace(OPEN, in_flight_end=60, in_flight_max=60)).valid
+    # A closed loop cannot saturate this way: its clients wait for their answers.
+    assert not any("saturated" in r for r in verdict(replace(overloaded, open_loop=False)).reasons)
+
+
+def test_a_generator_that_fell_behind_says_why_with_the_evidence() -> None:
+    lagging = replace(OPEN, send_lag_p99_ms=3.1)
+    busy_self = verdict(replace(lagging, load=LoadFacts(optlab_cpu_pct=97.0)))
+    (reason,) = busy_self.reasons
+    assert "while the target kept up (at most 9 of 512 in flight)" in reason
+    assert "optlab's own process used 97% of a core" in reason
+    busy_box = verdict(
+        replace(
+            lagging,
+            in_process=False,
+            load=LoadFacts(
+                optlab_cpu_pct=40.0,
+                service_cpu_pct=150.0,
+                system_cpu_pct=98.0,
+                other_cpu_pct=(5.0, 7.0),
+            ),
+        )
+    )
+    (reason,) = busy_box.reasons
+    assert "the machine's CPUs were busy (98% of all cores busy, the service 150% of a core" in (
+        reason
+    )
+    assert "raise max_in_flight" not in reason
+
+
+def test_the_gil_is_named_only_for_an_in_process_target_and_with_the_evidence() -> None:
+    lagged = replace(GOOD, start_lag_p99_ms=3.0, load=LoadFacts(optlab_cpu_pct=95.0))
+    assert any("GIL contention" in n for n in verdict(lagged).notes)
+    service = verdict(replace(lagged, in_process=False))
+    assert not any("start-lag" in n for n in service.notes)  # another process: no GIL shared
+    idle = verdict(replace(lagged, load=LoadFacts(optlab_cpu_pct=20.0)))
+    assert not any("GIL" in n for n in idle.notes) and any("start-lag" in n for n in idle.notes)
+
+
+def test_an_unstable_run_says_when_the_machine_was_taken_away() -> None:
+    stolen = replace(GOOD, second_half_qps=150.0, load=LoadFacts(steal_pct=(1.0, 14.0)))
+    (reason,) = verdict(stolen).reasons
+    assert (
+        "the hypervisor took away 14% of the CPU in the second half (steal; 1% in the other)"
+        in (reason)
+    )
+    assert "--paired or --repeats" in reason and "protocol.stability_pct" in reason
+    neighbour = {"name": "stress-ng", "pid": 4242, "cpu_pct": 180.0}
+    crowded = replace(
+        GOOD,
+        second_half_qps=150.0,
+        load=LoadFacts(other_cpu_pct=(3.0, 175.0), neighbours=(neighbour,)),
+    )
+    (reason,) = verdict(crowded).reasons
+    assert "other processes used 175% of a core in the second half (3% in the other)" in reason
+    assert "stress-ng (pid 4242, 180.0% of a core)" in reason
+    # The tolerance is the protocol's: 25% apart passes at stability_pct 30.
+    assert verdict(replace(GOOD, second_half_qps=150.0, stability_tolerance=0.30)).valid
+
+
+def test_concurrent_optlab_runs_on_this_host_are_said() -> None:
+    judged = verdict(replace(GOOD, load=LoadFacts(concurrent_runs=("run 7 fp16",))))
+    assert judged.valid
+    assert any(
+        "another optlab measurement ran on this host at the same time (run 7 fp16)" in n
+        for n in judged.notes
+    )
+
+
+def test_machine_facts_average_each_half() -> None:
+    class Reading:
+        def __init__(self, steal: float, other: float) -> None:
+            self.steal_pct, self.other_cpu_pct = steal, other
+            self.cpu_process_pct, self.service_cpu_pct, self.cpu_system_pct = 50.0, None, 60.0
+
+    facts = machine_facts([Reading(0, 10), Reading(2, 20), Reading(10, 100), Reading(20, 200)])
+    assert facts.steal_pct == (1.0, 15.0) and facts.other_cpu_pct == (15.0, 150.0)
+    assert facts.optlab_cpu_pct == 50.0 and facts.service_cpu_pct is None
+    assert machine_facts([]) == LoadFacts()
+
+
+def test_stability_pct_is_a_protocol_field_that_sets_the_tolerance() -> None:
+    assert effective_protocol(Protocol(stability_pct=25), quick=True).stability_tolerance == 0.25
+    assert effective_protocol(Protocol()).stability_tolerance == 0.10
+    # Unset, it is left out of the stored config: baselines stored before keep their hash.
+    assert "stability_pct" not in Protocol().model_dump(mode="json")
+    with pytest.raises(ValueError, match="stability_pct"):
+        Protocol(stability_pct=0)

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from optlab.config.models import OpenLoad, ReplayLoad, ResolvedConfig
 from optlab.errors import OptlabError
 from optlab.lineage import Link
+from optlab.metrics.backlog import LoadTimeline
 from optlab.protocol import STABILITY_WINDOWS, EffectiveProtocol
 from optlab.store import RunRecord, Store
 from optlab.summary import (
@@ -35,7 +36,7 @@ from optlab.summary import (
     window_rows,
 )
 from optlab.targets.templates import Secrets
-from optlab.validity import RunFacts, Verdict, halves, is_stable, verdict
+from optlab.validity import RunFacts, Verdict, halves, is_stable, machine_facts, verdict
 
 HARNESS_SERIES = ("send_lag", "start_lag")
 TICK_S = 0.25
@@ -188,8 +189,11 @@ class _Flusher:
     run anyway (`_Measurement._persist`).
     """
 
-    def __init__(self, store: Store, run_id: int, progress: Progress, name: str) -> None:
+    def __init__(
+        self, store: Store, run_id: int, progress: Progress, name: str, load: LoadTimeline
+    ) -> None:
         self._store, self._run_id, self._progress, self._name = store, run_id, progress, name
+        self._load = load
         self._lock = threading.Lock()
         self._windows: list[Any] = []
         self._readings: list[Any] = []
@@ -225,7 +229,7 @@ class _Flusher:
             readings, self._readings = self._readings, []
         try:
             if windows:
-                self._store.add_windows(self._run_id, window_rows(windows))
+                self._store.add_windows(self._run_id, window_rows(windows, self._load))
                 windows = []
             if readings:
                 self._store.add_resource_samples(self._run_id, resource_rows(readings))
@@ -277,7 +281,9 @@ class _Measurement:
         self.collector = Collector()
         self.sampler = ResourceSampler()
         self.readings: list[Any] = []
-        self.flusher = _Flusher(store, run_id, progress, link.name)
+        # What the generator sent and had in flight, tick by tick: each window's offered load.
+        self.load = LoadTimeline()
+        self.flusher = _Flusher(store, run_id, progress, link.name, self.load)
         self.warmup_s = 0.0
         self.measured_s = 0.0
         self.stabilised: bool | None = None
@@ -295,10 +301,23 @@ class _Measurement:
         self.unstored: str | None = None  # why the run is neither stored nor pending
 
     # -- the loop -------------------------------------------------------------------------
+    def _set_phase(self, phase: str) -> None:
+        now = time.perf_counter_ns()
+        self.collector.set_phase(phase, now)
+        self.load.set_phase(phase, now)
+        self._mark_load(now)
+
+    def _mark_load(self, now_ns: int | None = None) -> None:
+        generator = self.generator
+        if generator is not None:
+            now = time.perf_counter_ns() if now_ns is None else now_ns
+            self.load.mark(now, generator.issued, generator.in_flight)
+
     def _tick(self, phase: str, started: float, planned: float) -> float:
         # Never sleep past the planned end: a 5 s measurement should measure 5 s, not 5.2.
         time.sleep(max(0.0, min(TICK_S, planned - (time.monotonic() - started))))
         self.collector.drain()
+        self._mark_load()
         if self.generator is not None and self.generator.failure is not None:
             raise RuntimeError(f"a load generator failed: {self.generator.failure!r}")
         if self.target is not None and self.target.check is not None:
@@ -362,14 +381,14 @@ class _Measurement:
         if self.target is not None and self.target.reset_metrics is not None:
             self.target.reset_metrics()  # the target's own counters cover the measured phase
         started = time.monotonic()
-        self.collector.set_phase("measure", time.perf_counter_ns())
+        self._set_phase("measure")
         self.sampler.set_phase("measure")
         try:
             while self.measured_s < self.protocol.duration_s:
                 self.measured_s = self._tick("measure", started, self.protocol.duration_s)
         finally:
             self.measured_s = time.monotonic() - started
-            self.collector.set_phase("drain", time.perf_counter_ns())
+            self._set_phase("drain")
             self.sampler.set_phase("drain")
 
     def execute(self, paths: list[Path]) -> tuple[str, Verdict, dict[str, Any]]:
@@ -396,7 +415,7 @@ class _Measurement:
                         json_safe(target.accuracy(), "accuracy", self.hook_notes)
                     )
                 generator = generator_for(target, self.config.workload, paths[0])
-                self.collector.set_phase("warmup", time.perf_counter_ns())
+                self._set_phase("warmup")
                 self.sampler.set_phase("warmup")
                 if target.service_pid is not None:
                     self.sampler.track_service(target.service_pid)
@@ -527,6 +546,7 @@ class _Measurement:
             max_accuracy_drop_pts=self.config.slo.max_accuracy_drop_pts,
             stuck_clients=0 if open_loop or report is None else report.abandoned,
             clients=None if open_loop else getattr(load, "concurrency", None),
+            **self._load_facts(ok + failed, measured),
         )
         judged = verdict(facts)
         notes = [redact(note) for note in [*judged.notes, *self.hook_notes]]
@@ -592,6 +612,39 @@ class _Measurement:
         self.pending_path = self._persist(final, stages_stored, error_rows(errors))
         return status, judged, summary
 
+    def _load_facts(self, answered: int, measured_s: float) -> dict[str, Any]:
+        """What the verdict needs to say who set the pace and what else used the machine."""
+        from optlab.load.generator import in_flight_limit
+
+        load = self.config.workload.load
+        start = self.load.phase_start("measure")
+        end = self.load.phase_start("drain")
+        in_flight: tuple[int | None, ...] = (None, None, None)
+        if start is not None and end is not None:
+            in_flight = self.load.in_flight_over(start, end)
+        return {
+            "intended_qps": load.rate if isinstance(load, OpenLoad) else None,
+            "completed_qps": answered / measured_s if measured_s > 0 else None,
+            "in_flight_start": in_flight[0],
+            "in_flight_end": in_flight[1],
+            "in_flight_max": in_flight[2],
+            "in_flight_limit": in_flight_limit(load) * load.processes,
+            "in_process": self.config.target.kind in ("builtin", "python"),
+            "load": machine_facts(
+                [r for r in self.readings if r.phase == "measure"],
+                self.sampler.neighbours(),
+                self._concurrent_runs(),
+            ),
+        }
+
+    def _concurrent_runs(self) -> list[str]:
+        """Other optlab runs on this host whose measurement overlapped this one's."""
+        try:
+            others = self.store.overlapping_runs(self.run_id)
+        except Exception:  # the store is down: the verdict goes on without this fact
+            return []
+        return [f"run {run.id} {run.experiment}" for run in others]
+
     def _persist(self, final: dict[str, Any], stages: list[Any], errors: list[Any]) -> Path | None:
         """Store the run in one transaction, retrying through an outage; if the database
         still refuses, save the whole run as a pending bundle (returned) that the next
@@ -600,7 +653,7 @@ class _Measurement:
         # run's measurements in the same transaction, so a retry after a failed attempt
         # (or after flushes a restart may have lost) stores exactly this.
         windows = window_rows(
-            [*self.collector.windows("warmup"), *self.collector.windows("measure")]
+            [*self.collector.windows("warmup"), *self.collector.windows("measure")], self.load
         )
         samples = resource_rows(self.readings)
         failure = self._write_final(final, stages, windows, samples, errors)

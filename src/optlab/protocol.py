@@ -70,6 +70,8 @@ def effective_protocol(
             f"--warmup {warmup:g} s is outside [0, {FULL_WARMUP_MAX_S:g}] s",
             hint="leave it out to warm up until stable",
         )
+    pct = protocol.stability_pct
+    tolerance = STABILITY_TOLERANCE if pct is None else pct / 100
     if name == "quick":
         return EffectiveProtocol(
             name="quick",
@@ -78,6 +80,7 @@ def effective_protocol(
             warmup_max_s=QUICK_WARMUP_S if warmup is None else warmup,
             duration_s=QUICK_DURATION_S if duration is None else duration,
             max_error_rate=protocol.max_error_rate,
+            stability_tolerance=tolerance,
         )
     return EffectiveProtocol(
         name="full",
@@ -86,4 +89,5 @@ def effective_protocol(
         warmup_max_s=FULL_WARMUP_MAX_S if warmup is None else warmup,
         duration_s=FULL_MIN_DURATION_S if duration is None else duration,
         max_error_rate=protocol.max_error_rate,
+        stability_tolerance=tolerance,
     )

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from optlab.store import GpuSample, ResourceSample, RunErrorCount, StageStatsRow, WindowStats
 
 if TYPE_CHECKING:
+    from optlab.metrics.backlog import LoadTimeline
     from optlab.metrics.histogram import LatencyHistogram
     from optlab.metrics.log import Window
     from optlab.metrics.resources import ResourceReading
@@ -46,21 +47,30 @@ def _f(value: float | int | None) -> float | None:
     return None if value is None else float(value)
 
 
-def window_rows(windows: Sequence[Window]) -> list[WindowStats]:
-    return [
-        WindowStats(
-            phase=w.phase,
-            t_s=w.t_s,
-            completed=w.completed,
-            errors=w.errors,
-            qps=w.qps,
-            p50_ms=w.p50_ms,
-            p99_ms=w.p99_ms,
-            send_lag_p99_ms=w.send_lag_p99_ms,
+def window_rows(
+    windows: Sequence[Window], load: LoadTimeline | None = None
+) -> list[WindowStats]:
+    """Stored windows; with `load`, each with what was offered and in flight."""
+    rows = []
+    for w in windows:
+        if w.phase not in PHASES:
+            continue
+        offered, in_flight = load.window(w.phase, w.t_s, w.span_s) if load else (None, None)
+        rows.append(
+            WindowStats(
+                phase=w.phase,
+                t_s=w.t_s,
+                completed=w.completed,
+                errors=w.errors,
+                qps=w.qps,
+                p50_ms=w.p50_ms,
+                p99_ms=w.p99_ms,
+                send_lag_p99_ms=w.send_lag_p99_ms,
+                offered=offered,
+                in_flight=in_flight,
+            )
         )
-        for w in windows
-        if w.phase in PHASES
-    ]
+    return rows
 
 
 def resource_rows(readings: Sequence[ResourceReading]) -> list[ResourceSample]:
@@ -98,6 +108,8 @@ def resource_rows(readings: Sequence[ResourceReading]) -> list[ResourceSample]:
                 iowait_pct=r.iowait_pct,
                 service_cpu_pct=r.service_cpu_pct,
                 service_rss_bytes=r.service_rss_bytes,
+                steal_pct=r.steal_pct,
+                other_cpu_pct=r.other_cpu_pct,
                 gpus=gpus,
             )
         )

@@ -7,7 +7,8 @@ directly against hand-made cases.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 # MLPerf's early-stopping bound at 0.99 confidence: the fewest queries that support a percentile.
 P99_MIN_QUERIES = 662
@@ -20,6 +21,22 @@ class Verdict:
     valid: bool
     reasons: tuple[str, ...]  # why it is INVALID; empty when valid
     notes: tuple[str, ...]  # what to know without invalidating it
+
+
+@dataclass(frozen=True)
+class LoadFacts:
+    """The machine during the measured phase, as means over its resource samples: CPU of
+    optlab's process (percent of one core), of the service it started, of the machine (all
+    cores, 0..100); CPU stolen by the hypervisor and used by processes outside the run, per
+    half; the processes that used the most; other optlab runs on this host meanwhile."""
+
+    optlab_cpu_pct: float | None = None
+    service_cpu_pct: float | None = None
+    system_cpu_pct: float | None = None
+    steal_pct: tuple[float | None, float | None] = (None, None)
+    other_cpu_pct: tuple[float | None, float | None] = (None, None)
+    neighbours: tuple[dict[str, Any], ...] = ()
+    concurrent_runs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -45,6 +62,18 @@ class RunFacts:
     # Closed loop: clients still inside a call after the drain, of how many.
     stuck_clients: int = 0
     clients: int | None = None
+    # Who set the pace (open loop): the rate asked for, what completed (errors included),
+    # and the requests in flight at the start, at the end and at most, against the limit.
+    intended_qps: float | None = None
+    completed_qps: float | None = None
+    in_flight_start: int | None = None
+    in_flight_end: int | None = None
+    in_flight_max: int | None = None
+    in_flight_limit: int | None = None
+    # The target runs inside optlab's process (builtin, python): only then can its threads
+    # and the load generator's contend for the GIL.
+    in_process: bool = True
+    load: LoadFacts = field(default_factory=lambda: LoadFacts())
 
 
 def verdict(facts: RunFacts) -> Verdict:
@@ -68,21 +97,28 @@ def verdict(facts: RunFacts) -> Verdict:
         reasons.append(
             f"error rate {facts.errors / total:.2%} is over the limit {facts.max_error_rate:.2%}"
         )
-    if facts.send_lag_p99_ms is not None and facts.send_lag_p99_ms > facts.max_send_lag_p99_ms:
-        reasons.append(
-            f"the load generator fell behind its schedule (send-lag P99 "
-            f"{facts.send_lag_p99_ms:.2f} ms > {facts.max_send_lag_p99_ms:g} ms): the load "
-            "generator, not the target, was the bottleneck; lower the rate or raise max_in_flight"
-        )
+    if saturated(facts):
+        reasons.append(_saturation(facts))
+    elif facts.send_lag_p99_ms is not None and facts.send_lag_p99_ms > facts.max_send_lag_p99_ms:
+        reasons.append(_generator_bound(facts))
     if (
-        facts.start_lag_p99_ms is not None
+        facts.in_process
+        and facts.start_lag_p99_ms is not None
         and facts.total_p50_ms
         and facts.start_lag_p99_ms > max(1.0, 0.1 * facts.total_p50_ms)
     ):
+        # Only an in-process target shares optlab's GIL; a service in another process cannot.
+        busy = facts.load.optlab_cpu_pct
         notes.append(
             f"start-lag P99 {facts.start_lag_p99_ms:.2f} ms: the harness's threads waited to "
-            "enter the target (GIL contention with a CPU-bound target); that time is the "
-            "harness's, not the target's"
+            "enter the target"
+            + (
+                f" while optlab's process used {busy:.0f}% of a core (GIL contention with a "
+                "CPU-bound target)"
+                if busy is not None and busy >= GIL_BUSY_PCT
+                else ""
+            )
+            + "; that time is the harness's, not the target's"
         )
     first, second = facts.first_half_qps, facts.second_half_qps
     if first is None or second is None:
@@ -93,6 +129,9 @@ def verdict(facts: RunFacts) -> Verdict:
             reasons.append(
                 f"unstable: QPS {first:.1f} in the first half vs {second:.1f} in the second "
                 f"({drift:.0%} apart, limit {facts.stability_tolerance:.0%})"
+                + _taken_away(facts.load)
+                + "; measure with --paired or --repeats, or longer, or set "
+                "protocol.stability_pct in a new baseline for a noisy machine"
             )
     if facts.stuck_clients and facts.clients:
         # A client that never came back sent nothing for the rest of the run: the load was
@@ -114,7 +153,125 @@ def verdict(facts: RunFacts) -> Verdict:
         )
     if not facts.open_loop:
         notes.append("closed loop: latency is measured from the actual send (no CO correction)")
+    notes += _neighbour_notes(facts.load)
     return Verdict(not reasons, tuple(reasons), tuple(notes))
+
+
+# Open loop: completions this far below the rate asked for, with the backlog growing (or the
+# in-flight limit reached), and the target could not keep up.
+SATURATION_SHORTFALL = 0.05
+BACKLOG_GROWTH_MIN = 8
+GIL_BUSY_PCT = 80.0  # optlab's process this busy (% of one core): its threads contend
+CPU_BOUND_PCT = 90.0  # a process this busy (% of one core), or the machine (all cores)
+NEIGHBOUR_NOTE_PCT = 25.0  # another process this busy (% of one core) is worth a note
+STEAL_NOTE_PCT = 5.0
+
+
+def saturated(facts: RunFacts) -> bool:
+    """The target could not sustain the offered rate: completions fall short of it while
+    requests pile up in flight (or reach the in-flight limit)."""
+    if not facts.open_loop or not facts.intended_qps or facts.completed_qps is None:
+        return False
+    if facts.completed_qps >= (1 - SATURATION_SHORTFALL) * facts.intended_qps:
+        return False
+    start, end, peak = facts.in_flight_start, facts.in_flight_end, facts.in_flight_max
+    growing = start is not None and end is not None and end - start >= BACKLOG_GROWTH_MIN
+    full = peak is not None and facts.in_flight_limit is not None and (
+        peak >= facts.in_flight_limit
+    )
+    return growing or full
+
+
+def _saturation(facts: RunFacts) -> str:
+    limit = f" (limit {facts.in_flight_limit})" if facts.in_flight_limit else ""
+    return (
+        f"the target is saturated: offered {facts.intended_qps:.1f}/s, completed "
+        f"{facts.completed_qps:.1f}/s, backlog {facts.in_flight_end} in flight at the end"
+        f"{limit}; the target cannot sustain this rate (not the load generator's doing): "
+        "lower workload.load.rate to measure latency under a load it sustains"
+    )
+
+
+def _generator_bound(facts: RunFacts) -> str:
+    lag = facts.send_lag_p99_ms or 0.0
+    text = (
+        f"the load generator fell behind its schedule (send-lag P99 {lag:.2f} ms > "
+        f"{facts.max_send_lag_p99_ms:g} ms)"
+    )
+    if facts.in_flight_max is not None and facts.in_flight_limit:
+        text += (
+            f" while the target kept up (at most {facts.in_flight_max} of "
+            f"{facts.in_flight_limit} in flight)"
+        )
+    load = facts.load
+    if load.optlab_cpu_pct is not None and load.optlab_cpu_pct >= CPU_BOUND_PCT:
+        return text + (
+            f": optlab's own process used {load.optlab_cpu_pct:.0f}% of a core; lower the "
+            "rate, or spread the load over workload.load.processes (network targets)"
+        )
+    if load.system_cpu_pct is not None and load.system_cpu_pct >= CPU_BOUND_PCT:
+        parts = [f"{load.system_cpu_pct:.0f}% of all cores busy"]
+        if load.service_cpu_pct is not None:
+            parts.append(f"the service {load.service_cpu_pct:.0f}% of a core")
+        other = _mean_of(load.other_cpu_pct)
+        if other is not None:
+            parts.append(f"other processes {other:.0f}% of a core")
+        return text + (
+            f": the machine's CPUs were busy ({', '.join(parts)}), so the generator could not "
+            "run on time; give the load generator a core of its own (another machine, or "
+            "fewer busy processes)"
+        )
+    return text + ": the load generator was the bottleneck; lower the rate or raise max_in_flight"
+
+
+def _mean_of(halves: tuple[float | None, float | None]) -> float | None:
+    values = [v for v in halves if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _taken_away(load: LoadFacts) -> str:
+    """What the machine did meanwhile, when it explains a drift between the halves."""
+    parts = []
+    first, second = load.steal_pct
+    if first is not None and second is not None and max(first, second) >= STEAL_NOTE_PCT:
+        worse = "second" if second >= first else "first"
+        parts.append(
+            f"the hypervisor took away {max(first, second):.0f}% of the CPU in the {worse} half "
+            f"(steal; {min(first, second):.0f}% in the other)"
+        )
+    first, second = load.other_cpu_pct
+    if first is not None and second is not None and abs(second - first) >= NEIGHBOUR_NOTE_PCT:
+        worse = "second" if second >= first else "first"
+        names = ", ".join(_neighbour(n) for n in load.neighbours)
+        parts.append(
+            f"other processes used {max(first, second):.0f}% of a core in the {worse} half "
+            f"({min(first, second):.0f}% in the other)" + (f": {names}" if names else "")
+        )
+    return "; " + "; ".join(parts) if parts else ""
+
+
+def _neighbour(entry: dict[str, Any]) -> str:
+    return f"{entry.get('name')} (pid {entry.get('pid')}, {entry.get('cpu_pct')}% of a core)"
+
+
+def _neighbour_notes(load: LoadFacts) -> list[str]:
+    notes = []
+    busy = [n for n in load.neighbours if float(n.get("cpu_pct") or 0) >= NEIGHBOUR_NOTE_PCT]
+    if busy:
+        notes.append(
+            "other processes used the CPU while this run was measured: "
+            + ", ".join(_neighbour(n) for n in busy)
+        )
+    steal = _mean_of(load.steal_pct)
+    if steal is not None and steal >= STEAL_NOTE_PCT:
+        notes.append(f"the hypervisor took away {steal:.0f}% of the CPU (steal) meanwhile")
+    if load.concurrent_runs:
+        notes.append(
+            "another optlab measurement ran on this host at the same time ("
+            + ", ".join(load.concurrent_runs)
+            + "): their loads competed for the same CPUs; measure one at a time"
+        )
+    return notes
 
 
 def is_stable(
@@ -143,3 +300,29 @@ def halves(qps_per_second: Sequence[float]) -> tuple[float | None, float | None]
         return None, None
     first, second = qps_per_second[: n // 2], qps_per_second[n - n // 2 :]
     return sum(first) / len(first), sum(second) / len(second)
+
+
+def machine_facts(
+    measured: Sequence[Any],
+    neighbours: Sequence[dict[str, Any]] = (),
+    concurrent_runs: Sequence[str] = (),
+) -> LoadFacts:
+    """LoadFacts from the measured phase's resource readings (oldest first)."""
+
+    def mean(rows: Sequence[Any], name: str) -> float | None:
+        values = [v for v in (getattr(r, name) for r in rows) if v is not None]
+        return sum(values) / len(values) if values else None
+
+    half = len(measured) // 2
+    first, second = measured[:half], measured[half:]
+    return LoadFacts(
+        optlab_cpu_pct=mean(measured, "cpu_process_pct"),
+        service_cpu_pct=mean(measured, "service_cpu_pct"),
+        system_cpu_pct=mean(measured, "cpu_system_pct"),
+        steal_pct=(mean(first, "steal_pct"), mean(second, "steal_pct")) if half else (None, None),
+        other_cpu_pct=(
+            (mean(first, "other_cpu_pct"), mean(second, "other_cpu_pct")) if half else (None, None)
+        ),
+        neighbours=tuple(neighbours),
+        concurrent_runs=tuple(concurrent_runs),
+    )

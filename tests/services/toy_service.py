@@ -28,6 +28,9 @@ def main() -> None:
     parser.add_argument("--delay-ms", type=float, default=None)
     parser.add_argument("--pid-file")
     parser.add_argument("--fail-every", type=int, default=0)
+    # One request at a time: a service of known capacity (1000 / delay-ms requests/s) that
+    # an open loop above that rate saturates.
+    parser.add_argument("--serial", action="store_true")
     args = parser.parse_args()
     delay_ms = args.delay_ms
     if delay_ms is None:
@@ -37,6 +40,7 @@ def main() -> None:
             handle.write(str(os.getpid()))
     print(f"toy service: secret from env is {os.environ.get('TOY_SECRET', '-')}", flush=True)
     count = 0
+    one_at_a_time = asyncio.Lock()
 
     async def handle(request: web.Request) -> web.Response:
         nonlocal count
@@ -54,7 +58,11 @@ def main() -> None:
         if args.fail_every and count % args.fail_every == 0:
             return web.Response(status=503, text="overloaded")
         queue_ms = 0.1
-        await asyncio.sleep(delay_ms / 1000)
+        if args.serial:
+            async with one_at_a_time:
+                await asyncio.sleep(delay_ms / 1000)
+        else:
+            await asyncio.sleep(delay_ms / 1000)
         total_ms = (time.perf_counter() - started) * 1000
         timing = (
             f'queue;dur={queue_ms}, work;dur={delay_ms};desc="sleep, then answer", '

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_serializer, model_validator
-from pydantic_core.core_schema import SerializerFunctionWrapHandler
+from pydantic import (
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from optlab.config.knobs import StrictModel
 
@@ -221,6 +226,18 @@ class Protocol(StrictModel):
     warmup_s: float | None = Field(None, ge=0, le=300)
     duration_s: float | None = Field(None, gt=0, le=FULL_MAX_DURATION_S)
     max_error_rate: float = Field(0.001, ge=0, le=1)
+    # How far apart the two halves' QPS may be (and the warmup windows) for a stable run;
+    # None: the protocol's 10%. A noisy shared machine may need more, a quiet one less.
+    stability_pct: float | None = Field(None, gt=0, le=100)
+
+    @model_serializer(mode="wrap")
+    def _leave_out_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Left out when unset, so the stored configs (and hashes) of every baseline written
+        # before the field existed stay what they were.
+        data: dict[str, Any] = handler(self)
+        if self.stability_pct is None:
+            data.pop("stability_pct", None)
+        return data
 
     @property
     def provisional(self) -> bool:

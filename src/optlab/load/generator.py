@@ -184,6 +184,11 @@ class LoadGenerator:
         return sum(c.issued - c.completed for c in self._counters)
 
     @property
+    def issued(self) -> int:
+        """Requests sent so far."""
+        return sum(c.issued for c in self._counters)
+
+    @property
     def failure(self) -> BaseException | None:
         """A BaseException (KeyboardInterrupt, SystemExit, a harness bug) that stopped the
         generator; poll it while the load runs. Target exceptions are recorded, never here."""

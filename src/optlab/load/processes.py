@@ -144,6 +144,10 @@ class ProcessLoadGenerator:
         return sum(w.issued - w.completed for w in self._workers)
 
     @property
+    def issued(self) -> int:
+        return sum(w.issued for w in self._workers)
+
+    @property
     def failure(self) -> BaseException | None:
         return self._failure
 

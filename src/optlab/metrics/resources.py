@@ -64,6 +64,11 @@ class ResourceReading:
     # A service optlab started (a command target): its process tree, apart from optlab's.
     service_cpu_pct: float | None = None
     service_rss_bytes: int | None = None
+    # The machine taken away: CPU stolen by the hypervisor (all cores, 0..100, where
+    # /proc/stat reports it), and CPU used by processes outside the run (percent of one
+    # core, like cpu_process_pct): a neighbour competing for the same cores.
+    steal_pct: float | None = None
+    other_cpu_pct: float | None = None
 
 
 def _snake(camel: str) -> str:
@@ -187,6 +192,8 @@ def _pct(part: float, whole: float) -> float:
 
 
 CHILDREN_REFRESH_S = 5.0  # how often new child processes are looked for
+# Phases at whose start every process's CPU is noted: the measured span's neighbours.
+NEIGHBOUR_SNAPSHOTS = ("measure", "drain")
 
 
 class ResourceSampler:
@@ -219,6 +226,10 @@ class ResourceSampler:
         self._service_procs: dict[int, psutil.Process] = {}
         self._service_cpu = _TreeCpu()
         self._trees_at = -CHILDREN_REFRESH_S
+        # CPU seconds of every process outside the run, when the measured phase started and
+        # when it ended: who else used the machine (see `neighbours`).
+        self._snapshot_due: str | None = None
+        self._snapshots: dict[str, tuple[float, float, dict[int, tuple[str, float, float]]]] = {}
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -251,6 +262,10 @@ class ResourceSampler:
         self._thread = None
         if time.perf_counter() - self._last_sample >= 0.2 * self.interval_s:
             self._sample()
+        with self._lock:
+            due, self._snapshot_due = self._snapshot_due, None
+        if due is not None:  # the run ended before the next sample
+            self._snapshot(due)
         if self._nvml is not None:
             self._nvml.close()
             self._nvml = None
@@ -276,6 +291,10 @@ class ResourceSampler:
     def set_phase(self, phase: str) -> None:
         with self._lock:
             self._phase = phase
+            if phase in NEIGHBOUR_SNAPSHOTS:
+                # Taken by the sampler's thread at its next sample: a scan of every process
+                # on the caller's thread would stall the load right as the phase starts.
+                self._snapshot_due = phase
 
     # -- results -------------------------------------------------------------------------------
 
@@ -297,15 +316,46 @@ class ResourceSampler:
         with self._lock:
             return self._thermal
 
+    def neighbours(self, least_pct: float = 5.0, most: int = 3) -> list[dict[str, Any]]:
+        """The processes outside the run that used the most CPU while it was measured
+        (percent of one core over the measured phase), most first; [] when unknown."""
+        with self._lock:
+            start = self._snapshots.get("measure")
+            end = self._snapshots.get("drain")
+        if start is None or end is None or end[0] <= start[0]:
+            return []
+        wall = end[0] - start[0]
+        used: list[dict[str, Any]] = []
+        for pid, (name, cpu, created) in end[2].items():
+            before = start[2].get(pid)
+            if before is not None and before[0] == name and before[2] == created:
+                spent = cpu - before[1]
+            elif created >= start[1]:
+                spent = cpu  # started during the phase: all its CPU is the phase's
+            else:
+                continue  # a pid reused, or a process the first scan could not read
+            pct = 100.0 * spent / wall
+            if pct >= least_pct:
+                used.append({"name": name, "pid": pid, "cpu_pct": round(pct, 1)})
+        used.sort(key=lambda entry: -float(entry["cpu_pct"]))
+        return used[:most]
+
     # -- sampling ------------------------------------------------------------------------------
 
     def _sample(self) -> None:
         now = time.perf_counter()
         self._last_sample = now
         cpu_process = self._cpu_process_pct()
-        cpu_system, per_core, iowait = self._cpu_host()
+        cpu_system, per_core, iowait, steal, busy_cores = self._cpu_host()
         rss = self._rss()
         service_cpu = self._service_cpu_pct()
+        other_cpu = None
+        if busy_cores is not None and cpu_process is not None:
+            other_cpu = max(0.0, 100.0 * busy_cores - cpu_process - (service_cpu or 0.0))
+        with self._lock:
+            due, self._snapshot_due = self._snapshot_due, None
+        if due is not None:
+            self._snapshot(due)
         service_rss = self._tree_rss(self._service_tree()) if self._service is not None else None
         memory = psutil.virtual_memory()
         gpus = self._nvml.read() if self._nvml is not None else None
@@ -326,6 +376,8 @@ class ResourceSampler:
                 gpus=gpus,
                 service_cpu_pct=service_cpu,
                 service_rss_bytes=service_rss,
+                steal_pct=steal,
+                other_cpu_pct=other_cpu,
             )
             self._readings.append(reading)
             if rss is not None and (self._peak_rss is None or rss > self._peak_rss):
@@ -383,16 +435,19 @@ class ResourceSampler:
             return None
         return self._service_cpu.sample(self._service_tree(), self._service.pid)
 
-    def _cpu_host(self) -> tuple[float | None, list[float] | None, float | None]:
+    def _cpu_host(
+        self,
+    ) -> tuple[float | None, list[float] | None, float | None, float | None, float | None]:
+        """(system %, per-core %, iowait %, steal % or None, cores busy running processes)."""
         try:
             cores = psutil.cpu_times(percpu=True)
         except (OSError, psutil.Error):
-            return None, None, None
+            return None, None, None, None, None
         previous, self._prev_cores = self._prev_cores, cores
         if previous is None or len(previous) != len(cores):
-            return None, None, None
+            return None, None, None, None, None
         per_core: list[float] = []
-        busy_sum = total_sum = iowait_sum = 0.0
+        busy_sum = total_sum = iowait_sum = steal_sum = 0.0
         for before, after in zip(previous, cores, strict=True):
             b0, t0, w0 = _busy(before)
             b1, t1, w1 = _busy(after)
@@ -400,7 +455,31 @@ class ResourceSampler:
             busy_sum += b1 - b0
             total_sum += t1 - t0
             iowait_sum += w1 - w0
-        return _pct(busy_sum, total_sum), per_core, _pct(iowait_sum, total_sum)
+            steal_sum += float(getattr(after, "steal", 0.0)) - float(getattr(before, "steal", 0.0))
+        has_steal = hasattr(cores[0], "steal")
+        # Busy minus stolen: the time this machine's processes really ran, in cores.
+        running = (busy_sum - steal_sum) / total_sum * len(cores) if total_sum > 0 else None
+        return (
+            _pct(busy_sum, total_sum),
+            per_core,
+            _pct(iowait_sum, total_sum),
+            _pct(steal_sum, total_sum) if has_steal else None,
+            running,
+        )
+
+    def _snapshot(self, phase: str) -> None:
+        """CPU seconds of every process outside the run (optlab's tree and the service's)."""
+        inside = {self.pid, *self._procs, *self._service_procs}
+        seen: dict[int, tuple[str, float, float]] = {}
+        for proc in psutil.process_iter(["name", "cpu_times", "create_time"]):
+            info = proc.info
+            times, created = info.get("cpu_times"), info.get("create_time")
+            if proc.pid in inside or times is None or created is None:
+                continue
+            name = str(info.get("name") or "?")
+            seen[proc.pid] = (name, float(times.user + times.system), float(created))
+        with self._lock:
+            self._snapshots[phase] = (time.perf_counter(), time.time(), seen)
 
     def _rss(self) -> int | None:
         return self._tree_rss(self._tracked())

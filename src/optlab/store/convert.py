@@ -116,6 +116,8 @@ def window_stats(row: SqlWindow) -> WindowStats:
         p50_ms=row.p50_ms,
         p99_ms=row.p99_ms,
         send_lag_p99_ms=row.send_lag_p99_ms,
+        offered=row.offered,
+        in_flight=row.in_flight,
     )
 
 
@@ -160,5 +162,7 @@ def resource_sample(row: SqlResourceSample) -> ResourceSample:
         iowait_pct=row.iowait_pct,
         service_cpu_pct=row.service_cpu_pct,
         service_rss_bytes=row.service_rss_bytes,
+        steal_pct=row.steal_pct,
+        other_cpu_pct=row.other_cpu_pct,
         gpus=None if gpus is None else tuple(gpu_sample(gpu) for gpu in gpus),
     )

@@ -316,6 +316,10 @@ class SqlWindow(Base):
     p50_ms: Mapped[float | None] = mapped_column(Double)
     p99_ms: Mapped[float | None] = mapped_column(Double)
     send_lag_p99_ms: Mapped[float | None] = mapped_column(Double)
+    # Requests the generator sent in this second, and those in flight at its end (NULL in
+    # runs measured before optlab recorded them).
+    offered: Mapped[int | None] = mapped_column(BigInteger)
+    in_flight: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class SqlResourceSample(Base):
@@ -337,6 +341,8 @@ class SqlResourceSample(Base):
     iowait_pct: Mapped[float | None] = mapped_column(Double)
     service_cpu_pct: Mapped[float | None] = mapped_column(Double)
     service_rss_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    steal_pct: Mapped[float | None] = mapped_column(Double)
+    other_cpu_pct: Mapped[float | None] = mapped_column(Double)
     gpu_json: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONText)
 
 

@@ -124,6 +124,8 @@ class WindowStats:
     p50_ms: float | None = None
     p99_ms: float | None = None
     send_lag_p99_ms: float | None = None
+    offered: int | None = None  # requests sent in this second
+    in_flight: int | None = None  # requests in flight at its end
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +157,8 @@ class ResourceSample:
     iowait_pct: float | None = None
     service_cpu_pct: float | None = None  # a service optlab started: its own process tree
     service_rss_bytes: int | None = None
+    steal_pct: float | None = None  # CPU the hypervisor took away, all cores, 0..100
+    other_cpu_pct: float | None = None  # CPU of processes outside the run, % of one core
     # None: no GPU telemetry at all; an empty tuple: telemetry works and there are no GPUs.
     gpus: tuple[GpuSample, ...] | None = None
 

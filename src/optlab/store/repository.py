@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, Select, func, select
+from sqlalchemy import Engine, Select, and_, func, or_, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -377,6 +377,25 @@ class Store(MeasurementsMixin, TransferMixin):
         if experiment is not None:
             query = query.where(SqlExperiment.name == experiment)
         with self.session_scope() as session:
+            return [run_record(*found) for found in session.execute(query)]
+
+    def overlapping_runs(self, run_id: int) -> list[RunRecord]:
+        """Other runs on this run's host that ran while it did (a RUNNING one counts while
+        its heartbeat is fresh): a hidden variable, since their loads share the CPUs."""
+        with self.session_scope() as session:
+            me = require_run(session, run_id)
+            started, host = me.started_at, me.hostname
+            query = (
+                self._runs_query()
+                .where(SqlRun.hostname == host, SqlRun.id != run_id)
+                .where(
+                    or_(
+                        SqlRun.finished_at > started,
+                        and_(SqlRun.finished_at.is_(None), SqlRun.heartbeat_at > started),
+                    )
+                )
+                .order_by(SqlRun.id)
+            )
             return [run_record(*found) for found in session.execute(query)]
 
     @staticmethod
