@@ -46,7 +46,7 @@ def _row(**values: Any) -> dict[str, Any]:
         for suffix in ("step_pct", "step_low_pct", "step_high_pct", "cumulative_pct"):
             row[f"{metric}_{suffix}"] = NAN
     row |= {
-        "significant": None, "verdict": None, "flags": [], "slo_pass": None,
+        "significant": None, "verdict": None, "decided_by": [], "flags": [], "slo_pass": None,
         "slo_failures": [], "reasons": [], "git_commit": "4ecc9ac", "started_at": None,
         "who": "ana@bench1",
     }  # fmt: skip
@@ -80,7 +80,8 @@ def stacked_frame(hostile: bool = False) -> pd.DataFrame:
             qps_cumulative_pct=50.0, p50_step_pct=-37.5, p50_step_low_pct=-40.0,
             p50_step_high_pct=-35.0, p50_cumulative_pct=-37.5, p99_step_pct=-33.3,
             p99_step_low_pct=-38.0, p99_step_high_pct=-29.0, p99_cumulative_pct=-33.3,
-            significant=True, verdict="gain", slo_pass=True, accuracy_top1=0.761,
+            significant=True, verdict="gain", decided_by=["QPS", "P50", "P99"], slo_pass=True,
+            accuracy_top1=0.761,
             mean_batch_size=5.5,
         ),
         _measured(
@@ -91,7 +92,7 @@ def stacked_frame(hostile: bool = False) -> pd.DataFrame:
             qps_cumulative_pct=80.0, p50_step_pct=-12.0, p50_step_low_pct=-15.0,
             p50_step_high_pct=-9.0, p50_cumulative_pct=-45.0, p99_step_pct=100.0,
             p99_step_low_pct=80.0, p99_step_high_pct=120.0, p99_cumulative_pct=33.3,
-            significant=True, verdict="regressed",
+            significant=True, verdict="regressed", decided_by=["P99"],
             flags=["optimised QPS (+20%), broke P99 (+100%)"], slo_pass=False,
             slo_failures=["p99 12.0 ms > 10 ms"], accuracy_top1=0.760,
         ),

@@ -119,12 +119,16 @@ def test_audit_shares_hypotheses_and_provenance(chain: Path, invoke: Invoke) -> 
     result = invoke("audit", "synthetic-slower")
     assert result.exit_code == 0, result.output
     text = result.stdout
-    assert "hypothesis: a heavier model costs latency" in text
-    assert "share of the total QPS gain" in text and "measured by" in text
+    assert "hypothesis: a heavier model costs latency" in text and "measured by" in text
     assert "PROVISIONAL" in text  # quick runs are listed as such
     data = json.loads(invoke("audit", "synthetic-slower", "--json").stdout)
     shares = [s["qps_share_pct"] for s in data["steps"][1:]]
-    assert sum(shares) == pytest.approx(100.0, abs=0.5)  # the steps add up to the total
+    low, high = data["total_qps_interval"]
+    if not low <= 0 <= high:  # -50% (2 ms -> 4 ms), beyond noise unless a 3 s run hiccuped
+        assert "share of the total QPS gain" in text
+        assert sum(shares) == pytest.approx(100.0, abs=0.5)  # the steps add up to the total
+    else:  # a total within noise is never shared out (test_review_points has both cases)
+        assert shares == [None, None] and "is within noise" in text
 
 
 def test_other_protocol_or_environment_is_never_stacked(

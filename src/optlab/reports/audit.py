@@ -8,6 +8,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from optlab.reports.export import as_list
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -30,6 +32,7 @@ class AuditStep:
     commit: str | None
     flags: list[str] = field(default_factory=list)
     missing: str | None = None
+    decided_by: list[str] = field(default_factory=list)  # the metrics that decided the verdict
 
 
 @dataclass
@@ -42,6 +45,10 @@ class Audit:
     steps: list[AuditStep]
     questionable_runs: list[str]  # INVALID or PROVISIONAL runs of the chain's experiments
     confidence: float | None = None
+    # The totals' intervals (baseline -> head), and why shares of a total were left out.
+    total_qps_interval: list[float] | None = None
+    total_p99_interval: list[float] | None = None
+    notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
@@ -61,6 +68,37 @@ def _share(part: float | None, total: float | None) -> float | None:
     return part / total * 100.0
 
 
+# A total smaller than this is never shared out: the table never calls a change under 1%
+# significant, and a share of next to nothing reads as 600% and -500%.
+SHARE_MIN_TOTAL_PCT = 1.0
+
+
+def _interval(row: Any, metric: str) -> list[float] | None:
+    low = _num(row.get(f"{metric}_cumulative_low_pct"))
+    high = _num(row.get(f"{metric}_cumulative_high_pct"))
+    return None if low is None or high is None else [low, high]
+
+
+def _noise_note(label: str, total: float | None, interval: list[float] | None) -> str | None:
+    """Why the chain's total of a metric is not shared out among its steps, or None when it
+    is beyond noise: its interval lies on one side of zero and it is at least 1%."""
+    if total is None:
+        return None
+    within = f"{_pct(total)}"
+    if interval is not None:
+        within += f" [{interval[0]:+.1f}, {interval[1]:+.1f}]"
+    if interval is not None and interval[0] <= 0.0 <= interval[1]:
+        why = "its interval spans zero"
+    elif abs(total) < SHARE_MIN_TOTAL_PCT:
+        why = f"under {SHARE_MIN_TOTAL_PCT:g}%"
+    else:
+        return None
+    return (
+        f"the chain's total {label} change {within} is within noise ({why}): no step's share "
+        f"of it is given; each step's own change is in its outcome"
+    )
+
+
 def build_audit(store: Store, frame: pd.DataFrame) -> Audit:
     rows = [row for _, row in frame.iterrows()]
     measured = [r for r in rows if _num(r.get("qps")) is not None]
@@ -72,6 +110,16 @@ def build_audit(store: Store, frame: pd.DataFrame) -> Audit:
         p99_base, p99_last = _num(base.get("p99_ms")), _num(last.get("p99_ms"))
         if p99_base is not None and p99_last is not None:
             total_p99 = p99_last - p99_base
+    last_qps = _num(last.get("qps_cumulative_pct")) if last is not None else None
+    last_p99 = _num(last.get("p99_cumulative_pct")) if last is not None else None
+    qps_interval = _interval(last, "qps") if last is not None else None
+    p99_interval = _interval(last, "p99") if last is not None else None
+    qps_note = _noise_note("QPS", last_qps, qps_interval)
+    p99_note = _noise_note("P99", last_p99, p99_interval)
+    if qps_note:
+        total_qps = None  # no shares of a total that is noise
+    if p99_note:
+        total_p99 = None
     steps: list[AuditStep] = []
     previous: Any = None
     for row in rows:
@@ -110,6 +158,7 @@ def build_audit(store: Store, frame: pd.DataFrame) -> Audit:
                 commit=row.get("git_commit") if isinstance(row.get("git_commit"), str) else None,
                 flags=list(row.get("flags") or []),
                 missing=row.get("missing") if isinstance(row.get("missing"), str) else None,
+                decided_by=as_list(row.get("decided_by")),
             )
         )
         if _num(row.get("qps")) is not None:
@@ -132,11 +181,14 @@ def build_audit(store: Store, frame: pd.DataFrame) -> Audit:
         head=str(frame.attrs.get("head")),
         protocol=str(frame.attrs.get("protocol_label")),
         environment=str((frame.attrs.get("environment") or {}).get("summary")),
-        total_qps_pct=_num(last.get("qps_cumulative_pct")) if last is not None else None,
-        total_p99_pct=_num(last.get("p99_cumulative_pct")) if last is not None else None,
+        total_qps_pct=last_qps,
+        total_p99_pct=last_p99,
         steps=steps,
         questionable_runs=questionable,
         confidence=_num(frame.attrs.get("confidence")),
+        total_qps_interval=qps_interval,
+        total_p99_interval=p99_interval,
+        notes=[note for note in (qps_note, p99_note) if note],
     )
 
 
@@ -144,11 +196,16 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:+.1f}%"
 
 
+def _span(interval: list[float] | None) -> str:
+    return "" if interval is None else f" [{interval[0]:+.1f}, {interval[1]:+.1f}]"
+
+
 def _outcome(row: Any) -> str:
     if _num(row.get("qps")) is None:
         return f"not measured here: {row.get('missing')}"
     parts = [
         f"QPS {_pct(_num(row.get('qps_step_pct')))}",
+        f"P50 {_pct(_num(row.get('p50_step_pct')))}",
         f"P99 {_pct(_num(row.get('p99_step_pct')))}",
     ]
     accuracy = _num(row.get("accuracy_top1"))
@@ -161,7 +218,9 @@ def render_audit(audit: Audit) -> str:
     lines = [
         f"audit of {audit.head}: {audit.protocol}",
         f"environment: {audit.environment}",
-        f"chain total: QPS {_pct(audit.total_qps_pct)}, P99 {_pct(audit.total_p99_pct)}",
+        f"chain total: QPS {_pct(audit.total_qps_pct)}{_span(audit.total_qps_interval)}, "
+        f"P99 {_pct(audit.total_p99_pct)}{_span(audit.total_p99_interval)}",
+        *(f"note: {note}" for note in audit.notes),
         "",
     ]
     for step in audit.steps:
@@ -172,6 +231,8 @@ def render_audit(audit: Audit) -> str:
         if step.hypothesis:
             lines.append(f"  hypothesis: {step.hypothesis}")
         verdict = step.verdict or "-"
+        if step.decided_by:
+            verdict += f", decided by {', '.join(step.decided_by)}"
         lines.append(f"  outcome: {verdict}: {step.outcome}")
         if step.qps_share_pct is not None:
             interval = ""

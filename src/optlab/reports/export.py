@@ -18,7 +18,7 @@ SCHEMA_VERSION = 1
 # Metric name in the JSON `*_delta` objects -> its column prefix in the frame.
 _DELTA_METRICS = (("qps", "qps"), ("p50", "p50"), ("p99", "p99"))
 _LEADING = ("experiment", "variable", "change", "p50_ms", "p95_ms", "p99_ms", "qps")
-_TRAILING = ("significant", "verdict")
+_TRAILING = ("significant", "verdict", "decided_by")
 
 
 def plain(value: Any) -> Any:
@@ -89,9 +89,8 @@ def _delta(row: dict[str, Any], kind: str) -> dict[str, Any]:
     delta: dict[str, Any] = {}
     for name, prefix in _DELTA_METRICS:
         delta[f"{name}_pct"] = row.get(f"{prefix}_{kind}_pct")
-        if kind == "step":
-            delta[f"{name}_low_pct"] = row.get(f"{prefix}_step_low_pct")
-            delta[f"{name}_high_pct"] = row.get(f"{prefix}_step_high_pct")
+        delta[f"{name}_low_pct"] = row.get(f"{prefix}_{kind}_low_pct")
+        delta[f"{name}_high_pct"] = row.get(f"{prefix}_{kind}_high_pct")
     return delta
 
 
@@ -100,10 +99,9 @@ def chain_entries(frame: pd.DataFrame) -> list[dict[str, Any]]:
     consumed = set(_LEADING) | set(_TRAILING)
     for _, prefix in _DELTA_METRICS:
         consumed |= {
-            f"{prefix}_step_pct",
-            f"{prefix}_cumulative_pct",
-            f"{prefix}_step_low_pct",
-            f"{prefix}_step_high_pct",
+            f"{prefix}_{kind}_{part}"
+            for kind in ("step", "cumulative")
+            for part in ("pct", "low_pct", "high_pct")
         }
     entries = []
     for row in records(frame):

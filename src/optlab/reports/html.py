@@ -21,6 +21,7 @@ from optlab.reports.markdown import (
     percent,
     row_notes,
     stage_columns,
+    verdict_label,
     verdict_of,
 )
 
@@ -135,7 +136,7 @@ def _table(frame: pd.DataFrame) -> tuple[str, list[str]]:
             if note != PROVISIONAL_NOTE:
                 key = f"<b>{_e(row.get('experiment'))}</b>: {key}"
             marks.append(notes.setdefault(key, len(notes) + 1))
-        words = [_e(verdict)]
+        words = [_e(verdict_label(row))]
         if row.get("valid") is False:
             words.append('<span class="bad">INVALID</span>')
         if row.get("provisional"):
@@ -237,6 +238,10 @@ def _resource(step: StepData, field: str) -> list[tuple[float, float]]:
     return points
 
 
+def _mib(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    return [(t, v / 2**20) for t, v in points]
+
+
 def _charts(frame: pd.DataFrame, data: ReportData) -> str:
     steps = data.steps
     cdf = line_chart(
@@ -262,23 +267,34 @@ def _charts(frame: pd.DataFrame, data: ReportData) -> str:
         stage_rows.append((name, stages))
     waterfall = stage_waterfall("Stage P50s per step (ms), and the stage each change moved",
                                 stage_rows)  # fmt: skip
+    seconds = "seconds into the measured phase"
     series = [
         line_chart("QPS per second", _series(steps, lambda s: _windows(s, "qps")),
-                   x_label="seconds into the measured phase", y_label="requests/s"),
+                   x_label=seconds, y_label="requests/s"),
         line_chart("P99 per second", _series(steps, lambda s: _windows(s, "p99_ms")),
-                   x_label="seconds into the measured phase", y_label="ms"),
-        line_chart("Process CPU", _series(steps, lambda s: _resource(s, "cpu_process_pct")),
-                   x_label="seconds into the measured phase", y_label="% of one core"),
+                   x_label=seconds, y_label="ms"),
     ]  # fmt: skip
+    # A service optlab started (a `command` target) does the step's work in its own process
+    # tree: its CPU and RSS over time sit beside optlab's own, pair by pair.
+    service_cpu = _series(steps, lambda s: _resource(s, "service_cpu_pct"))
+    service_rss = _series(steps, lambda s: _mib(_resource(s, "service_rss_bytes")))
+    whose = ", optlab" if service_cpu or service_rss else ""
+    cpu = _series(steps, lambda s: _resource(s, "cpu_process_pct"))
+    series.append(line_chart(f"Process CPU{whose and ' (optlab)'}", cpu, x_label=seconds,
+                             y_label="% of one core"))  # fmt: skip
+    if service_cpu:
+        series.append(line_chart("Service CPU (its process tree)", service_cpu, x_label=seconds,
+                                 y_label="% of one core"))  # fmt: skip
+    rss = _series(steps, lambda s: _mib(_resource(s, "rss_bytes")))
+    if rss:
+        series.append(line_chart(f"Process memory (RSS{whose})", rss, x_label=seconds,
+                                 y_label="MiB"))  # fmt: skip
+    if service_rss:
+        series.append(line_chart("Service memory (RSS of its process tree)", service_rss,
+                                 x_label=seconds, y_label="MiB"))  # fmt: skip
     gpu = _series(steps, lambda s: _resource(s, "gpu_util_pct"))
     if gpu:
         series.append(line_chart("GPU utilisation", gpu, x_label="seconds", y_label="%"))
-    rss = _series(steps, lambda s: [(t, v / 2**20) for t, v in _resource(s, "rss_bytes")])
-    if rss:
-        series.append(
-            line_chart("Process memory (RSS)", rss, x_label="seconds into the measured phase",
-                       y_label="MiB")
-        )  # fmt: skip
     return (
         f'<h2>Latency distribution</h2><div class="charts">{cdf}</div>'
         f'<h2>Stage waterfall</h2><div class="charts">{waterfall}</div>'

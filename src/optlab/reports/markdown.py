@@ -65,6 +65,24 @@ def verdict_of(row: dict[str, Any]) -> str:
     return "baseline" if not present(row.get("change")) else "measured"
 
 
+# The table's metric labels (`decided_by`) -> their column prefix.
+_DECIDING = {"QPS": "qps", "P50": "p50", "P99": "p99"}
+
+
+def verdict_label(row: Any) -> str:
+    """The verdict with the metrics that decided it and their step change, e.g.
+    `gain (P50 -38%)` or `regressed (P99 +100%)`: a reviewer sees why without the JSON."""
+    word = verdict_of(row)
+    parts = []
+    for label in as_list(row.get("decided_by")):
+        value: Any = row.get(f"{_DECIDING.get(label, '?')}_step_pct")
+        if present(value):
+            value = float(value)
+            label += f" {value:+.0f}%" if abs(value) >= 10 else f" {value:+.1f}%"
+        parts.append(label)
+    return f"{word} ({', '.join(parts)})" if parts else word
+
+
 def row_notes(row: dict[str, Any]) -> list[str]:
     """What this step's footnotes say, in a fixed order."""
     notes = []
@@ -90,7 +108,8 @@ def render_markdown(frame: pd.DataFrame) -> str:
     rows = records(frame)
     stages = stage_columns(frame)
     show_accuracy = "accuracy_top1" in frame and frame["accuracy_top1"].map(present).any()
-    headers = ["step", "change", "QPS", "Δ step", "Δ cum", "P50 ms", "P99 ms", "Δ step", "Δ cum"]
+    headers = ["step", "change", "QPS", "Δ step", "Δ cum", "P50 ms", "Δ step", "P99 ms"]
+    headers += ["Δ step", "Δ cum"]
     headers += [f"{c[: -len('_p50_ms')]} P50" for c in stages]
     if show_accuracy:
         headers.append("top-1")
@@ -115,6 +134,7 @@ def render_markdown(frame: pd.DataFrame) -> str:
             step_delta(row, "qps"),
             percent(row.get("qps_cumulative_pct")),
             number(row.get("p50_ms"), 2),
+            step_delta(row, "p50"),
             number(row.get("p99_ms"), 2),
             step_delta(row, "p99"),
             percent(row.get("p99_cumulative_pct")),
@@ -123,7 +143,7 @@ def render_markdown(frame: pd.DataFrame) -> str:
         if show_accuracy:
             value: Any = row.get("accuracy_top1")
             cells.append(f"{float(value):.1%}" if present(value) else "–")
-        verdict = verdict_of(row)
+        verdict = verdict_label(row)
         if row.get("valid") is False:
             verdict += ", INVALID"
         if row.get("provisional"):

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from optlab.metrics.stats import VERDICT_CONFIDENCE as CONFIDENCE
+from optlab.metrics.stats import Comparison
 from optlab.reports.chain import ChainStep, chain_steps, protocol_label
 
 if TYPE_CHECKING:
@@ -41,8 +42,10 @@ COLUMNS = (
     "mean_batch_size", "cache_hit_rate", "qps_step_pct", "qps_step_low_pct",
     "qps_step_high_pct", "qps_cumulative_pct", "p50_step_pct", "p50_step_low_pct",
     "p50_step_high_pct", "p50_cumulative_pct", "p99_step_pct", "p99_step_low_pct",
-    "p99_step_high_pct", "p99_cumulative_pct", "significant", "verdict", "flags", "slo_pass",
-    "slo_failures", "reasons", "git_commit", "started_at", "who",
+    "p99_step_high_pct", "p99_cumulative_pct", "significant", "verdict", "decided_by", "flags",
+    "slo_pass", "slo_failures", "reasons", "git_commit", "started_at", "who",
+    "qps_cumulative_low_pct", "qps_cumulative_high_pct", "p50_cumulative_low_pct",
+    "p50_cumulative_high_pct", "p99_cumulative_low_pct", "p99_cumulative_high_pct",
 )  # fmt: skip
 
 
@@ -72,6 +75,7 @@ def _figures(step: ChainStep) -> dict[str, Any]:
         "runs": len(step.runs),
         "missing": step.missing,
         "flags": [],
+        "decided_by": [],
         "slo_failures": [],
         "reasons": [],
         "verdict": "missing" if step.run is None else None,
@@ -178,17 +182,13 @@ def _paired_runs(parent: ChainStep, step: ChainStep) -> tuple[list[RunRecord], l
     return [], []
 
 
-def _compare(parent: ChainStep, step: ChainStep, windows: _Windows, row: dict[str, Any]) -> None:
+def _comparisons(
+    before: list[RunRecord], after: list[RunRecord], windows: _Windows, paired: bool
+) -> list[tuple[str, Comparison]]:
+    """(column, comparison) of each headline metric both sides have an estimate of."""
     from optlab.metrics import stats
 
-    before, after = _paired_runs(parent, step)
-    paired = bool(before)
-    if not paired:
-        before = [r for r in parent.runs if r.valid]
-        after = [r for r in step.runs if r.valid]
-    if not before or not after:
-        return
-    comparisons = []
+    found = []
     for column, field, higher, label in HEADLINE:
         parent_estimates = [_estimate(r, column) for r in before]
         child_estimates = [_estimate(r, column) for r in after]
@@ -204,15 +204,74 @@ def _compare(parent: ChainStep, step: ChainStep, windows: _Windows, row: dict[st
             confidence=CONFIDENCE,
             paired=paired,
         )
+        found.append((column, result))
+    return found
+
+
+def _decides(comparison: Comparison) -> bool:
+    """Beyond noise for the verdict: the statistics' own test (the 1% floor included) passed
+    AND the whole interval lies on one side of zero."""
+    low, high = comparison.low_pct, comparison.high_pct
+    return (
+        comparison.significant
+        and comparison.better is not None
+        and math.isfinite(low)
+        and math.isfinite(high)
+        and not low <= 0.0 <= high
+    )
+
+
+def step_verdict(comparisons: Sequence[Comparison]) -> tuple[str, list[str], list[str]]:
+    """(verdict, the metrics that decided it, flags): "regressed" by the metrics worse beyond
+    noise, else "gain" by those better beyond noise, else "within noise", decided by none.
+    A metric whose interval spans zero never decides a verdict, whatever else it says."""
+    from dataclasses import replace
+
+    from optlab.metrics import stats
+
+    judged = [c if _decides(c) else replace(c, significant=False, better=None) for c in comparisons]
+    verdict, flags = stats.step_verdict(judged)
+    wanted = {"regressed": False, "gain": True}.get(verdict)
+    decided = [
+        stats.metric_label(c.metric)
+        for c in judged
+        if wanted is not None and c.significant and c.better is wanted
+    ]
+    return verdict, decided, list(flags)
+
+
+def _compare(parent: ChainStep, step: ChainStep, windows: _Windows, row: dict[str, Any]) -> None:
+    before, after = _paired_runs(parent, step)
+    paired = bool(before)
+    if not paired:
+        before = [r for r in parent.runs if r.valid]
+        after = [r for r in step.runs if r.valid]
+    if not before or not after:
+        return
+    comparisons = _comparisons(before, after, windows, paired)
+    for column, result in comparisons:
         name = column.removesuffix("_ms")
         row[f"{name}_step_low_pct"] = result.low_pct
         row[f"{name}_step_high_pct"] = result.high_pct
-        comparisons.append(result)
     if comparisons:
-        verdict, flags = stats.step_verdict(comparisons)
+        verdict, decided, flags = step_verdict([c for _, c in comparisons])
         row["verdict"] = verdict
-        row["flags"] = list(flags)
-        row["significant"] = any(c.significant for c in comparisons)
+        row["decided_by"] = decided
+        row["flags"] = flags
+        row["significant"] = any(_decides(c) for _, c in comparisons)
+
+
+def _cumulative(base: ChainStep, step: ChainStep, windows: _Windows, row: dict[str, Any]) -> None:
+    """The interval of the change against the baseline: whether the chain's total is beyond
+    noise (`optlab audit` shares out a total only when it is)."""
+    before = [r for r in base.runs if r.valid]
+    after = [r for r in step.runs if r.valid]
+    if not before or not after:
+        return
+    for column, result in _comparisons(before, after, windows, paired=False):
+        name = column.removesuffix("_ms")
+        row[f"{name}_cumulative_low_pct"] = result.low_pct
+        row[f"{name}_cumulative_high_pct"] = result.high_pct
 
 
 def _environment_summary(env: EnvironmentRecord | None) -> dict[str, Any]:
@@ -257,16 +316,18 @@ def stacked_table(store: Store, head: str) -> pd.DataFrame:
     steps, reference, reference_env = chain_steps(store, head)
     windows = _Windows(store, [r for step in steps for r in step.runs if r.valid])
     rows = [_figures(step) for step in steps]
-    previous: int | None = None
+    first = previous = None
     for index, row in enumerate(rows):
         if row["run_id"] is None:
             continue
-        if previous is None:
+        if previous is None or first is None:
             row["verdict"] = "baseline" if index == 0 else "missing parent"
+            first = index
         else:
             _compare(steps[previous], steps[index], windows, row)
             if row["verdict"] is None:
                 row["verdict"] = "not judged"  # a side has no valid run
+            _cumulative(steps[first], steps[index], windows, row)
         previous = index
     frame = pd.DataFrame(rows)
     for column, _, _, _ in HEADLINE:

@@ -22,7 +22,9 @@ def _pct(value: Any) -> str:
 def _mark(row: Any) -> str:
     if not present(row.get("run_id")):
         return "missing: " + str(row.get("missing") or "no run")
-    marks = [str(row.get("verdict") or "")]
+    from optlab.reports.markdown import verdict_label
+
+    marks = [verdict_label(row) if present(row.get("verdict")) else ""]
     marks.append("VALID" if row.get("valid") else "INVALID")
     if row.get("provisional"):
         marks.append("PROVISIONAL")
@@ -68,6 +70,7 @@ def rich_table(frame: pd.DataFrame, title: str | None = None) -> Table:
         "Δ step",
         "Δ cum",
         "P50 ms",
+        "Δ step",
         "P99 ms",
         "Δ step",
         "Δ cum",
@@ -101,6 +104,7 @@ def rich_table(frame: pd.DataFrame, title: str | None = None) -> Table:
             _step(row, "qps"),
             _pct(row.get("qps_cumulative_pct")),
             _num(row.get("p50_ms"), 2),
+            _step(row, "p50"),
             _num(row.get("p99_ms"), 2),
             _step(row, "p99"),
             _pct(row.get("p99_cumulative_pct")),
