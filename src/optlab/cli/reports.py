@@ -122,7 +122,7 @@ def audit(ctx: click.Context, head: str | None, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("head")
+@click.argument("head", required=False)
 @click.option(
     "--max-regression",
     "regressions",
@@ -147,7 +147,7 @@ def audit(ctx: click.Context, head: str | None, as_json: bool) -> None:
 @click.pass_context
 def check(
     ctx: click.Context,
-    head: str,
+    head: str | None,
     regressions: tuple[str, ...],
     gains: tuple[str, ...],
     against: str,
@@ -155,7 +155,8 @@ def check(
     """A CI gate: exit 3 when HEAD regressed beyond a threshold (or missed a required gain),
     0 when it passed; prints a markdown summary for the CI log or a PR comment.
 
-    HEAD is an experiment's name or its file.
+    HEAD is an experiment's name or its file; it defaults to the newest chain head (as for
+    `optlab table`), and the summary names the head it judged.
     """
     from optlab.errors import ConfigError
     from optlab.reports.gate import evaluate, parse_threshold, render_gate
@@ -165,7 +166,7 @@ def check(
     if not thresholds:
         raise ConfigError(
             "optlab check needs at least one threshold",
-            hint="for example: optlab check HEAD --max-regression p99=5% --min-gain qps=10%",
+            hint="for example: optlab check [HEAD] --max-regression p99=5% --min-gain qps=10%",
         )
     store = open_store(ctx, read_only=True)
     frame = _frame(store, head)

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 
 LOG_NAME_MAX = 40
+# `optlab run` measured the head and stored it, but the run is INVALID (README: exit codes).
+EXIT_INVALID = 4
 
 
 def echo_or_reader_gone(text: str) -> None:
@@ -69,9 +71,12 @@ def _status_line(s: LiveStatus) -> str:
     cpu = "-" if s.cpu_pct is None else f"{s.cpu_pct:.0f}%"
     gpu = "n/a" if s.gpu_pct is None else f"{s.gpu_pct:.0f}%"
     qps = "-" if s.qps is None else f"{s.qps:.1f}"
+    # Errors of the phase so far: a run whose every request times out says so while it runs.
+    errors = f"err {s.errors}" + (f" (timeout {s.timeouts})" if s.timeouts else "")
     return (
         f"[{s.experiment}] {s.phase:<7} {s.elapsed_s:6.1f}s (≤{remaining:.0f}s left)  "
-        f"QPS {qps}  P50 {_ms(s.p50_ms)} ms  P99 {_ms(s.p99_ms)} ms  CPU {cpu}  GPU {gpu}"
+        f"QPS {qps}  P50 {_ms(s.p50_ms)} ms  P99 {_ms(s.p99_ms)} ms  {errors}  CPU {cpu}  "
+        f"GPU {gpu}"
     )
 
 
@@ -226,7 +231,17 @@ def _pct(value: float | None) -> str:
     metavar="N",
     help="Measure the parent and the step alternately, N times each (A B A B ...).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Last stdout line: the run summary JSON.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One stdout line per run measured, in order: its summary JSON (the head's is last).",
+)
+@click.option(
+    "--allow-invalid",
+    is_flag=True,
+    help=f"Exit 0, not {EXIT_INVALID}, when a run measured is INVALID (it is stored either way).",
+)
 @click.pass_context
 def run(
     ctx: click.Context,
@@ -238,12 +253,17 @@ def run(
     repeats: int,
     paired: int | None,
     as_json: bool,
+    allow_invalid: bool,
 ) -> None:
     """Measure EXPERIMENT: one-variable check, warmup, measurement, validity, storage.
 
     Refuses a step whose parent has no valid run under the same protocol, or whose
     environment or target code differs from the parent run's. With --paired, a slow drift
     of a shared machine cancels out of the pairwise comparison.
+
+    Exit codes: 0 measured and VALID; 4 measured and stored but INVALID (0 with
+    --allow-invalid); 2 refused (an ancestor measured by --chain INVALID included);
+    1 FAILED or not stored; 130 interrupted.
     """
     from optlab.measurement import GuardedProgress
     from optlab.runner import RunOptions
@@ -257,6 +277,10 @@ def run(
 
     def show(outcome: RunOutcome) -> None:
         progress.note(render_summary(outcome))
+        if as_json:
+            # One line per run as it is measured: an ancestor's, then the head's, last.
+            # Strict JSON: the summary holds no NaN (the measurement made it JSON-safe).
+            echo_or_reader_gone(json.dumps(outcome.summary, default=str, allow_nan=False))
 
     try:
         outcomes = run_experiment(
@@ -264,14 +288,21 @@ def run(
         )
     finally:
         shown.close()
-    if as_json and outcomes:
-        # Strict JSON: the summary holds no NaN (the measurement made it JSON-safe).
-        echo_or_reader_gone(json.dumps(outcomes[-1].summary, default=str, allow_nan=False))
     if any(o.status == "KILLED" for o in outcomes):
         ctx.exit(130)
     if any(o.status == "FAILED" or o.pending or o.unstored for o in outcomes):
         # A pending run is safe on disk but not in the database yet: a script must know.
         ctx.exit(1)
+    invalid = [o for o in outcomes if not o.summary.get("valid")]
+    if invalid and not allow_invalid:
+        # Refused ancestors exit 2; the head's own INVALID run must not pass as a success.
+        runs = ", ".join(f"run {o.run_id} {o.experiment}" for o in invalid)
+        click.echo(
+            f"{runs}: INVALID (stored; reasons above); exit {EXIT_INVALID} "
+            "(--allow-invalid exits 0)",
+            err=True,
+        )
+        ctx.exit(EXIT_INVALID)
 
 
 @click.command()
