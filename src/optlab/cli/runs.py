@@ -24,21 +24,13 @@ EXIT_INVALID = 4
 def echo_or_reader_gone(text: str) -> None:
     """Print to stdout; if the reader has gone (`| head`, a closed CI log), stop writing
     quietly: the run is stored, and nothing else should fail for want of a reader."""
+    from optlab.cli.main import silence_stdout
+
     try:
         click.echo(text)
         sys.stdout.flush()
     except BrokenPipeError:
-        _stdout_to_devnull()
-
-
-def _stdout_to_devnull() -> None:
-    # Python flushes stdout again at exit; pointing it at /dev/null keeps that flush from
-    # printing "Exception ignored ... BrokenPipeError".
-    import os
-
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
+        silence_stdout()
 
 
 def _ms(value: Any) -> str:
