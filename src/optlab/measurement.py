@@ -138,16 +138,15 @@ class GuardedProgress:
         self.broken: OSError | None = None
 
     def update(self, status: LiveStatus) -> None:
-        if self.broken is None:
-            try:
-                self.inner.update(status)
-            except OSError as exc:
-                self.broken = exc
+        self._write(self.inner.update, status)
 
     def note(self, text: str) -> None:
+        self._write(self.inner.note, text)
+
+    def _write(self, write: Callable[[Any], None], value: Any) -> None:
         if self.broken is None:
             try:
-                self.inner.note(text)
+                write(value)
             except OSError as exc:
                 self.broken = exc
 
