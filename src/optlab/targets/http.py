@@ -1,8 +1,8 @@
-"""Measuring a service over HTTP: request bodies, the pooled aiohttp client, Server-Timing.
+"""Measuring a service over HTTP: request bodies, the client's picklable recipe, error types.
 
-The client is asynchronous (aiohttp: one event loop keeps thousands of requests in flight from
-one thread, where a thread per request would be bound by the GIL), and is built from a plain,
-picklable `HttpSpec`, so each load-generator process can build its own.
+The client (`optlab.targets.http_client`) is asynchronous (one event loop keeps thousands of
+requests in flight from one thread, where a thread per request would be bound by the GIL), and
+is built from a plain, picklable `HttpSpec`, so each load-generator process can build its own.
 """
 
 from __future__ import annotations
@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import glob
 import json
-import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,16 +18,20 @@ from pydantic import ValidationError
 
 from optlab.config.models import CommandTarget, HttpInputs, HttpTarget, Workload
 from optlab.errors import ConfigError
-from optlab.metrics.stages import RESERVED_STAGE, RequestTiming
+from optlab.targets.http_client import (
+    MESSAGE_CHARS,
+    HttpClient,
+    HttpError,
+    parse_server_timing,
+)
 
 if TYPE_CHECKING:
-    import aiohttp
-
     from optlab.targets.templates import Secrets
 
 __all__ = [
     "Body",
     "HttpClient",
+    "HttpError",
     "HttpRecipe",
     "HttpSpec",
     "classify",
@@ -37,12 +39,6 @@ __all__ = [
     "http_spec",
     "parse_server_timing",
 ]
-
-MESSAGE_CHARS = 200
-MAX_SERVER_STAGES = 32  # distinct Server-Timing names kept per client; more are ignored
-# A Server-Timing entry: a token name, then ;param=value pairs (RFC 8941-ish, as browsers read it).
-_ENTRY = re.compile(r"\s*([!#$%&'*+.^_`|~0-9A-Za-z-]+)\s*((?:;.*)?)$", re.DOTALL)
-_DUR = re.compile(r";\s*dur\s*=\s*\"?([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\"?", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -71,6 +67,7 @@ def http_spec(
     knobs: dict[str, Any],
 ) -> HttpSpec:
     from optlab.load.generator import in_flight_limit
+
     url = secrets.fill(target.url, knobs, "target.url")
     headers = tuple(
         (name, secrets.fill(value, knobs, f"target.headers.{name}"))
@@ -245,135 +242,7 @@ def fetch_json(
     return found
 
 
-# -- Server-Timing ------------------------------------------------------------------------------
-
-
-def parse_server_timing(values: Sequence[str]) -> dict[str, int]:
-    """W3C Server-Timing header values -> {name: duration ns}; entries without dur are skipped.
-
-    `total` is the harness's own series (the client-side latency), so a server's `total`
-    becomes `server_total`. Repeated names add up, as repeated stage() blocks do.
-    """
-    stages: dict[str, int] = {}
-    for value in values:
-        for part in _split_entries(value):
-            match = _ENTRY.match(part)
-            if match is None:
-                continue
-            name, params = match.group(1), match.group(2)
-            dur = _DUR.search(params)
-            if dur is None:
-                continue
-            ms = float(dur.group(1))
-            if name == RESERVED_STAGE:
-                name = "server_total"
-            stages[name[:64]] = stages.get(name[:64], 0) + round(ms * 1e6)
-    return stages
-
-
-def _split_entries(value: str) -> list[str]:
-    # Commas separate entries, except inside a quoted desc="a, b".
-    parts: list[str] = []
-    current: list[str] = []
-    quoted = False
-    for char in value:
-        if char == '"':
-            quoted = not quoted
-        if char == "," and not quoted:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(char)
-    parts.append("".join(current))
-    return [p for p in parts if p.strip()]
-
-
-# -- the client ---------------------------------------------------------------------------------
-
-
-class HttpError(Exception):
-    """A response whose status is not a success: counted under `HTTP <status>`."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.kind = f"HTTP {status}"
-
-
-class HttpClient:
-    """One pooled aiohttp session; `send` is called from the generator's event loop only."""
-
-    def __init__(self, spec: HttpSpec, bodies: Sequence[Body]) -> None:
-        self.spec = spec
-        self.bodies = list(bodies)
-        self._session: aiohttp.ClientSession | None = None
-        self._stage_names: set[str] = set()
-
-    async def open(self) -> None:
-        import aiohttp
-
-        connector = aiohttp.TCPConnector(
-            limit=self.spec.connections,
-            limit_per_host=self.spec.connections,
-            ttl_dns_cache=300,
-            enable_cleanup_closed=False,
-        )
-        timeout = aiohttp.ClientTimeout(
-            total=self.spec.timeout_s, sock_connect=self.spec.connect_timeout_s
-        )
-        from yarl import URL
-
-        base = {name: value for name, value in self.spec.headers}
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=timeout,
-            headers=base,
-            skip_auto_headers=("User-Agent",) if "User-Agent" in base else (),
-            auto_decompress=False,
-            # Virtual clients share one session: one client's cookies must not ride on all.
-            cookie_jar=aiohttp.DummyCookieJar(),
-        )
-        self._url = URL(self.spec.url)  # parsed once, not on every request
-        self._headers = [
-            {"Content-Type": body.content_type} if body.content_type else None
-            for body in self.bodies
-        ]
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    async def send(self, index: int, timing: RequestTiming) -> None:
-        """Send body `index`; raise on a transport error or a status that is not a success."""
-        session = self._session
-        assert session is not None, "open() first"
-        spec = self.spec
-        body = self.bodies[index]
-        async with session.request(
-            spec.method,
-            self._url,
-            data=body.data or None,
-            headers=self._headers[index],
-            allow_redirects=False,
-        ) as response:
-            payload = await response.read()
-            status = response.status
-            ok = 200 <= status < 300 if spec.ok_status is None else status in spec.ok_status
-            timings = response.headers.getall("Server-Timing", ())
-            if timings:
-                self._record_stages(timings, timing)
-        if not ok:
-            text = payload[:MESSAGE_CHARS].decode("utf-8", "replace").strip()
-            raise HttpError(status, f"{status} {response.reason or ''}: {text}".strip())
-
-    def _record_stages(self, values: Sequence[str], timing: RequestTiming) -> None:
-        known = self._stage_names
-        for name, ns in parse_server_timing(values).items():
-            if name not in known:
-                if len(known) >= MAX_SERVER_STAGES:
-                    continue  # a server inventing names per request must not grow the run
-                known.add(name)
-            timing.add(name, ns)
+# -- errors -------------------------------------------------------------------------------------
 
 
 def classify(exc: BaseException) -> tuple[str, str]:
