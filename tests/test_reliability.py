@@ -333,7 +333,7 @@ def test_a_run_survives_postgresql_stopped_for_10_s_mid_run(synth: Path) -> None
             pg.url,
             "--quick",
             "--duration",
-            "16",
+            "13",
             "--warmup",
             "0.3",
             "--json",
