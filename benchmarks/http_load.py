@@ -1,23 +1,30 @@
-"""How many requests/s optlab's HTTP load generator drives, against Locust and wrk.
+"""How optlab's HTTP client compares with hey, wrk and Locust: requests/s, latency, client CPU.
 
-One fixed, fast local server: nginx (Debian's) with one worker process returning a constant
-3-byte body (`return 200 "ok\\n"`, no access log), started here with its own prefix and config in
-a temporary folder and stopped at the end. Without nginx (a CI runner), a minimal aiohttp
-server in a subprocess stands in, and the server line says so. Against it, one after another,
-for the same number of seconds and with the same number of connections:
+Two local servers, one after the other, each started here and stopped at the end:
 
-1. wrk (1 thread, `--latency`): a C load generator, the ceiling;
-2. Locust (FastHttpUser, one process, headless, `wait_time = constant(0)`), the Python tool
-   people reach for; installed on first use in its own venv (`--locust-venv`), never into
-   optlab's environment;
-3. optlab (`python -m optlab run EXP --quick --json`, an `http` target, closed loop) with 1 and
-   2 load-generator processes, each checked for every request's latency being recorded.
+1. **nginx** (Debian's) with one worker returning a constant 3-byte body, for the most
+   requests/s each tool drives (64 connections). Without nginx (a CI runner) a minimal aiohttp
+   server stands in, and the server line says so. Tools: wrk (C, 1 thread), hey (Go), Locust
+   (FastHttpUser, one process, its own venv, installed on first use), a bare aiohttp loop, and
+   optlab (`optlab run --quick --json` on an `http` target, closed loop) with 1 and 2 processes.
+2. **a batching server**: `optlab serve` (the reference image classifier, torch, numpy-pooled
+   preprocessing) with dynamic batching (a 5 ms window), POST of one 256 px JPEG, 16 closed-loop
+   connections: the case where a client's CPU changes what it measures, because the server
+   shares the machine's cores and forms smaller batches when its clients come back slower.
+   Tools: hey, wrk (a Lua script sends the body) and optlab, one process.
 
-Goal: optlab with one process drives >= 1.3x what Locust does. Like the other benchmarks this is
-a measurement, not a test: it exits 0 whether the goal is met or not, and a tool that is missing
-or fails is reported on its line and the rest still runs.
+The tools take turns within each round (the order reversed every other round) and the rounds
+repeat, so a noisy neighbour hits every tool alike; each figure is a median over the rounds and
+each ratio the median of the per-round ratios (a paired comparison). Every line gives
+requests/s, P50, P99 and the client's CPU per request (see http_tools.py for how each is taken).
 
-    PYTHONPATH=src python benchmarks/http_load.py [--seconds 15] [--connections 64] [--smoke]
+Goals: on the batching server, optlab's CPU per request <= hey's and its requests/s and P50
+within 5% of hey's; on nginx, optlab with one process >= 1.3x Locust's requests/s. Like the
+other benchmarks this is a measurement, not a test: it exits 0 whether the goals are met or not,
+and a tool that is missing or fails is reported on its line and the rest still runs.
+
+    PYTHONPATH=src python benchmarks/http_load.py [--seconds 15] [--rounds 3] [--batch-rounds 5]
+        [--only nginx|batching] [--smoke]
 """
 
 from __future__ import annotations
@@ -29,23 +36,35 @@ import platform
 import re
 import shutil
 import socket
-import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from http_tools import (
+    CHILD_SCAN_S,
+    REPO,
+    Figures,
+    Load,
+    locust_ready,
+    run_bare,
+    run_hey,
+    run_locust,
+    run_optlab,
+    run_wrk,
+)
 from provenance import source_hashes
 
-REPO = Path(__file__).resolve().parents[1]
 GOAL_VS_LOCUST = 1.3
+GOAL_VS_HEY = 0.05  # requests/s and P50 within 5% of hey's on the batching server
 DEFAULT_LOCUST_VENV = Path("/tmp/optlab-bench-locust")
+DEFAULT_BATCHING = '{"mode":"dynamic","max_batch_size":16,"max_wait_ms":5}'
 BODY = b"ok\n"
 # Debian puts nginx in /usr/sbin, which is not on an ordinary user's PATH.
 SBIN = os.pathsep.join(("/usr/sbin", "/usr/local/sbin", "/sbin"))
@@ -81,47 +100,6 @@ app.router.add_get("/", ok)
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print=None)
 """
 
-# The reference for optlab's own cost: the smallest aiohttp client loop (the same pooled
-# session, the same event loop optlab uses), timing nothing and recording nothing.
-BARE_AIOHTTP = """\
-import asyncio, sys, time
-import aiohttp
-
-async def main(url, seconds, connections):
-    connector = aiohttp.TCPConnector(limit=connections)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        count = 0
-        async def client():
-            nonlocal count
-            while time.perf_counter() < stop:
-                async with session.get(url) as response:
-                    await response.read()
-                count += 1
-        started = time.perf_counter()
-        stop = started + seconds
-        await asyncio.gather(*(client() for _ in range(connections)))
-        print(count / (time.perf_counter() - started), count)
-
-try:
-    import uvloop
-    loop = uvloop.new_event_loop()
-except ImportError:
-    loop = asyncio.new_event_loop()
-loop.run_until_complete(main(sys.argv[1], float(sys.argv[2]), int(sys.argv[3])))
-"""
-
-LOCUSTFILE = """\
-from locust import FastHttpUser, constant, task
-
-
-class Get(FastHttpUser):
-    wait_time = constant(0)
-
-    @task
-    def root(self):
-        self.client.get("/")
-"""
-
 
 @dataclass
 class Server:
@@ -130,16 +108,8 @@ class Server:
     process: subprocess.Popen[bytes]
 
 
-@dataclass
-class OptlabResult:
-    rps: float
-    requests: int
-    recorded: int | None
-    errors: int
-    p50_ms: float | None
-    p99_ms: float | None
-    valid: bool
-    reasons: list[str]
+Result = Figures | str
+Tool = tuple[str, Callable[[], Result]]
 
 
 def label(name: str) -> str:
@@ -186,8 +156,14 @@ def stop(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
+def optlab_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"), env.get("PYTHONPATH")) if p)
+    return env
+
+
 @contextmanager
-def start_server(workdir: Path, choice: str) -> Iterator[Server]:
+def start_constant_server(workdir: Path, choice: str) -> Iterator[Server]:
     nginx = find_nginx() if choice in ("auto", "nginx") else None
     if choice == "nginx" and nginx is None:
         raise RuntimeError("--server nginx: nginx not found")
@@ -217,189 +193,283 @@ def start_server(workdir: Path, choice: str) -> Iterator[Server]:
         stop(process)
 
 
-def run_wrk(url: str, seconds: int, connections: int) -> str:
-    wrk = shutil.which("wrk")
-    if wrk is None:
-        return "skipped: wrk not found"
-    command = [wrk, "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", url]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60)
-    rate = re.search(r"Requests/sec:\s+([\d.]+)", done.stdout)
-    if done.returncode != 0 or rate is None:
-        return f"failed: exit {done.returncode}: {(done.stderr or done.stdout).strip()[-300:]}"
-    rps = float(rate.group(1))
-    quantiles = dict(re.findall(r"^\s+(50|99)%\s+(\S+)", done.stdout, re.MULTILINE))
-    errors = re.search(r"Non-2xx or 3xx responses: (\d+)|Socket errors: (.*)", done.stdout)
-    line = (
-        f"{rps:>10,.0f} requests/s   (1 thread, {connections} connections, {seconds} s)"
-        f"  P50 {quantiles.get('50', '?')} P99 {quantiles.get('99', '?')}"
+@contextmanager
+def start_batching_server(workdir: Path, batching: str) -> Iterator[Server]:
+    port = free_port()
+    log = (workdir / "serve.log").open("wb")
+    command = [sys.executable, "-m", "optlab", "serve", "--port", str(port),
+               "--batching", batching, "--preprocess", "numpy-pooled"]  # fmt: skip
+    process = subprocess.Popen(
+        command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=optlab_env()
     )
-    if errors:
-        line += f"  errors: {errors.group(0)}"
-    return line
-
-
-def run_bare(url: str, seconds: int, connections: int) -> tuple[float | None, str]:
-    command = [sys.executable, "-c", BARE_AIOHTTP, url, str(seconds), str(connections)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60)
     try:
-        rps, count = done.stdout.split()
-        rate = float(rps)
+        wait_listening(port, process, deadline_s=180.0)  # bound after the model is built
+        description = (
+            f"optlab serve (dynamic batching {batching}, torch, numpy-pooled), "
+            f"POST /predict, 127.0.0.1:{port}"
+        )
+        yield Server(description, f"http://127.0.0.1:{port}/predict", process)
+    finally:
+        stop(process)
+        log.close()
+
+
+def write_jpeg(path: Path) -> int:
+    """One of the reference classifier's 256 px renders: the body every tool sends."""
+    from optlab.config.models import Workload
+    from optlab.targets.builtin import pipeline
+
+    workload = Workload.model_validate(
+        {"load": {"mode": "closed", "concurrency": 1}, "inputs": {"count": 1, "size": 256}}
+    )
+    data = pipeline.inputs(workload)[0].jpeg
+    path.write_bytes(data)
+    return len(data)
+
+
+def service_metrics(url: str, action: str) -> dict[str, object] | None:
+    base = url.rsplit("/", 1)[0]
+    method, path = ("POST", "/metrics/reset") if action == "reset" else ("GET", "/metrics")
+    request = urllib.request.Request(
+        base + path, method=method, data=b"" if method == "POST" else None
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            payload = response.read()
+    except OSError:
+        return None
+    try:
+        found = json.loads(payload) if payload.strip() else {}
     except ValueError:
-        return None, f"failed: exit {done.returncode}: {done.stderr.strip()[-300:]}"
-    line = f"{rate:>10,.0f} requests/s   (one process, {connections} coroutines, {seconds} s, "
-    return rate, line + f"{int(count):,} requests, nothing recorded)"
+        return None
+    return found if isinstance(found, dict) else None
 
 
-def locust_ready(venv: Path, install: bool) -> tuple[Path | None, str]:
-    locust = venv / "bin" / "locust"
-    if locust.exists():
-        return locust, ""
-    if not install:
-        return None, f"{venv} not present (--smoke does not install Locust)"
-    print(f"# installing Locust into {venv} (first use only)", flush=True)
-    steps = [
-        [sys.executable, "-m", "venv", str(venv)],
-        # Locust needs no torch; the constraints pin it anyway, in case a dependency asks.
-        [str(venv / "bin" / "pip"), "install", "--quiet", "locust",
-         "-c", str(REPO / "constraints.txt")],
-    ]  # fmt: skip
-    for command in steps:
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=900)
-        except subprocess.TimeoutExpired:
-            return None, f"`{' '.join(command[:3])}` took over 15 minutes"
-        if done.returncode != 0:
-            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["?"]
-            shutil.rmtree(venv, ignore_errors=True)
-            return None, f"`{' '.join(command[:3])}` failed: {tail[0][:200]}"
-    return (locust, "") if locust.exists() else (None, f"no {locust} after pip install")
+# -- lines ----------------------------------------------------------------------------------------
 
 
-# The final summary Locust prints (its stats CSV is a periodic snapshot, a second or two stale):
-# "Aggregated  12264  0(0.00%) |  17  2  87  15 | 2569.37  0.00" (requests, failures | avg min
-# max median ms | req/s failures/s), then the percentile table's row "Aggregated  15  19 ... 12264"
-# (50% 66% 75% 80% 90% 95% 98% 99% 99.9% 99.99% 100%, requests).
-LOCUST_TOTALS = re.compile(r"^\s*Aggregated\s+(\d+)\s+(\d+)\(.*?\)\s*\|.*\|\s*([\d.]+)", re.M)
-LOCUST_PERCENTILES = re.compile(r"^\s*Aggregated((?:\s+[\d.]+|\s+N/A){12})\s*$", re.M)
+def ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
-def run_locust(
-    locust: Path, url: str, seconds: int, users: int, workdir: Path
-) -> tuple[float | None, str]:
-    locustfile = workdir / "locustfile.py"
-    locustfile.write_text(LOCUSTFILE)
-    command = [str(locust), "-f", str(locustfile), "--headless", "-u", str(users),
-               "-r", str(users * 10), "-t", f"{seconds}s", "--host", url.rstrip("/"),
-               "--only-summary", "--loglevel", "WARNING"]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 120)
-    output = done.stderr + done.stdout
-    totals = LOCUST_TOTALS.search(output)
-    if totals is None:
-        return None, f"failed: exit {done.returncode}, no summary: {output.strip()[-300:]}"
-    requests, failures, rps = int(totals.group(1)), int(totals.group(2)), float(totals.group(3))
-    line = f"{rps:>10,.0f} requests/s    (FastHttpUser, 1 process, {users} users, {seconds} s)"
-    if percentiles := LOCUST_PERCENTILES.search(output):
-        values = percentiles.group(1).split()
-        line += f"  P50 {values[0]} ms P99 {values[7]} ms"
-    line += f"  {requests:,} requests"
-    if failures:
-        line += f", {failures:,} failed"
-    return rps, line
+def us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
-def experiment_yaml(name: str, url: str, connections: int, processes: int, warmup_s: float,
-                    seconds: int) -> str:  # fmt: skip
-    return (
-        f"name: {name}\n"
-        f'target: {{kind: http, url: "{url}", method: GET, code_version: nginx-constant}}\n'
-        "knobs: {}\n"
-        "workload:\n"
-        f"  load: {{mode: closed, concurrency: {connections}, processes: {processes}}}\n"
-        f"protocol: {{name: quick, warmup_s: {warmup_s:g}, duration_s: {seconds}}}\n"
-    )
-
-
-def recorded_in_db(db: Path, run_id: int) -> int | None:
-    # Used only if the summary's total latency carries no count: the stored stage_stats row.
-    with sqlite3.connect(db) as conn:
-        row = conn.execute(
-            "SELECT count FROM stage_stats WHERE run_id = ? AND stage = 'total' "
-            "AND phase = 'measure'",
-            (run_id,),
-        ).fetchone()
-    return None if row is None else int(row[0])
-
-
-def run_optlab(
-    url: str, seconds: int, connections: int, processes: int, warmup_s: float, workdir: Path
-) -> OptlabResult | str:
-    name = f"bench-http-{processes}p"
-    exp = workdir / f"{name}.yaml"
-    exp.write_text(experiment_yaml(name, url, connections, processes, warmup_s, seconds))
-    db = workdir / f"{name}.db"
-    command = [sys.executable, "-m", "optlab", "--db", f"sqlite:///{db}", "run", str(exp),
-               "--quick", "--json"]  # fmt: skip
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"), env.get("PYTHONPATH")) if p)
-    done = subprocess.run(
-        command, capture_output=True, text=True, env=env, cwd=workdir, timeout=seconds + 180
-    )
-    lines = done.stdout.strip().splitlines()
-    try:
-        summary: dict[str, Any] = json.loads(lines[-1])
-    except (IndexError, json.JSONDecodeError):
-        message = " | ".join(done.stderr.strip().splitlines()[-3:]) or "no summary on stdout"
-        return f"failed: exit {done.returncode}: {message[:400]}"
-    if summary.get("status") != "FINISHED":
-        reasons = "; ".join(str(r) for r in summary.get("reasons") or []) or "no reason given"
-        return f"failed: run {summary.get('status')}: {reasons[:400]}"
-    requests = int(summary.get("requests") or 0)
-    duration = float(summary.get("duration_s") or 0.0)
-    rps = float(summary.get("qps") or (requests / duration if duration else 0.0))
-    total = (summary.get("latency_ms") or {}).get("total") or {}
-    recorded = total.get("count")
-    if recorded is None and summary.get("run_id") is not None:
-        recorded = recorded_in_db(db, int(summary["run_id"]))
-    return OptlabResult(
-        rps=rps,
-        requests=requests,
-        recorded=None if recorded is None else int(recorded),
-        errors=int(summary.get("errors") or 0),
-        p50_ms=total.get("p50"),
-        p99_ms=total.get("p99"),
-        valid=bool(summary.get("valid")),
-        reasons=[str(r) for r in summary.get("reasons") or []],
-    )
-
-
-def optlab_lines(processes: int, result: OptlabResult | str) -> list[str]:
-    name = label(f"optlab {processes} proc")
+def tool_lines(name: str, result: Result) -> list[str]:
     if isinstance(result, str):
-        return [f"{name}{result}"]
-    recorded = "?" if result.recorded is None else f"{result.recorded:,}"
-
-    def ms(value: float | None) -> str:
-        return "-" if value is None else f"{value:.3f}"
-
-    lines = [
-        f"{name}{result.rps:>10,.0f} requests/s    latency recorded for {recorded} of "
-        f"{result.requests:,} requests  P50 {ms(result.p50_ms)} ms P99 {ms(result.p99_ms)} ms"
-    ]
-    every = result.recorded == result.requests and result.requests > 0
-    state = "valid" if result.valid else "NOT VALID: " + "; ".join(result.reasons)
-    lines.append(
-        f"{'':14}every request recorded: {'yes' if every else 'NO'} ({recorded} of "
-        f"{result.requests:,}); errors {result.errors:,}; run {state}"
+        return [f"{label(name)}{result}"]
+    line = (
+        f"{label(name)}{result.rps:>10,.0f} requests/s    {result.detail}  P50 {ms(result.p50_ms)} "
+        f"ms P99 {ms(result.p99_ms)} ms  CPU {us(result.cpu_us)} µs/request"
     )
-    return lines
+    return [line, *(f"{'':14}{extra}" for extra in result.extra)]
 
 
-def ratio(num: float | None, den: float | None) -> str:
-    return "n/a" if num is None or not den else f"{num / den:.2f}"
+def median_of(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def listed(values: Sequence[float | None], form: str) -> str:
+    return ", ".join("-" if v is None else format(v, form) for v in values)
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    return None if num is None or not den else num / den
+
+
+def shown(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+class Rounds:
+    """Each tool's figures, round by round."""
+
+    def __init__(self) -> None:
+        self.by_tool: dict[str, list[Figures | None]] = {}
+        self.count = 0
+
+    def run(
+        self, tools: Sequence[Tool], number: int, after: Callable[[str, Figures], None]
+    ) -> None:
+        self.count += 1
+        ordered = list(tools) if number % 2 == 1 else list(reversed(tools))
+        for name, run in ordered:
+            try:
+                result = run()
+            except (OSError, subprocess.SubprocessError) as exc:
+                result = f"failed: {exc!r}"
+            if isinstance(result, Figures):
+                after(name, result)
+            for line in tool_lines(name, result):
+                print(line, flush=True)
+            figures = result if isinstance(result, Figures) else None
+            self.by_tool.setdefault(name, [None] * (self.count - 1)).append(figures)
+        for series in self.by_tool.values():
+            series.extend([None] * (self.count - len(series)))
+
+    def series(self, tool: str, attr: str) -> list[float | None]:
+        return [None if f is None else getattr(f, attr) for f in self.by_tool.get(tool, [])]
+
+    def median(self, tool: str, attr: str) -> float | None:
+        return median_of(self.series(tool, attr))
+
+    def paired(self, tool: str, other: str, attr: str) -> list[float]:
+        """Per-round ratios tool/other where both have the figure."""
+        pairs = zip(self.series(tool, attr), self.series(other, attr), strict=False)
+        return [a / b for a, b in pairs if a is not None and b]
+
+    def print_medians(self) -> None:
+        for tool in self.by_tool:
+            rps = self.series(tool, "rps")
+            if not any(v is not None for v in rps):
+                continue
+            print(
+                f"{label(tool)}median {self.median(tool, 'rps'):>10,.0f} requests/s  "
+                f"P50 {ms(self.median(tool, 'p50_ms'))} ms  "
+                f"CPU {us(self.median(tool, 'cpu_us'))} µs/request   "
+                f"(requests/s {listed(rps, ',.0f')}; "
+                f"P50 {listed(self.series(tool, 'p50_ms'), '.3f')}; "
+                f"CPU {listed(self.series(tool, 'cpu_us'), '.1f')})"
+            )
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def paired_text(pairs: Sequence[float]) -> str:
+    return f"median of {len(pairs)} rounds: {listed(pairs, '.2f')}"
+
+
+# -- the two servers ------------------------------------------------------------------------------
+
+
+def constant_section(args: argparse.Namespace, workdir: Path) -> None:
+    seconds, connections, warmup_s = args.seconds, args.connections, args.warmup
+    two_warmup_s = warmup_s if args.smoke else max(warmup_s, CHILD_SCAN_S + 1)
+    with start_constant_server(workdir, args.server) as server:
+        print(f"{label('server')}{server.description}", flush=True)
+        load = Load(server.url, seconds, connections)
+        locust, why = locust_ready(args.locust_venv, install=not args.smoke)
+        tools: list[Tool] = [
+            ("wrk", lambda: run_wrk(load, workdir)),
+            ("hey", lambda: run_hey(load)),
+            (
+                "locust",
+                (lambda: run_locust(locust, load, workdir))
+                if locust
+                else (lambda: f"skipped: {why}"),
+            ),
+            ("bare aiohttp", lambda: run_bare(load)),
+            ("optlab 1 proc", lambda: run_optlab(load, 1, warmup_s, workdir, "nginx")),
+            # Long enough a warmup for optlab's sampler to have found its worker processes.
+            ("optlab 2 proc", lambda: run_optlab(load, 2, two_warmup_s, workdir, "nginx")),
+        ]
+        rounds = Rounds()
+        for number in range(1, args.rounds + 1):
+            print(f"# constant server, round {number} of {args.rounds}", flush=True)
+            rounds.run(tools, number, lambda name, figures: None)
+    if args.rounds > 1:
+        rounds.print_medians()
+    one, two = rounds.median("optlab 1 proc", "rps"), rounds.median("optlab 2 proc", "rps")
+    for other in ("locust", "wrk", "hey"):
+        print(
+            f"ratio optlab 1 proc / {other:<7}{shown(ratio(one, rounds.median(other, 'rps')))}    "
+            f"optlab 2 proc / {other:<7}{shown(ratio(two, rounds.median(other, 'rps')))}"
+        )
+    bare = rounds.median("bare aiohttp", "rps")
+    print(
+        f"ratio optlab 1 proc / bare aiohttp loop {shown(ratio(one, bare))} "
+        "(aiohttp at its leanest)"
+    )
+    if pairs := rounds.paired("optlab 1 proc", "locust", "rps"):
+        times = statistics.median(pairs)
+        print(
+            f"optlab 1 process >= {GOAL_VS_LOCUST:g}x locust: {times:.2f}x ({paired_text(pairs)}) "
+            f"{verdict(times >= GOAL_VS_LOCUST)}"
+        )
+    if pairs := rounds.paired("optlab 1 proc", "hey", "cpu_us"):
+        times = statistics.median(pairs)
+        mine, hey = rounds.median("optlab 1 proc", "cpu_us"), rounds.median("hey", "cpu_us")
+        print(
+            f"client CPU per request, constant server, optlab 1 proc vs hey: "
+            f"{us(mine)} vs {us(hey)} µs, ratio {times:.2f} ({paired_text(pairs)}) "
+            f"{verdict(times <= 1.0)}"
+        )
+
+
+def batching_section(args: argparse.Namespace, workdir: Path) -> None:
+    body = workdir / "body.jpg"
+    size = write_jpeg(body)
+    with start_batching_server(workdir, args.batching) as server:
+        print(f"{label('server')}{server.description}, a {size:,}-byte JPEG", flush=True)
+        load = Load(server.url, args.batch_seconds, args.batch_connections, method="POST",
+                    body=body, content_type="image/jpeg")  # fmt: skip
+        # The server's first seconds (thread pool, allocator, caches) belong to no tool.
+        run_hey(Load(server.url, 2 if args.smoke else 5, args.batch_connections, "POST", body,
+                     "image/jpeg"))  # fmt: skip
+        tools: list[Tool] = [
+            ("hey", lambda: run_hey(load)),
+            ("optlab 1 proc", lambda: run_optlab(load, 1, args.warmup, workdir, "batching")),
+            ("wrk", lambda: run_wrk(load, workdir)),
+        ]
+
+        def batches(name: str, figures: Figures) -> None:
+            found = service_metrics(server.url, "read")
+            batching = (found or {}).get("batching")
+            if isinstance(batching, dict) and batching.get("mean_batch_size") is not None:
+                figures.detail += f"  mean batch {float(batching['mean_batch_size']):.2f}"
+
+        rounds = Rounds()
+        for number in range(1, args.batch_rounds + 1):
+            print(f"# batching server, round {number} of {args.batch_rounds}", flush=True)
+            wrapped = [(name, _reset_first(server.url, run)) for name, run in tools]
+            rounds.run(wrapped, number, batches)
+    if args.batch_rounds > 1:
+        rounds.print_medians()
+    for other in ("hey", "wrk"):
+        qps = rounds.paired("optlab 1 proc", other, "rps")
+        p50 = rounds.paired("optlab 1 proc", other, "p50_ms")
+        if qps and p50:
+            # The goal is hey's; wrk, the leanest client, shows what a cheaper client changes.
+            print(
+                f"optlab / {other} (batching server): requests/s {statistics.median(qps):.3f} "
+                f"({paired_text(qps)}), P50 {statistics.median(p50):.3f} ({paired_text(p50)})"
+            )
+    qps = rounds.paired("optlab 1 proc", "hey", "rps")
+    p50 = rounds.paired("optlab 1 proc", "hey", "p50_ms")
+    cpu = rounds.paired("optlab 1 proc", "hey", "cpu_us")
+    for name, pairs, better in (("requests/s", qps, 1.0), ("P50", p50, -1.0)):
+        if pairs:
+            r = statistics.median(pairs)
+            ahead = " (optlab ahead)" if (r - 1) * better > GOAL_VS_HEY else ""
+            print(
+                f"optlab {name} within {GOAL_VS_HEY:.0%} of hey's (batching server): ratio "
+                f"{r:.3f}{ahead} {verdict(abs(r - 1) <= GOAL_VS_HEY)}"
+            )
+    if cpu:
+        c = statistics.median(cpu)
+        print(
+            f"client CPU per request <= hey's (batching server): optlab "
+            f"{us(rounds.median('optlab 1 proc', 'cpu_us'))} vs hey "
+            f"{us(rounds.median('hey', 'cpu_us'))} µs, ratio {c:.2f} ({paired_text(cpu)}) "
+            f"{verdict(c <= 1.0)}"
+        )
+
+
+def _reset_first(url: str, run: Callable[[], Result]) -> Callable[[], Result]:
+    def wrapped() -> Result:
+        service_metrics(url, "reset")  # each tool's batches counted apart
+        return run()
+
+    return wrapped
 
 
 def code_id() -> str:
-    return source_hashes("targets/http.py", "load/aio.py", "load/processes.py")
+    return source_hashes("targets/http.py", "targets/http_client.py", "load/aio.py",
+                         "load/processes.py")  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -407,125 +477,57 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--smoke",
         action="store_true",
-        help="2 s per tool, 16 connections; Locust only if already installed",
+        help="1-2 s per tool, one round; Locust only if already installed",
     )
-    parser.add_argument("--seconds", type=int, help="measured seconds per tool (default 15)")
+    parser.add_argument("--seconds", type=int, help="seconds per tool, constant server (15)")
+    parser.add_argument("--rounds", type=int, help="rounds on the constant server (3; smoke 1)")
+    parser.add_argument("--connections", type=int, help="connections, constant server (64)")
+    parser.add_argument("--batch-seconds", type=int, help="seconds per tool, batching (15)")
+    parser.add_argument("--batch-rounds", type=int, help="rounds, batching server (5; smoke 1)")
     parser.add_argument(
-        "--rounds", type=int, help="rounds of every tool, interleaved (default 3; smoke 1)"
+        "--batch-connections", type=int, default=16, help="connections, batching server (16)"
     )
-    parser.add_argument("--connections", type=int, help="connections / users (default 64)")
+    parser.add_argument(
+        "--batching",
+        default=DEFAULT_BATCHING,
+        help=f"the server's --batching (default {DEFAULT_BATCHING})",
+    )
+    parser.add_argument("--only", choices=("constant", "batching"), help="one server only")
     parser.add_argument(
         "--locust-venv",
         type=Path,
         default=DEFAULT_LOCUST_VENV,
-        help=f"Locust's own venv, created on first use (default {DEFAULT_LOCUST_VENV})",
+        help=f"Locust's own venv, created on first use ({DEFAULT_LOCUST_VENV})",
     )
     parser.add_argument(
         "--server",
         choices=("auto", "nginx", "aiohttp"),
         default="auto",
-        help="auto: nginx if found, else the aiohttp fallback",
+        help="the constant server: nginx if found (auto), or the aiohttp fallback",
     )
     args = parser.parse_args(argv)
-    seconds = args.seconds or (1 if args.smoke else 15)
-    connections = args.connections or (8 if args.smoke else 64)
-    warmup_s = 0.5 if args.smoke else 2.0
-
-    rounds = args.rounds or (1 if args.smoke else 3)
+    args.seconds = args.seconds or (1 if args.smoke else 15)
+    args.batch_seconds = args.batch_seconds or (2 if args.smoke else 15)
+    args.connections = args.connections or (8 if args.smoke else 64)
+    args.rounds = args.rounds or (1 if args.smoke else 3)
+    args.batch_rounds = args.batch_rounds or (1 if args.smoke else 5)
+    args.warmup = 0.5 if args.smoke else 2.0
     load1, _, _ = os.getloadavg()
     print(
         f"# http_load: Python {platform.python_version()}, {os.cpu_count()} CPUs, load average "
-        f"{load1:.2f}; code: {code_id()}; {seconds} s per tool, {connections} connections; "
-        f"optlab warmup {warmup_s:g} s; {rounds} round(s), the tools interleaved in each",
+        f"{load1:.2f}; code: {code_id()}; constant server {args.seconds} s per tool, "
+        f"{args.connections} connections, {args.rounds} round(s); batching server "
+        f"{args.batch_seconds} s per tool, {args.batch_connections} connections, "
+        f"{args.batch_rounds} round(s); optlab warmup {args.warmup:g} s; the tools interleaved",
         flush=True,
     )
-    rates: dict[str, list[float]] = {}
-    pairs: list[float] = []  # optlab 1 proc / locust within each round: drift cancels
     with tempfile.TemporaryDirectory(prefix="optlab-http-load-") as tmp:
         workdir = Path(tmp)
-        with start_server(workdir, args.server) as server:
-            print(f"{label('server')}{server.description}", flush=True)
-            locust, why = locust_ready(args.locust_venv, install=not args.smoke)
-            for number in range(1, rounds + 1):
-                if rounds > 1:
-                    print(f"# round {number} of {rounds}", flush=True)
-                found = one_round(server.url, seconds, connections, warmup_s, workdir, locust, why)
-                for tool, rate in found.items():
-                    if rate is not None:
-                        rates.setdefault(tool, []).append(rate)
-                if found.get("optlab 1 proc") and found.get("locust"):
-                    pairs.append(found["optlab 1 proc"] / found["locust"])  # type: ignore[operator]
-
-    def median(tool: str) -> float | None:
-        values = rates.get(tool)
-        return statistics.median(values) if values else None
-
-    if rounds > 1:
-        for tool, values in rates.items():
-            listed = ", ".join(f"{v:,.0f}" for v in values)
-            print(f"{label(tool)}median {median(tool):>10,.0f} requests/s   ({listed})")
-    one, two, bare = median("optlab 1 proc"), median("optlab 2 proc"), median("bare aiohttp")
-    locust_rps, wrk_rps = median("locust"), median("wrk")
-    print(f"ratio optlab 1 proc / locust  {ratio(one, locust_rps)}    "
-          f"optlab 2 proc / locust {ratio(two, locust_rps)}")  # fmt: skip
-    print(f"ratio optlab 1 proc / wrk     {ratio(one, wrk_rps)}    "
-          f"optlab 2 proc / wrk    {ratio(two, wrk_rps)}")  # fmt: skip
-    print(f"ratio optlab 1 proc / bare aiohttp loop {ratio(one, bare)} (optlab's own cost)")
-    if pairs:
-        times = statistics.median(pairs)
-        verdict = "PASS" if times >= GOAL_VS_LOCUST else "MISS"
-        listed = ", ".join(f"{p:.2f}" for p in pairs)
-        print(
-            f"optlab 1 process >= {GOAL_VS_LOCUST:g}x locust: {times:.2f}x "
-            f"(median of {len(pairs)} rounds: {listed}) {verdict}"
-        )
+        if args.only in (None, "constant"):
+            constant_section(args, workdir)
+        if args.only in (None, "batching"):
+            batching_section(args, workdir)
     return 0
-
-
-def one_round(
-    url: str,
-    seconds: int,
-    connections: int,
-    warmup_s: float,
-    workdir: Path,
-    locust: Path | None,
-    why: str,
-) -> dict[str, float | None]:
-    """Each tool once against the same server; the line each prints; its requests/s."""
-    found: dict[str, float | None] = {}
-    try:
-        wrk_line = run_wrk(url, seconds, connections)
-    except (OSError, subprocess.SubprocessError) as exc:
-        wrk_line = f"failed: {exc!r}"
-    found["wrk"] = None
-    if rate := re.match(r"\s*([\d,]+) requests/s", wrk_line):
-        found["wrk"] = float(rate.group(1).replace(",", ""))
-    print(f"{label('wrk')}{wrk_line}", flush=True)
-
-    if locust is None:
-        print(f"{label('locust')}skipped: {why}", flush=True)
-    else:
-        try:
-            found["locust"], line = run_locust(locust, url, seconds, connections, workdir)
-        except (OSError, subprocess.SubprocessError) as exc:
-            line = f"failed: {exc!r}"
-        print(f"{label('locust')}{line}", flush=True)
-
-    try:
-        found["bare aiohttp"], line = run_bare(url, seconds, connections)
-    except (OSError, subprocess.SubprocessError) as exc:
-        line = f"failed: {exc!r}"
-    print(f"{label('bare aiohttp')}{line}", flush=True)
-
-    for processes in (1, 2):
-        try:
-            result = run_optlab(url, seconds, connections, processes, warmup_s, workdir)
-        except (OSError, subprocess.SubprocessError) as exc:
-            result = f"failed: {exc!r}"
-        found[f"optlab {processes} proc"] = None if isinstance(result, str) else result.rps
-        for line in optlab_lines(processes, result):
-            print(line, flush=True)
-    return found
 
 
 if __name__ == "__main__":

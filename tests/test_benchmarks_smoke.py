@@ -63,6 +63,10 @@ EXPECTED: dict[str, list[str]] = {
         r"^optlab 2 proc +[\d,]+ requests/s +latency recorded for [\d,]+ of [\d,]+ requests",
         r"^bare aiohttp +[\d,]+ requests/s",
         r"^ratio optlab 1 proc / bare aiohttp loop [\d.]+",
+        # The batching server (optlab serve) runs everywhere; hey and wrk may be missing.
+        r"^server +optlab serve \(dynamic batching",
+        r"^optlab 1 proc +[\d,]+ requests/s +latency recorded for .* mean batch [\d.]+ .*"
+        r"CPU [\d.]+ µs/request",
     ],
     "memory.py": [
         r"^run +5 s +[\d,]+ requests .*peak [\d.]+ MiB",
