@@ -21,11 +21,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from optlab.config.models import ClosedLoad, OpenLoad, ReplayLoad
 from optlab.errors import ConfigError
@@ -43,9 +45,13 @@ if TYPE_CHECKING:
 
 __all__ = ["AsyncClient", "AsyncLoadGenerator", "LogSource"]
 
-# asyncio sleeps to the millisecond (epoll's timeout), so the last stretch before an intended
-# time is spun with sleep(0), which still serves every ready socket on each turn.
+# The loop's own timers sleep to the millisecond (epoll's timeout): the last stretch before an
+# intended time is spun with sleep(0), which still serves every ready socket on each turn but
+# keeps a core busy. On Linux a timerfd the loop watches wakes it TAIL_NS before the intended
+# time instead: at 500 requests/s this spent ~0.2 ms of CPU per request where spinning SPIN_NS
+# spent ~1 ms, with the same send-lag median (2-5 µs) on a shared 2-core VM.
 SPIN_NS = 1_500_000
+TAIL_NS = 100_000  # spun after the timerfd's wake-up: its median lateness was ~40-65 µs here
 # A scheduler whose sends are all overdue yields to the loop this often, so responses are read.
 YIELD_EVERY = 16
 OPEN_TIMEOUT_S = 60.0
@@ -101,6 +107,7 @@ class AsyncLoadGenerator:
         self._ready = threading.Event()
         self._stop_requested: asyncio.Event | None = None
         self._sleeper: asyncio.Future[None] | None = None
+        self._timer: _TimerFd | None = None
         self._drain_s = 5.0
         self._running = False
         self._closed = False
@@ -202,6 +209,7 @@ class AsyncLoadGenerator:
                 workers = [asyncio.create_task(self._closed_worker(log)) for _ in range(clients)]
             else:
                 limit = in_flight_limit(load)
+                self._timer = _TimerFd.open(asyncio.get_running_loop())
                 workers = [asyncio.create_task(self._scheduler(load, log, limit))]
             self._ready.set()
             stopper = asyncio.create_task(self._stop_requested.wait())
@@ -228,6 +236,9 @@ class AsyncLoadGenerator:
         finally:
             self._running = False
             self._closed = True
+            if self._timer is not None:
+                self._timer.close()
+                self._timer = None
             await self._client.close()
 
     def _request_stop(self) -> None:
@@ -239,8 +250,21 @@ class AsyncLoadGenerator:
             sleeper.set_result(None)
 
     async def _sleep_until(self, intended: int) -> None:
-        """Sleep (woken at once by stop) until ~SPIN_NS before `intended`, then spin to it."""
+        """Sleep until `intended` (woken at once by stop): on the timerfd where there is one,
+        else by the loop's timer to ~SPIN_NS before it, then spinning."""
         clock = time.perf_counter_ns
+        timer = self._timer
+        if timer is not None:
+            if intended - clock() > TAIL_NS:
+                sleeper = self._sleeper = asyncio.get_running_loop().create_future()
+                timer.arm(intended - TAIL_NS, sleeper)
+                try:
+                    await sleeper
+                finally:
+                    self._sleeper = None
+            while self._running and clock() < intended:
+                await asyncio.sleep(0)
+            return
         wait = intended - clock() - SPIN_NS
         if wait > 0:
             loop = asyncio.get_running_loop()
@@ -341,6 +365,68 @@ def _finished(
         slot_free.set()
 
     return done
+
+
+class _TimerFd:
+    """A CLOCK_MONOTONIC timerfd (Linux) the event loop watches: one wake-up at an absolute
+    `perf_counter_ns` deadline, to the microsecond, for the price of two system calls."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, settime: Any) -> None:
+        import ctypes
+
+        self._loop, self._fd, self._settime = loop, fd, settime
+        self._spec = (ctypes.c_long * 4)()  # struct itimerspec: interval (0), then value
+        self._pointer = ctypes.byref(self._spec)
+        self._waiter: asyncio.Future[None] | None = None
+        loop.add_reader(fd, self._fired)
+
+    @classmethod
+    def open(cls, loop: asyncio.AbstractEventLoop) -> _TimerFd | None:
+        """One for `loop`, or None where there is no timerfd (then the generator spins)."""
+        clock = time.get_clock_info("perf_counter").implementation
+        if not sys.platform.startswith("linux") or "CLOCK_MONOTONIC)" not in clock:
+            return None  # the deadlines are perf_counter_ns: it must be the timer's clock
+        import ctypes
+
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = libc.timerfd_create(_CLOCK_MONOTONIC, _TFD_NONBLOCK | _TFD_CLOEXEC)
+        except (OSError, AttributeError):
+            return None
+        if fd < 0:
+            return None
+        try:
+            return cls(loop, fd, libc.timerfd_settime)
+        except (OSError, AttributeError, NotImplementedError):
+            os.close(fd)
+            return None
+
+    def arm(self, deadline_ns: int, waiter: asyncio.Future[None]) -> None:
+        self._waiter = waiter
+        spec = self._spec
+        spec[2], spec[3] = divmod(deadline_ns, 1_000_000_000)
+        if self._settime(self._fd, _TFD_TIMER_ABSTIME, self._pointer, None) != 0:
+            waiter.set_result(None)  # cannot arm: the caller spins to the deadline instead
+
+    def _fired(self) -> None:
+        try:
+            os.read(self._fd, 8)
+        except BlockingIOError:
+            return
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._loop.remove_reader(self._fd)
+        os.close(self._fd)
+
+
+_CLOCK_MONOTONIC = 1
+_TFD_NONBLOCK = getattr(os, "O_NONBLOCK", 0o4000)  # Linux's values, the only ones used
+_TFD_CLOEXEC = getattr(os, "O_CLOEXEC", 0o2000000)
+_TFD_TIMER_ABSTIME = 1
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
