@@ -178,6 +178,18 @@ class _Heartbeat:
                 self.failures += 1
 
 
+@dataclass(frozen=True)
+class _RunEnd:
+    """Everything the final write stores: the run's final fields (`Store.finish_run`'s
+    keywords) and every one of its measurements."""
+
+    final: dict[str, Any]
+    stage_stats: list[Any]
+    windows: list[Any]
+    samples: list[Any]
+    errors: list[Any]
+
+
 class _Flusher:
     """Writes a run's windows and resource samples every FLUSH_S from its own thread, so a
     live run shows its data and a crash keeps it.
@@ -654,21 +666,14 @@ class _Measurement:
         windows = window_rows(
             [*self.collector.windows("warmup"), *self.collector.windows("measure")], self.load
         )
-        samples = resource_rows(self.readings)
-        failure = self._write_final(final, stages, windows, samples, errors)
+        end = _RunEnd(final, stages, windows, resource_rows(self.readings), errors)
+        failure = self._write_final(end)
         if failure is None:
             return None
         with _shielded():  # the pending bundle is the run's last copy: write it whole
-            return self._save_pending(final, stages, windows, samples, errors, failure)
+            return self._save_pending(end, failure)
 
-    def _write_final(
-        self,
-        final: dict[str, Any],
-        stages: list[Any],
-        windows: list[Any],
-        samples: list[Any],
-        errors: list[Any],
-    ) -> BaseException | None:
+    def _write_final(self, end: _RunEnd) -> BaseException | None:
         """The final write, retried through an outage; None once stored, else why not.
         Ctrl-C or SIGTERM while it retries stops the retries (the run is then kept as a
         pending bundle at once)."""
@@ -679,11 +684,11 @@ class _Measurement:
                 try:
                     self.store.complete_run(
                         self.run_id,
-                        stage_stats=stages,
-                        windows=windows,
-                        samples=samples,
-                        run_errors=errors,
-                        **final,
+                        stage_stats=end.stage_stats,
+                        windows=end.windows,
+                        samples=end.samples,
+                        run_errors=end.errors,
+                        **end.final,
                     )
                     return None
                 except KeyboardInterrupt as exc:
@@ -706,19 +711,15 @@ class _Measurement:
                     return interrupt
                 delay = min(delay * 2, 5.0)
 
-    def _save_pending(
-        self,
-        final: dict[str, Any],
-        stages: list[Any],
-        windows: list[Any],
-        samples: list[Any],
-        errors: list[Any],
-        failure: BaseException,
-    ) -> Path | None:
+    def _save_pending(self, end: _RunEnd, failure: BaseException) -> Path | None:
         from optlab.store.pending import PENDING_DIR, save_pending
 
         bundle = self.snapshot.completed(
-            final=final, stage_stats=stages, windows=windows, samples=samples, errors=errors
+            final=end.final,
+            stage_stats=end.stage_stats,
+            windows=end.windows,
+            samples=end.samples,
+            errors=end.errors,
         )
         try:
             path = save_pending(bundle, self.store.url)
