@@ -598,6 +598,10 @@ def test_serve_chain_measured_over_http_shows_the_server_side_stages(
     base = base.replace("8765", port).replace("preprocess: python", "preprocess: numpy-pooled")
     # The held-out check costs seconds per run; accuracy_url is tested on the toy service.
     base = "\n".join(line for line in base.splitlines() if "accuracy_url" not in line)
+    # What this test checks is the server's stages in the table, not the stability of a 7 s
+    # run on a shared 2-core machine: a baseline for a noisy machine says so.
+    assert "protocol: {name: full}" in base
+    base = base.replace("protocol: {name: full}", "protocol: {name: full, stability_pct: 50}")
     (folder / "baseline.yaml").write_text(base)
     step = (REPO / "experiments" / "serve" / "02-dynamic-batch.yaml").read_text()
     (folder / "batch.yaml").write_text(
