@@ -330,10 +330,13 @@ class ResourceSampler:
             before = start[2].get(pid)
             if before is not None and before[0] == name and before[2] == created:
                 spent = cpu - before[1]
-            elif created >= start[1]:
-                spent = cpu  # started during the phase: all its CPU is the phase's
+            elif before is None or created > before[2]:
+                # Started during the phase (or a pid reused by a newer process): all its CPU
+                # is the phase's. Judged against the first scan, not the wall clock: psutil's
+                # start times can be a second off it (boot time in whole seconds).
+                spent = cpu
             else:
-                continue  # a pid reused, or a process the first scan could not read
+                continue
             pct = 100.0 * spent / wall
             if pct >= least_pct:
                 used.append({"name": name, "pid": pid, "cpu_pct": round(pct, 1)})
