@@ -1,4 +1,4 @@
-"""Turning what a run collected into stored rows and the run summary (DESIGN.md section 7)."""
+"""Turning what a run collected into stored rows and the `run --json` summary (README)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The experiment file schema (DESIGN.md section 7) as frozen pydantic models."""
+"""The experiment file schema (README: "The reference chains") as frozen pydantic models."""
 
 from __future__ import annotations
 
