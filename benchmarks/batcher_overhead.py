@@ -46,7 +46,7 @@ from provenance import source_hashes
 
 from optlab.load.timerslack import tighten_timer_slack
 from optlab.metrics.stages import RequestTiming
-from optlab.targets.builtin.batcher import DynamicBatcher, InstancePool
+from optlab.reference.classifier.batcher import DynamicBatcher, InstancePool
 
 SIZES = (1, 8, 32)
 LONE_WAITS_MS = (1.0, 5.0)

@@ -31,7 +31,7 @@ from optlab.config.models import ClosedLoad
 from optlab.load.generator import LoadGenerator
 from optlab.metrics.log import Collector
 from optlab.metrics.stats import VERDICT_CONFIDENCE, Comparison, compare, step_verdict
-from optlab.targets.synthetic import SyntheticKnobs, SyntheticTarget
+from optlab.reference.synthetic import SyntheticKnobs, SyntheticTarget
 
 CONFIDENCE = VERDICT_CONFIDENCE
 MIN_EFFECT_PCT = 1.0
@@ -61,7 +61,7 @@ def measure(
     window_s: float = 0.1,
     concurrency: int = 4,
 ) -> Measured:
-    """One real run of the synthetic target, driven as optlab.measurement drives a target."""
+    """One real run of the synthetic target, driven as optlab.run.measurement drives a target."""
     target = SyntheticTarget(
         SyntheticKnobs(distribution="lognormal", service_ms=service_ms, sigma=0.3, seed=seed)
     )

@@ -35,9 +35,9 @@ from optlab.config.models import ClosedLoad, OpenLoad
 from optlab.load.generator import LoadGenerator
 from optlab.metrics.histogram import LatencyHistogram
 from optlab.metrics.log import SEND_LAG, TOTAL, Collector
-from optlab.targets.synthetic import SyntheticKnobs, SyntheticTarget, simulate_open_loop
+from optlab.reference.synthetic import SyntheticKnobs, SyntheticTarget, simulate_open_loop
 
-RUNNER_TICK_S = 0.25  # optlab.runner.TICK_S: how often the runner drains the collector
+RUNNER_TICK_S = 0.25  # optlab.run.runner.TICK_S: how often the runner drains the collector
 RATE = 200.0
 SERVICE_MS = 1.0
 STALL_EVERY_S = 5.0

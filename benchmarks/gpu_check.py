@@ -32,10 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from optlab.engines import load_engine
-from optlab.engines.base import Engine
-from optlab.engines.quantize import ORT_CPU_INT8, TENSORRT_INT8, QuantConfig
 from optlab.errors import OptlabError
+from optlab.reference.engines import load_engine
+from optlab.reference.engines.base import Engine
+from optlab.reference.engines.quantize import ORT_CPU_INT8, TENSORRT_INT8, QuantConfig
 
 BATCH_SIZES = (1, 8)
 
@@ -111,7 +111,7 @@ class HeldOut:
     built on first use, so a machine where nothing runs does no work."""
 
     def __init__(self, count: int, threads: int) -> None:
-        from optlab.targets.builtin.data import MODEL_SIDE, decode_reference, requests
+        from optlab.reference.classifier.data import MODEL_SIDE, decode_reference, requests
 
         samples = requests(split="holdout", count=count, size=256, seed=0)
         self.payloads = [sample.jpeg for sample in samples]
@@ -132,7 +132,7 @@ def predictions(infer: Callable[[Any], np.ndarray], images: np.ndarray) -> np.nd
 
 def load(path: Path_, threads: int, cache_dir: Path | None) -> Engine:
     if path.quant is not None:
-        from optlab.engines.onnx_engine import OnnxRuntimeEngine
+        from optlab.reference.engines.onnx_engine import OnnxRuntimeEngine
 
         config = QUANT_VARIANTS[path.quant]
         return OnnxRuntimeEngine("int8", path.device, threads, cache_dir, quant=config)
@@ -141,11 +141,11 @@ def load(path: Path_, threads: int, cache_dir: Path | None) -> Engine:
 
 def preprocessor(device: str) -> Callable[[bytes], Any]:
     try:
-        from optlab.targets.builtin.preprocess import make_preprocessor
+        from optlab.reference.classifier.preprocess import make_preprocessor
     except ImportError as exc:
         raise OptlabError(
             f"the torch preprocess is not available: {exc}",
-            hint="optlab.targets.builtin.preprocess.make_preprocessor is needed",
+            hint="optlab.reference.classifier.preprocess.make_preprocessor is needed",
         ) from exc
     made: Callable[[bytes], Any] = make_preprocessor("torch", device=device)
     return made

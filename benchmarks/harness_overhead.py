@@ -36,7 +36,7 @@ from optlab.config.models import ClosedLoad, OpenLoad
 from optlab.load.generator import LoadGenerator
 from optlab.metrics.log import SEND_LAG, TOTAL, Collector
 
-# The runner drains the collector on every tick (optlab.runner.TICK_S = 0.25 s). It is copied,
+# The runner drains the collector on every tick (optlab.run.runner.TICK_S = 0.25 s). It is copied,
 # not imported: importing the runner pulls in the store (SQLAlchemy, alembic) for nothing.
 RUNNER_TICK_S = 0.25
 CLOSED_GOAL_RPS = 200_000

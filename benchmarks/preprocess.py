@@ -2,7 +2,7 @@
 
 Held-out renders at 128, 256 and 512 px go through `data.decode_reference` (the canonical
 preprocess: full decode, PIL resize, numpy normalise) and through every variant of
-`optlab.targets.builtin.preprocess`; each call is timed on its own with `perf_counter_ns`.
+`optlab.reference.classifier.preprocess`; each call is timed on its own with `perf_counter_ns`.
 Each variant runs over all the payloads in a block, a few untimed calls first, and the order of
 the blocks rotates from pass to pass, so a burst of load from elsewhere on the machine is spread
 over the variants. (Interleaving the variants call by call instead made whichever ran after
@@ -42,8 +42,8 @@ from typing import Any
 
 from provenance import source_hashes
 
-from optlab.targets.builtin.data import MODEL_SIDE, decode_reference, requests
-from optlab.targets.builtin.preprocess import VARIANTS, make_preprocessor
+from optlab.reference.classifier.data import MODEL_SIDE, decode_reference, requests
+from optlab.reference.classifier.preprocess import VARIANTS, make_preprocessor
 
 REFERENCE = "reference"
 SIZES = (128, 256, 512)

@@ -17,7 +17,12 @@ import pytest
 
 from optlab.errors import OptlabError
 from optlab.metrics.stages import CURRENT, RequestTiming
-from optlab.targets.builtin.batcher import BatcherClosed, DynamicBatcher, InstancePool, Overloaded
+from optlab.reference.classifier.batcher import (
+    BatcherClosed,
+    DynamicBatcher,
+    InstancePool,
+    Overloaded,
+)
 
 LONG_WAIT_MS = 5_000.0  # a deadline no test reaches: batches close only when full
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from optlab.errors import OptlabError
-from optlab.targets.builtin import data
+from optlab.reference.classifier import data
 
 PIL = pytest.importorskip("PIL.Image")
 pytest.importorskip("sklearn")
@@ -83,7 +83,7 @@ def test_decode_reference_shape_and_normalisation() -> None:
 
 def test_shipped_weights_reach_the_accuracy_bar() -> None:
     pytest.importorskip("torch")
-    from optlab.targets.builtin import accuracy
+    from optlab.reference.classifier import accuracy
 
     report = accuracy.evaluate(
         accuracy.reference_predict, count=200, reference=accuracy.reference_predict
@@ -95,7 +95,7 @@ def test_shipped_weights_reach_the_accuracy_bar() -> None:
 
 def test_missing_weights_say_how_to_regenerate(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch")
-    from optlab.targets.builtin import model
+    from optlab.reference.classifier import model
 
     monkeypatch.setattr(model, "weights_path", lambda: Path("/nonexistent/classifier.pt"))
     with pytest.raises(OptlabError) as raised:
@@ -105,7 +105,7 @@ def test_missing_weights_say_how_to_regenerate(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_agreement_counts_matching_labels() -> None:
-    from optlab.targets.builtin.accuracy import agreement
+    from optlab.reference.classifier.accuracy import agreement
 
     assert agreement([1, 2, 3, 4], [1, 2, 0, 4]) == 0.75
     with pytest.raises(OptlabError):
@@ -115,8 +115,8 @@ def test_agreement_counts_matching_labels() -> None:
 def test_importing_the_package_and_its_data_stays_light() -> None:
     code = (
         "import json, sys\n"
-        "import optlab.targets.builtin, optlab.targets.builtin.data\n"
-        "import optlab.targets.builtin.accuracy\n"
+        "import optlab.reference.classifier, optlab.reference.classifier.data\n"
+        "import optlab.reference.classifier.accuracy\n"
         "print(json.dumps(sorted(m for m in ('torch', 'PIL', 'sklearn') if m in sys.modules)))\n"
     )
     result = subprocess.run(

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from optlab.targets.builtin.cache import ResponseCache, content_key
+from optlab.reference.classifier.cache import ResponseCache, content_key
 
 
 class FakeClock:

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from optlab.engines import (
+from optlab.reference.classifier import accuracy, data
+from optlab.reference.engines import (
     Engine,
     EngineError,
     EngineUnavailableError,
@@ -29,7 +30,6 @@ from optlab.engines import (
     load_engine,
     onnx_engine,
 )
-from optlab.targets.builtin import accuracy, data
 
 torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
@@ -67,7 +67,7 @@ def held() -> tuple[np.ndarray, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def reference(held: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
-    from optlab.targets.builtin.model import load_trained
+    from optlab.reference.classifier.model import load_trained
 
     with torch.inference_mode():
         logits: np.ndarray = load_trained("cpu")(torch.from_numpy(held[0])).numpy()
@@ -83,7 +83,7 @@ def _agreement(logits: np.ndarray, reference: np.ndarray) -> float:
 
 def test_importing_the_package_loads_no_framework() -> None:
     code = (
-        "import sys, optlab.engines\n"
+        "import sys, optlab.reference.engines\n"
         "heavy = [m for m in ('torch', 'onnxruntime', 'tensorrt', 'onnx') if m in sys.modules]\n"
         "print(heavy)\n"
         "sys.exit(1 if heavy else 0)\n"
@@ -93,7 +93,7 @@ def test_importing_the_package_loads_no_framework() -> None:
 
 
 def test_model_files_are_found_without_importing_the_model_module() -> None:
-    from optlab.targets.builtin import model
+    from optlab.reference.classifier import model
 
     source, weights = onnx_engine.model_files()
     assert weights == model.weights_path()
@@ -321,7 +321,7 @@ def test_the_fp16_model_for_the_cuda_provider_keeps_float32_io(
 
 
 def test_calibration_uses_train_renders_only() -> None:
-    from optlab.engines.quantize import ORT_CPU_INT8, calibration_batches
+    from optlab.reference.engines.quantize import ORT_CPU_INT8, calibration_batches
 
     batches = calibration_batches(ORT_CPU_INT8)
     assert sum(len(b) for b in batches) == ORT_CPU_INT8.calibration_count

@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 import pytest
 
-from optlab.environment import (
+from optlab.env.environment import (
     ABSENT,
     FINGERPRINT_SCHEMA,
     EnvComparison,
@@ -75,7 +75,7 @@ def test_package_versions_come_from_metadata(fp: dict[str, Any]) -> None:
 def test_collect_does_not_import_heavy_modules() -> None:
     # A fresh interpreter: this test process may already have imported torch elsewhere.
     code = (
-        "import sys; from optlab.environment import collect_fingerprint; collect_fingerprint();"
+        "import sys; from optlab.env.environment import collect_fingerprint; collect_fingerprint();"
         "print(sorted(m for m in ('torch', 'onnxruntime', 'tensorrt') if m in sys.modules))"
     )
     src = str(Path(__file__).resolve().parents[1] / "src")

@@ -28,7 +28,7 @@ from optlab.load.schedules import (
 )
 from optlab.metrics.log import Collector
 from optlab.metrics.stages import CURRENT, RequestTiming
-from optlab.targets.synthetic import build, simulate_open_loop
+from optlab.reference.synthetic import build, simulate_open_loop
 
 Load = ClosedLoad | OpenLoad | ReplayLoad
 

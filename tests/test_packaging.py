@@ -42,7 +42,7 @@ def test_wheel_contains_migrations(wheel: Path) -> None:
     assert "optlab/_migrations/script.py.mako" in names
     assert any(n.startswith("optlab/_migrations/versions/0001") for n in names)
     assert "optlab/cli/main.py" in names
-    assert "optlab/targets/builtin/classifier.pt" in names  # the reference weights ship too
+    assert "optlab/reference/classifier/classifier.pt" in names  # the reference weights ship too
     # ... and the chains `optlab demo` runs.
     assert "optlab/_experiments/cpu/baseline.yaml" in names
     assert "optlab/_experiments/gpu/03-preprocess.yaml" in names

@@ -14,10 +14,10 @@ from click.testing import Result
 from optlab.config.knobs import BuiltinKnobs
 from optlab.errors import OptlabError
 from optlab.metrics.stages import CURRENT, RequestTiming
+from optlab.reference.classifier import pipeline
+from optlab.reference.classifier.accuracy import reference_predict
+from optlab.reference.classifier.data import requests
 from optlab.store import Store
-from optlab.targets.builtin import pipeline
-from optlab.targets.builtin.accuracy import reference_predict
-from optlab.targets.builtin.data import requests
 from tests.conftest import write
 
 Invoke = Callable[..., Result]

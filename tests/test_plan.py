@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from optlab.chain.lineage import prepare
+from optlab.chain.plan import diff_values, group_by_variable
 from optlab.errors import ConfigError, NotFoundError, RefusedError
-from optlab.lineage import prepare
-from optlab.plan import diff_values, group_by_variable
 from optlab.store import Store
 from tests.conftest import write
 

@@ -33,9 +33,9 @@ import torch
 from PIL import Image
 
 from optlab.errors import OptlabError
-from optlab.targets.builtin.data import MODEL_SIDE, Sample, decode_reference, render, requests
-from optlab.targets.builtin.model import load_trained
-from optlab.targets.builtin.preprocess import VARIANTS, make_preprocessor
+from optlab.reference.classifier.data import MODEL_SIDE, Sample, decode_reference, render, requests
+from optlab.reference.classifier.model import load_trained
+from optlab.reference.classifier.preprocess import VARIANTS, make_preprocessor
 
 LEVEL = 1.0 / (255.0 * 0.25)  # one uint8 step after normalisation with STD 0.25
 MAX_DIFF = {"python": 0.75, "numpy": 0.6, "numpy-pooled": 0.6, "torch": 0.6 + LEVEL}
@@ -279,8 +279,8 @@ def test_torch_on_an_unsupported_device_is_refused(device: str) -> None:
 def test_cpu_variants_do_not_import_torch() -> None:
     code = (
         "import sys\n"
-        "from optlab.targets.builtin.preprocess import make_preprocessor\n"
-        "from optlab.targets.builtin.data import render\n"
+        "from optlab.reference.classifier.preprocess import make_preprocessor\n"
+        "from optlab.reference.classifier.data import render\n"
         "payload = render(0, size=128).jpeg\n"
         "for variant in ('python', 'numpy', 'numpy-pooled'):\n"
         "    make_preprocessor(variant)(payload)\n"

@@ -248,7 +248,7 @@ def test_log_keeps_long_names_out_of_the_status_column_and_shows_error_types(
 
 
 def test_a_thread_safe_progress_that_breaks_is_ignored() -> None:
-    from optlab.measurement import GuardedProgress, LiveStatus
+    from optlab.run.measurement import GuardedProgress, LiveStatus
 
     class Broken:
         calls = 0

@@ -282,8 +282,8 @@ SLOW_TARGET = "import time\n\ndef build(knobs):\n    return lambda request: time
 
 def test_live_line_shows_errors_and_timeouts(tmp_path: Path, sqlite_url: str) -> None:
     from optlab.cli.runs import _status_line
-    from optlab.measurement import LiveStatus
-    from optlab.runner import RunOptions, run
+    from optlab.run.measurement import LiveStatus
+    from optlab.run.runner import RunOptions, run
 
     line = _status_line(LiveStatus("x", "measure", 3.0, 5.0, 0.0, None, None, 5.0, None, 12, 12))
     assert "QPS 0.0  P50 - ms  P99 - ms  err 12 (timeout 12)" in line

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from click.testing import Result
 
+from optlab.chain.lineage import prepare
 from optlab.cli.runs import PlainProgress
 from optlab.config.models import ResolvedConfig
-from optlab.lineage import prepare
-from optlab.measurement import RunOptions, _Measurement
-from optlab.protocol import EffectiveProtocol
+from optlab.run.measurement import RunOptions, _Measurement
+from optlab.run.protocol import EffectiveProtocol
 from optlab.store import Store
 from tests.conftest import REPO, wait_for_measure, write
 

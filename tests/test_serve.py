@@ -20,8 +20,8 @@ from typing import IO, Any
 
 import pytest
 
-from optlab.serve import assemble_knobs, knobs_summary, server_timing
-from optlab.targets.builtin.data import Sample, requests
+from optlab.reference.classifier.data import Sample, requests
+from optlab.reference.serve import assemble_knobs, knobs_summary, server_timing
 
 READY_DEADLINE_S = 60.0
 EXIT_DEADLINE_S = 10.0

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from click.testing import Result
 
-from optlab.environment import collect_fingerprint, compare_fingerprints, material_hash
+from optlab.env.environment import collect_fingerprint, compare_fingerprints, material_hash
 from optlab.targets.service_env import describe_service, service_environment
 from tests.conftest import write
 

@@ -754,7 +754,7 @@ def test_a_run_whose_process_is_alive_on_this_host_is_never_marked_crashed(store
     import subprocess
     import sys
 
-    from optlab.runner import process_alive
+    from optlab.run.runner import process_alive
 
     save_baseline(store)
     alive, gone, reused = start_run(store), start_run(store), start_run(store)

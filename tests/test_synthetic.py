@@ -13,7 +13,7 @@ import pytest
 from optlab.config.models import ClosedLoad, Workload
 from optlab.errors import ConfigError
 from optlab.metrics.stages import CURRENT, RequestTiming
-from optlab.targets.synthetic import (
+from optlab.reference.synthetic import (
     SyntheticKnobs,
     SyntheticTarget,
     build,

@@ -8,8 +8,8 @@ import pytest
 
 from optlab.config.models import Protocol
 from optlab.errors import ConfigError
-from optlab.protocol import effective_protocol
-from optlab.validity import LoadFacts, RunFacts, halves, is_stable, machine_facts, verdict
+from optlab.run.protocol import effective_protocol
+from optlab.run.validity import LoadFacts, RunFacts, halves, is_stable, machine_facts, verdict
 
 GOOD = RunFacts(
     requested_s=600,

@@ -11,7 +11,7 @@ import click
 from optlab.cli.runs import LiveProgress, PlainProgress, render_summary
 
 if TYPE_CHECKING:
-    from optlab.runner import RunOutcome
+    from optlab.run.runner import RunOutcome
 
 
 @click.command()
@@ -37,7 +37,7 @@ def demo(chain: str, out: Path, verbose: bool) -> None:
     (seconds, not the full protocol's 10 minutes). The database is new, so the demo never
     touches your results; --db is not used.
     """
-    from optlab.demo import choose_chain, fresh_database, run_demo
+    from optlab.reference.demo import choose_chain, fresh_database, run_demo
     from optlab.reports.terminal import print_table
 
     chosen = choose_chain(chain)

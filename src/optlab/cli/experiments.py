@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
+from optlab.chain.plan import describe_path, render_value
 from optlab.cli.common import EXPERIMENT_PATH, open_store
-from optlab.plan import describe_path, render_value
 
 
 @click.command()
@@ -21,7 +21,7 @@ def diff(ctx: click.Context, experiment: str, as_json: bool) -> None:
     Resolves the file against its parents' stored configs and stores any config
     seen for the first time (exit 0), or explains a refusal (exit 2).
     """
-    from optlab.lineage import prepare
+    from optlab.chain.lineage import prepare
 
     prepared = prepare(Path(experiment), open_store(ctx))
     plan = prepared.plan
@@ -75,7 +75,7 @@ def split(ctx: click.Context, experiment: str, dry_run: bool) -> None:
     Writes one file per variable, in the order the change lists them. The last keeps
     the original name (children still resolve); the original text is kept as FILE.orig.
     """
-    from optlab.split import split_experiment
+    from optlab.chain.split import split_experiment
 
     result = split_experiment(Path(experiment), open_store(ctx), write=not dry_run)
     for path, text in result.files:

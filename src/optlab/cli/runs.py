@@ -13,7 +13,7 @@ import click
 from optlab.cli.common import EXPERIMENT_PATH, open_store
 
 if TYPE_CHECKING:
-    from optlab.runner import LiveStatus, RunOutcome
+    from optlab.run.runner import LiveStatus, RunOutcome
 
 
 LOG_NAME_MAX = 40
@@ -257,9 +257,9 @@ def run(
     --allow-invalid); 2 refused (an ancestor measured by --chain INVALID included);
     1 FAILED or not stored; 130 interrupted.
     """
-    from optlab.measurement import GuardedProgress
-    from optlab.runner import RunOptions
-    from optlab.runner import run as run_experiment
+    from optlab.run.measurement import GuardedProgress
+    from optlab.run.runner import RunOptions
+    from optlab.run.runner import run as run_experiment
 
     options = RunOptions(quick, duration, warmup, chain, repeats)
     live = sys.stderr.isatty() and not as_json

@@ -87,7 +87,7 @@ def knob_model(target: Any, paths: Sequence[Path]) -> type[BaseModel] | None:
     """The pydantic model that checks this target's knobs; None means free-form knobs."""
     if isinstance(target, BuiltinTarget):
         if target.name == "synthetic":
-            from optlab.targets.synthetic import SyntheticKnobs
+            from optlab.reference.synthetic import SyntheticKnobs
 
             return SyntheticKnobs
         return BuiltinKnobs

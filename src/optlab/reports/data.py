@@ -52,7 +52,7 @@ class StepData:
 @dataclass(frozen=True)
 class ReportData:
     steps: list[StepData]
-    # environment id -> fingerprint (`optlab.environment.collect_fingerprint`'s dict)
+    # environment id -> fingerprint (`optlab.env.environment.collect_fingerprint`'s dict)
     environments: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 

@@ -146,9 +146,9 @@ def _builtin_target(config: ResolvedConfig) -> LoadedTarget:
     # Both modules expose build(knobs) and inputs(workload), like a python target's factory.
     module: Any
     if target.name == "synthetic":
-        from optlab.targets import synthetic as module
+        from optlab.reference import synthetic as module
     else:
-        from optlab.targets.builtin import pipeline as module
+        from optlab.reference.classifier import pipeline as module
     built = module.build(config.knobs)
     try:
         loaded = LoadedTarget(built, module.inputs(config.workload), f"builtin {target.name}")

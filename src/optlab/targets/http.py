@@ -195,7 +195,7 @@ def http_bodies(workload: Workload, folder: Path) -> list[Body]:
     if spec.text is not None:
         return [Body(spec.text.encode(), kind or "text/plain; charset=utf-8")]
     if spec.images is not None:
-        from optlab.targets.builtin import pipeline
+        from optlab.reference.classifier import pipeline
 
         images = Workload.model_validate(
             {"load": workload.load.model_dump(), "seed": workload.seed, "inputs": spec.images}

@@ -53,9 +53,9 @@ def _builtin_identity() -> dict[str, Any]:
     # synthetic service, and the inference engines the pipeline runs.
     package = Path(optlab.__file__).parent
     parts = [
-        package / "targets" / "builtin",
-        package / "targets" / "synthetic.py",
-        package / "engines",
+        package / "reference" / "classifier",
+        package / "reference" / "synthetic.py",
+        package / "reference" / "engines",
     ]
     files = [p for part in parts if part.is_dir() for p in _tree(part, None)]
     files += [part for part in parts if part.is_file()]

@@ -1,4 +1,4 @@
-"""Reproduce the shipped weights: `python -m optlab.targets.builtin.train [--epochs N] [--out P]`.
+"""Reproduce the shipped weights: `python -m optlab.reference.classifier.train [--epochs N]`.
 
 Each epoch trains on a fresh render of the train split (its own seed, so new backgrounds,
 colours, jitter and noise, and sizes spread over TRAIN_SIZES): the model learns the digits, not
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from optlab.targets.builtin.data import (
+from optlab.reference.classifier.data import (
     MODEL_SIDE,
     decode_reference,
     render,
@@ -94,7 +94,7 @@ def _fit(epochs: int, seed: int, log: Callable[[str], None]) -> nn.Module:
     import torch
     from torch import nn
 
-    from optlab.targets.builtin.model import build_model
+    from optlab.reference.classifier.model import build_model
 
     torch.manual_seed(seed)
     model = build_model()
@@ -140,7 +140,7 @@ def train(
     """Train from scratch, save the fp32 state_dict to `out`, report held-out top-1."""
     import torch
 
-    from optlab.targets.builtin.accuracy import evaluate, model_predict
+    from optlab.reference.classifier.accuracy import evaluate, model_predict
 
     started = time.perf_counter()
     # Deterministic kernels, restored afterwards: the switch is process-wide.
@@ -176,10 +176,10 @@ def train(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from optlab.targets.builtin.model import weights_path
+    from optlab.reference.classifier.model import weights_path
 
     parser = argparse.ArgumentParser(
-        prog="python -m optlab.targets.builtin.train",
+        prog="python -m optlab.reference.classifier.train",
         description="Reproduce the reference classifier's shipped weights.",
     )
     parser.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS)

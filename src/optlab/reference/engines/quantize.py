@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from optlab.engines.base import EngineError, EngineUnavailableError, sha256_file
+from optlab.reference.engines.base import EngineError, EngineUnavailableError, sha256_file
 
 CALIBRATION_BATCH = 32
 
@@ -78,14 +78,14 @@ TENSORRT_INT8 = QuantConfig(
 
 
 def _data_source() -> Path:
-    from optlab.targets.builtin import data
+    from optlab.reference.classifier import data
 
     return Path(data.__file__)
 
 
 def calibration_batches(config: QuantConfig) -> list[npt.NDArray[np.float32]]:
     """Train-split renders through the canonical decode, in batches of CALIBRATION_BATCH."""
-    from optlab.targets.builtin.data import MODEL_SIDE, decode_reference, requests
+    from optlab.reference.classifier.data import MODEL_SIDE, decode_reference, requests
 
     samples = requests(
         split="train",

@@ -38,7 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from optlab.errors import OptlabError
-from optlab.targets.builtin.data import MEAN, MODEL_SIDE, STD
+from optlab.reference.classifier.data import MEAN, MODEL_SIDE, STD
 
 if TYPE_CHECKING:
     from PIL import Image

@@ -15,7 +15,7 @@ def baseline_file(experiment: Path) -> ExperimentFile | None:
     """The file that names the target: the experiment itself when it is a baseline, else its
     chain's baseline found through the files beside it; None when a parent has no file (it is
     known only to the database) or the chain cannot be walked."""
-    from optlab.config.catalog import Catalog, file_chain
+    from optlab.chain.catalog import Catalog, file_chain
     from optlab.errors import OptlabError
 
     loaded = load_experiment(experiment)

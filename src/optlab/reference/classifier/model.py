@@ -2,7 +2,7 @@
 
 Sized so that a batch-1 forward pass on one or two CPU cores takes a few milliseconds with a
 large share of per-operator overhead: batching then pays off, as it does on a real service.
-This module imports torch; `optlab.targets.builtin` itself does not, and neither should callers
+This module imports torch; `optlab.reference.classifier` itself does not, and neither should callers
 that only need the data.
 """
 
@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from optlab.errors import OptlabError
-from optlab.targets.builtin.data import MODEL_SIDE
+from optlab.reference.classifier.data import MODEL_SIDE
 
 WEIGHTS_FILE = "classifier.pt"
 NUM_CLASSES = 10
@@ -24,7 +24,7 @@ BLOCKS_PER_STAGE = 1
 
 _REGENERATE_HINT = (
     "regenerate the weights with scripts/train_reference_model.sh "
-    "(python -m optlab.targets.builtin.train; a few minutes on a CPU)"
+    "(python -m optlab.reference.classifier.train; a few minutes on a CPU)"
 )
 
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from optlab.environment import compare_fingerprints
+from optlab.chain.plan import diff_values, render_value
+from optlab.env.environment import compare_fingerprints
 from optlab.errors import RefusedError
-from optlab.plan import diff_values, render_value
 
 if TYPE_CHECKING:
-    from optlab.protocol import EffectiveProtocol
+    from optlab.run.protocol import EffectiveProtocol
     from optlab.store import RunRecord, Store, StoredConfig
 
 

@@ -19,7 +19,7 @@ from optlab.errors import OptlabError, RefusedError
 if TYPE_CHECKING:
     import pandas as pd
 
-    from optlab.runner import Progress, RunOutcome
+    from optlab.run.runner import Progress, RunOutcome
 
 # The quick protocol's 5 s give the naive CPU baseline (~75 requests/s here) too few requests
 # for a valid P99 (662); the demo measures each step a little longer, still PROVISIONAL.
@@ -48,7 +48,7 @@ def experiments_dir() -> Path:
     packaged = importlib.resources.files("optlab") / "_experiments"
     if packaged.is_dir():
         return Path(str(packaged))
-    checkout = Path(__file__).resolve().parents[2] / "experiments"
+    checkout = Path(__file__).resolve().parents[3] / "experiments"
     if checkout.is_dir():
         return checkout
     raise OptlabError(
@@ -105,7 +105,7 @@ def run_demo(
 ) -> DemoResult:
     """Measure the whole chain (quick protocol) into `database` and build its table."""
     from optlab.reports.table import stacked_table
-    from optlab.runner import RunOptions, run
+    from optlab.run.runner import RunOptions, run
     from optlab.store import Store
 
     started = time.monotonic()

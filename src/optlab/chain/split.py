@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from pydantic import ValidationError
 
-from optlab.config.catalog import Catalog
+from optlab.chain.catalog import Catalog
+from optlab.chain.lineage import prepare, resolve_step
+from optlab.chain.plan import SplitFile, group_by_variable, propose_split
 from optlab.config.loading import load_experiment
 from optlab.config.models import StepFile
 from optlab.config.source import parse_yaml, read_bytes
 from optlab.errors import ConfigError, RefusedError
-from optlab.lineage import prepare, resolve_step
-from optlab.plan import SplitFile, group_by_variable, propose_split
 
 if TYPE_CHECKING:
     from optlab.store import Store

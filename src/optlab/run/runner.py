@@ -1,6 +1,6 @@
 """`optlab run`: check the plan and the parent run, then measure (ancestors first with
 `--chain`), `--repeats` times, or `--paired N` times alternating parent and step (A B A B ...).
-One measurement's lifecycle lives in `optlab.measurement`.
+One measurement's lifecycle lives in `optlab.run.measurement`.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from typing import Any
 
 import psutil
 
-from optlab.comparability import comparable_run
+from optlab.chain.comparability import comparable_run
+from optlab.chain.lineage import Link, prepare
 from optlab.config.models import HttpTarget, ResolvedConfig
-from optlab.environment import collect_fingerprint, material_hash
+from optlab.env.environment import collect_fingerprint, material_hash
 from optlab.errors import OptlabError, RefusedError
-from optlab.lineage import Link, prepare
-from optlab.measurement import GuardedProgress, LiveStatus, Progress, RunOptions, _Measurement
-from optlab.protocol import EffectiveProtocol, effective_protocol
+from optlab.run.measurement import GuardedProgress, LiveStatus, Progress, RunOptions, _Measurement
+from optlab.run.protocol import EffectiveProtocol, effective_protocol
 from optlab.store import RunRecord, Store
 from optlab.targets.identity import code_identity
 from optlab.targets.service_env import service_environment

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from optlab.errors import OptlabError
-from optlab.targets.builtin.data import MODEL_SIDE, decode_reference, requests, split_indices
+from optlab.reference.classifier.data import MODEL_SIDE, decode_reference, requests, split_indices
 
 if TYPE_CHECKING:
     from torch import nn
@@ -102,7 +102,7 @@ def model_predict(model: nn.Module, *, batch_size: int = 64, device: str = "cpu"
 
 @functools.lru_cache(maxsize=4)
 def _reference(device: str) -> Predict:
-    from optlab.targets.builtin.model import load_trained
+    from optlab.reference.classifier.model import load_trained
 
     return model_predict(load_trained(device), device=device)
 

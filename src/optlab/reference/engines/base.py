@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from optlab.errors import OptlabError
-from optlab.targets.builtin.data import MODEL_SIDE
+from optlab.reference.classifier.data import MODEL_SIDE
 
 ENGINES = ("torch", "onnxruntime", "tensorrt")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
@@ -33,9 +33,9 @@ NUM_CLASSES = 10
 
 # engine name -> module that holds its `build(precision, device, threads, cache_dir)`.
 _MODULES = {
-    "torch": "optlab.engines.torch_engine",
-    "onnxruntime": "optlab.engines.onnx_engine",
-    "tensorrt": "optlab.engines.tensorrt_engine",
+    "torch": "optlab.reference.engines.torch_engine",
+    "onnxruntime": "optlab.reference.engines.onnx_engine",
+    "tensorrt": "optlab.reference.engines.tensorrt_engine",
 }
 
 

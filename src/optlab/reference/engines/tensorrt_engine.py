@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from optlab.engines.base import (
+from optlab.reference.classifier.data import MODEL_SIDE
+from optlab.reference.engines.base import (
     CHANNELS,
     NUM_CLASSES,
     EngineError,
@@ -38,9 +39,8 @@ from optlab.engines.base import (
     host_array,
     is_torch_tensor,
 )
-from optlab.engines.onnx_engine import INPUT_NAME, OUTPUT_NAME, onnx_artifact
-from optlab.engines.quantize import TENSORRT_INT8
-from optlab.targets.builtin.data import MODEL_SIDE
+from optlab.reference.engines.onnx_engine import INPUT_NAME, OUTPUT_NAME, onnx_artifact
+from optlab.reference.engines.quantize import TENSORRT_INT8
 
 if TYPE_CHECKING:
     import torch

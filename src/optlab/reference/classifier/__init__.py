@@ -6,6 +6,6 @@ Submodules, each imported only when used so that `import optlab` stays light:
   split, request streams (fixed or spread sizes, optional Zipf repetition) and the canonical
   decode (`decode_reference`) that the faster preprocess variants are checked against.
 - `model`: the classifier (`build_model`) and the shipped weights (`load_trained`); imports torch.
-- `train`: `python -m optlab.targets.builtin.train` reproduces the shipped weights.
+- `train`: `python -m optlab.reference.classifier.train` reproduces the shipped weights.
 - `accuracy`: held-out top-1 and agreement for any `predict(payloads) -> labels`.
 """

@@ -19,13 +19,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
 
+from optlab.chain.lineage import Link
 from optlab.config.models import OpenLoad, ReplayLoad, ResolvedConfig
 from optlab.errors import OptlabError
-from optlab.lineage import Link
 from optlab.metrics.backlog import LoadTimeline
-from optlab.protocol import STABILITY_WINDOWS, EffectiveProtocol
-from optlab.store import RunRecord, Store
-from optlab.summary import (
+from optlab.run.protocol import STABILITY_WINDOWS, EffectiveProtocol
+from optlab.run.summary import (
     MAX_JSON_DEPTH,
     error_rows,
     json_safe,
@@ -35,8 +34,9 @@ from optlab.summary import (
     stage_rows,
     window_rows,
 )
+from optlab.run.validity import RunFacts, Verdict, halves, is_stable, machine_facts, verdict
+from optlab.store import RunRecord, Store
 from optlab.targets.templates import Secrets
-from optlab.validity import RunFacts, Verdict, halves, is_stable, machine_facts, verdict
 
 HARNESS_SERIES = ("send_lag", "start_lag")
 TICK_S = 0.25
@@ -410,7 +410,7 @@ class _Measurement:
             return self._execute(paths)
 
     def _execute(self, paths: list[Path]) -> tuple[str, Verdict, dict[str, Any]]:
-        from optlab.load.select import generator_for
+        from optlab.run.select import generator_for
         from optlab.targets.base import load_target
 
         status, error, interrupted, report = "FINISHED", None, False, None

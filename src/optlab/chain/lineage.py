@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optlab.config.catalog import Catalog, file_chain
+from optlab.chain.catalog import Catalog, file_chain
+from optlab.chain.plan import Plan, check_change_keys, diff_values, plan_step, render_value
 from optlab.config.loading import (
     ExperimentFile,
     config_hash,
@@ -24,7 +25,6 @@ from optlab.config.loading import (
 from optlab.config.merge import deep_merge
 from optlab.config.models import StepFile
 from optlab.errors import RefusedError
-from optlab.plan import Plan, check_change_keys, diff_values, plan_step, render_value
 
 if TYPE_CHECKING:
     from optlab.store import Store, StoredConfig

@@ -10,7 +10,7 @@ Importing this package is cheap: torch, onnxruntime and tensorrt are imported on
     engine.close()
 """
 
-from optlab.engines.base import (
+from optlab.reference.engines.base import (
     ENGINES,
     PRECISIONS,
     Engine,

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from optlab.engines.base import (
+from optlab.reference.classifier.data import MODEL_SIDE
+from optlab.reference.engines.base import (
     CHANNELS,
     NUM_CLASSES,
     EngineError,
@@ -33,7 +34,6 @@ from optlab.engines.base import (
     host_array,
     is_torch_tensor,
 )
-from optlab.targets.builtin.data import MODEL_SIDE
 
 if TYPE_CHECKING:
     import torch
@@ -89,7 +89,7 @@ class TorchEngine:
     def __init__(self, precision: str, device: str, threads: int) -> None:
         import torch
 
-        from optlab.targets.builtin.model import load_trained, weights_path
+        from optlab.reference.classifier.model import load_trained, weights_path
 
         start = time.perf_counter()
         self._dtype = _dtype(precision)

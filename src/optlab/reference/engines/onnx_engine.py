@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from optlab.engines.base import (
+from optlab.reference.classifier.data import MODEL_SIDE
+from optlab.reference.engines.base import (
     CHANNELS,
     Artifact,
     EngineError,
@@ -46,8 +47,7 @@ from optlab.engines.base import (
     is_torch_tensor,
     sha256_file,
 )
-from optlab.engines.quantize import ORT_CPU_INT8, QuantConfig, quantize_int8
-from optlab.targets.builtin.data import MODEL_SIDE
+from optlab.reference.engines.quantize import ORT_CPU_INT8, QuantConfig, quantize_int8
 
 # Pinned rather than the exporter's default, so a torch upgrade cannot silently produce a model
 # TensorRT's parser rejects; opset 20 is what torch 2.13's dynamo exporter emits by default.
@@ -58,7 +58,7 @@ INPUT_NAME = "input"
 OUTPUT_NAME = "logits"
 # Model files are found without importing the model module (it imports torch): a cache hit
 # then loads no torch at all. `model.WEIGHTS_FILE` names the same file (a test checks it).
-_MODEL_MODULE = "optlab.targets.builtin.model"
+_MODEL_MODULE = "optlab.reference.classifier.model"
 _WEIGHTS_FILE = "classifier.pt"
 _STEM = "digitresnet"
 
@@ -111,7 +111,7 @@ def export_fp32() -> bytes:
     """The shipped weights as an ONNX model with a dynamic batch axis (any batch size)."""
     import torch
 
-    from optlab.targets.builtin.model import load_trained
+    from optlab.reference.classifier.model import load_trained
 
     if importlib.util.find_spec("onnxscript") is None:
         raise EngineUnavailableError(

@@ -26,8 +26,8 @@ import numpy.typing as npt
 from optlab.config.knobs import BatchingDynamic, BuiltinKnobs, CacheLRU, ImageInputs
 from optlab.config.validation import target_knobs
 from optlab.metrics.stages import RequestTiming, stage
-from optlab.targets.builtin.cache import content_key
-from optlab.targets.builtin.data import MODEL_SIDE, Sample
+from optlab.reference.classifier.cache import content_key
+from optlab.reference.classifier.data import MODEL_SIDE, Sample
 
 __all__ = ["ImageClassifier", "build", "encode_response", "inputs", "render_pool"]
 
@@ -67,10 +67,10 @@ class ImageClassifier:
     """
 
     def __init__(self, knobs: BuiltinKnobs) -> None:
-        from optlab.engines import load_engine
-        from optlab.targets.builtin.batcher import DynamicBatcher, InstancePool
-        from optlab.targets.builtin.cache import ResponseCache
-        from optlab.targets.builtin.preprocess import make_preprocessor
+        from optlab.reference.classifier.batcher import DynamicBatcher, InstancePool
+        from optlab.reference.classifier.cache import ResponseCache
+        from optlab.reference.classifier.preprocess import make_preprocessor
+        from optlab.reference.engines import load_engine
 
         self.knobs = knobs
         self.preprocess = make_preprocessor(knobs.preprocess, side=MODEL_SIDE, device=knobs.device)
@@ -210,7 +210,7 @@ class ImageClassifier:
     def accuracy(self) -> dict[str, Any]:
         """Held-out top-1 of this configuration, its agreement with the shipped fp32 torch
         model on the same payloads, and the points lost against that model's own top-1."""
-        from optlab.targets.builtin.accuracy import evaluate, reference_predict
+        from optlab.reference.classifier.accuracy import evaluate, reference_predict
 
         report = evaluate(self.predict, reference=reference_predict)
         reference = _reference_top1()
@@ -237,7 +237,7 @@ def _owned(image: Any) -> Any:
 
 @functools.lru_cache(maxsize=1)
 def _reference_top1() -> float:
-    from optlab.targets.builtin.accuracy import evaluate, reference_predict
+    from optlab.reference.classifier.accuracy import evaluate, reference_predict
 
     return evaluate(reference_predict).top1
 
@@ -253,7 +253,7 @@ def render_pool(
     split: str, count: int, size: int | tuple[int, int], seed: int, skew: float | None
 ) -> tuple[Sample, ...]:
     """Rendered payloads, memoised: a chain run in one process renders them once."""
-    from optlab.targets.builtin.data import requests
+    from optlab.reference.classifier.data import requests
 
     return tuple(
         requests(

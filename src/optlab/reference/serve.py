@@ -29,7 +29,7 @@ from pydantic import BaseModel, ValidationError
 from optlab.config.knobs import BuiltinKnobs
 from optlab.errors import ConfigError, OptlabError
 from optlab.metrics.stages import CURRENT, RequestTiming
-from optlab.targets.builtin.batcher import BatcherClosed, Overloaded
+from optlab.reference.classifier.batcher import BatcherClosed, Overloaded
 
 __all__ = [
     "DEFAULT_WORKERS",
@@ -51,11 +51,11 @@ MAX_BODY = 64 * 1024 * 1024
 SHUTDOWN_TIMEOUT_S = 60.0
 JPEG_MAGIC = b"\xff\xd8\xff"
 
-log = logging.getLogger("optlab.serve")
+log = logging.getLogger("optlab.reference.serve")
 
 
 class Pipeline(Protocol):
-    """What the service needs of `optlab.targets.builtin.pipeline.ImageClassifier`."""
+    """What the service needs of `optlab.reference.classifier.pipeline.ImageClassifier`."""
 
     def __call__(self, request: bytes) -> bytes: ...
 
@@ -335,7 +335,7 @@ def _bind_error(host: str, port: int, exc: OSError) -> OptlabError:
 def _configure_logging(access_log: bool) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
-    for name in ("optlab.serve", "aiohttp.server", "aiohttp.web") + (
+    for name in ("optlab.reference.serve", "aiohttp.server", "aiohttp.web") + (
         ("aiohttp.access",) if access_log else ()
     ):
         logger = logging.getLogger(name)
@@ -399,7 +399,7 @@ def serve(
     Blocking. Prints `optlab serve: building ...` to stderr and, once the port is bound,
     `optlab serve: listening on http://HOST:PORT` through `announce` (stdout, flushed).
     """
-    from optlab.targets.builtin.pipeline import build
+    from optlab.reference.classifier.pipeline import build
 
     if workers < 1:
         raise ConfigError(f"--workers {workers} is invalid", hint="give at least 1 worker thread")

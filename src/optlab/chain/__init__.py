@@ -1,0 +1,1 @@
+"""The one-variable rule and the chain it builds: plan, lineage, split, comparability."""

@@ -1,0 +1,1 @@
+"""The machine and software fingerprint: collecting it, and comparing two."""

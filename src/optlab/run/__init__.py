@@ -1,0 +1,1 @@
+"""One measurement: runner, phase loop, protocol, validity and the run summary."""
