@@ -34,7 +34,8 @@ from provenance import source_hashes
 from optlab.config.models import ClosedLoad, OpenLoad
 from optlab.load.generator import LoadGenerator
 from optlab.metrics.histogram import LatencyHistogram
-from optlab.metrics.log import SEND_LAG, TOTAL, Collector
+from optlab.metrics.log import Collector
+from optlab.metrics.stages import SEND_LAG, TOTAL
 from optlab.reference.synthetic import SyntheticKnobs, SyntheticTarget, simulate_open_loop
 
 RUNNER_TICK_S = 0.25  # optlab.run.runner.TICK_S: how often the runner drains the collector

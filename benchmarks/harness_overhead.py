@@ -34,7 +34,8 @@ from provenance import source_hashes
 
 from optlab.config.models import ClosedLoad, OpenLoad
 from optlab.load.generator import LoadGenerator
-from optlab.metrics.log import SEND_LAG, TOTAL, Collector
+from optlab.metrics.log import Collector
+from optlab.metrics.stages import SEND_LAG, TOTAL
 
 # The runner drains the collector on every tick (optlab.run.runner.TICK_S = 0.25 s). It is copied,
 # not imported: importing the runner pulls in the store (SQLAlchemy, alembic) for nothing.

@@ -74,7 +74,8 @@ def child(seconds: float, rate: float, max_in_flight: int | None) -> ChildResult
 
     from optlab.config.models import OpenLoad
     from optlab.load.generator import LoadGenerator
-    from optlab.metrics.log import SEND_LAG, Collector
+    from optlab.metrics.log import Collector
+    from optlab.metrics.stages import SEND_LAG
 
     process = psutil.Process()
     extra: dict[str, Any] = {} if max_in_flight is None else {"max_in_flight": max_in_flight}

@@ -360,7 +360,8 @@ def test_the_open_loop_sends_on_schedule_waking_on_a_timer(monkeypatch: pytest.M
 
     from optlab.config.models import OpenLoad
     from optlab.load.aio import AsyncLoadGenerator, _TimerFd
-    from optlab.metrics.log import SEND_LAG, Collector
+    from optlab.metrics.log import Collector
+    from optlab.metrics.stages import SEND_LAG
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"

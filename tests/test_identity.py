@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from optlab.config.loading import load_experiment, resolve_baseline, search_paths
-from optlab.env.fingerprint import code_section
 from optlab.errors import ConfigError
+from optlab.run.fingerprint import code_section
 from optlab.targets.identity import code_identity
 from tests.conftest import write
 

@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 
 from optlab.config.models import Protocol
+from optlab.config.protocol import effective_protocol
 from optlab.errors import ConfigError
-from optlab.run.protocol import effective_protocol
 from optlab.run.validity import LoadFacts, RunFacts, halves, is_stable, machine_facts, verdict
 
 GOOD = RunFacts(

@@ -40,7 +40,7 @@ class Catalog:
                 catalog.by_name.setdefault(name, []).append(path)
         return catalog
 
-    def find(self, name: str, wanted_by: Path) -> Path | None:
+    def find(self, name: str) -> Path | None:
         """The file that defines `name`, None when no file does; ambiguity is an error."""
         paths = self.by_name.get(name, [])
         if len(paths) > 1:
@@ -82,7 +82,7 @@ def file_chain(experiment: ExperimentFile, catalog: Catalog) -> list[ExperimentF
                 f"{current.path}: parent chain loops back: {cycle}",
                 hint="one experiment in the loop must be a baseline (no `parent`)",
             )
-        path = catalog.find(parent_name, current.path)
+        path = catalog.find(parent_name)
         if path is None:
             chain.append(parent_name)
             break

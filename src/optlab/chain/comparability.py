@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from optlab.chain.plan import diff_values, render_value
-from optlab.env.environment import compare_fingerprints
+from optlab.env.compare import compare_fingerprints
 from optlab.errors import RefusedError
 
 if TYPE_CHECKING:
-    from optlab.run.protocol import EffectiveProtocol
+    from optlab.config.protocol import EffectiveProtocol
     from optlab.store import RunRecord, Store, StoredConfig
 
 

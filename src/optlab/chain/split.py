@@ -64,7 +64,7 @@ def split_experiment(path: Path, store: Store, *, write: bool = True) -> SplitRe
             hint="a baseline holds the full config and changes nothing",
         )
     catalog = Catalog.scan(path.parent)
-    parent_path = catalog.find(spec.parent, path)
+    parent_path = catalog.find(spec.parent)
     if parent_path is not None:
         parent = prepare(parent_path, store).head.stored
     else:

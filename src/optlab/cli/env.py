@@ -89,8 +89,9 @@ def env(experiment: str | None, as_json: bool) -> None:
     target, the service's environment: its interpreter, its version and its installed
     packages (or its executable's path, size and sha256), as `optlab run` records them.
     """
-    from optlab.env.environment import collect_fingerprint, material_hash
-    from optlab.env.fingerprint import code_section, service_section
+    from optlab.env.collect import collect_fingerprint
+    from optlab.env.compare import material_hash
+    from optlab.run.fingerprint import code_section, service_section
 
     fp = collect_fingerprint(data_dir=Path.cwd(), repo_dir=Path.cwd())
     service, _ = service_section(Path(experiment) if experiment else None)

@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from optlab.store import Store
 
 EXIT_GATE_FAILED = 3
-HEAD_HELP = "HEAD is an experiment's name or its file; it defaults to the newest chain head."
 
 
 def _frame(store: Store, head: str | None) -> pd.DataFrame:

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from optlab.config.canonical import canonical_json
 from optlab.config.knobs import BuiltinKnobs, ImageInputs
 from optlab.config.limits import check_load
 from optlab.config.models import (
@@ -140,12 +141,8 @@ def validate_knobs(
     return checked
 
 
-def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
-
-
 def config_hash(config: dict[str, Any]) -> str:
-    return hashlib.sha256(canonical_json(config).encode()).hexdigest()
+    return hashlib.sha256(canonical_json(config, ascii_only=True).encode()).hexdigest()
 
 
 def search_paths(source: SourceFile) -> list[Path]:

@@ -18,7 +18,6 @@ from optlab.config.knobs import StrictModel
 REFERENCE_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
-BUILTIN_TARGETS = ("image-classifier", "synthetic")
 
 
 class BuiltinTarget(StrictModel):
@@ -238,13 +237,6 @@ class Protocol(StrictModel):
         if self.stability_pct is None:
             data.pop("stability_pct", None)
         return data
-
-    @property
-    def provisional(self) -> bool:
-        """Quick runs, and full runs shortened under 600 s, are never stacked with full runs."""
-        if self.name == "quick":
-            return True
-        return self.duration_s is not None and self.duration_s < FULL_MIN_DURATION_S
 
 
 class Slo(StrictModel):

@@ -19,13 +19,10 @@ import numpy as np
 import numpy.typing as npt
 
 from optlab.metrics.histogram import LatencyHistogram
-from optlab.metrics.stages import RequestTiming
+from optlab.metrics.stages import SEND_LAG, START_LAG, TOTAL, RequestTiming
 
 __all__ = ["SEND_LAG", "START_LAG", "TOTAL", "Collector", "InboxLog", "Window", "WorkerLog"]
 
-TOTAL = "total"
-SEND_LAG = "send_lag"
-START_LAG = "start_lag"
 
 _NS = 1_000_000_000
 _NS_PER_MS = 1e6

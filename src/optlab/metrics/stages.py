@@ -13,10 +13,27 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-__all__ = ["CURRENT", "RESERVED_STAGE", "RequestTiming", "current_request", "stage"]
+__all__ = [
+    "CURRENT",
+    "HARNESS_SERIES",
+    "LAG_SERIES",
+    "RESERVED_STAGE",
+    "SEND_LAG",
+    "START_LAG",
+    "TOTAL",
+    "RequestTiming",
+    "current_request",
+    "stage",
+]
 
-# The runner measures "total" itself; letting user code write it would corrupt the headline number.
-RESERVED_STAGE = "total"
+# The series the harness measures itself, as opposed to the target's own stages. The runner
+# measures "total"; letting user code write it would corrupt the headline number.
+TOTAL = "total"
+RESERVED_STAGE = TOTAL
+SEND_LAG = "send_lag"  # how late each request left against its intended time
+START_LAG = "start_lag"  # how long a started request waited for a free client
+LAG_SERIES = (SEND_LAG, START_LAG)  # the generator's own lateness, never part of a latency
+HARNESS_SERIES = (TOTAL, *LAG_SERIES)
 
 
 class RequestTiming:

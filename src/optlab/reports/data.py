@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from optlab.metrics.stages import HARNESS_SERIES
 from optlab.reports.export import plain
 
 if TYPE_CHECKING:
@@ -20,7 +21,6 @@ if TYPE_CHECKING:
     from optlab.store.records import ResourceSample, StageStatsRow, WindowStats
 
 # Series the harness records about itself: not stages of the target.
-HARNESS_SERIES = ("total", "send_lag", "start_lag")
 
 # Percentiles at which the CDF is sampled: dense in the tail, where runs differ most.
 CDF_PERCENTILES: tuple[float, ...] = (
@@ -52,7 +52,7 @@ class StepData:
 @dataclass(frozen=True)
 class ReportData:
     steps: list[StepData]
-    # environment id -> fingerprint (`optlab.env.environment.collect_fingerprint`'s dict)
+    # environment id -> fingerprint (`optlab.env.collect.collect_fingerprint`'s dict)
     environments: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 

@@ -13,19 +13,19 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from optlab.metrics.stages import HARNESS_SERIES
 from optlab.metrics.stats import VERDICT_CONFIDENCE as CONFIDENCE
 from optlab.metrics.stats import Comparison
 from optlab.reports.chain import ChainStep, chain_steps, protocol_label
+from optlab.reports.export import SCHEMA_VERSION
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from optlab.store import EnvironmentRecord, RunRecord, Store
 
-SCHEMA_VERSION = 1
 # The reference pipeline's stages, in request order; a user target's own stages follow them.
 KNOWN_STAGES = ("queue", "preprocess", "infer", "postprocess")
-HARNESS_SERIES = ("total", "send_lag", "start_lag")
 # Headline metrics: (column, window field, higher is better, label).
 HEADLINE = (
     ("qps", "qps", True, "QPS"),

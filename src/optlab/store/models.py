@@ -30,6 +30,8 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, MappedColumn, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
+from optlab.config.canonical import canonical_json
+
 # Every constraint and index gets a predictable name, so a later migration can drop or alter
 # it by name on every backend (SQLite batch mode needs names to find constraints again).
 NAMING_CONVENTION = {
@@ -54,9 +56,6 @@ def new_uid() -> str:
     return uuid.uuid4().hex
 
 
-def canonical_json(value: Any) -> str:
-    """The one JSON spelling optlab stores and hashes: sorted keys, no whitespace."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def _in_list(column: str, values: tuple[str, ...]) -> str:

@@ -19,6 +19,7 @@ from sqlalchemy import Engine, Select, and_, func, or_, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from optlab.config.canonical import canonical_json
 from optlab.errors import NotFoundError
 from optlab.store.convert import experiment_record, run_record, stored_config
 from optlab.store.database import default_url, make_engine, masked, verify_or_create
@@ -30,7 +31,6 @@ from optlab.store.models import (
     SqlEnvironment,
     SqlExperiment,
     SqlRun,
-    canonical_json,
     new_uid,
     utcnow,
 )

@@ -16,6 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from optlab.config.canonical import canonical_json
 from optlab.errors import RefusedError, StoreError
 from optlab.store.bundle import (
     FINAL_FIELDS,
@@ -35,7 +36,6 @@ from optlab.store.models import (
     SqlRunError,
     SqlStageStats,
     SqlWindow,
-    canonical_json,
     utcnow,
 )
 from optlab.store.records import (

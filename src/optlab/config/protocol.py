@@ -44,10 +44,6 @@ class EffectiveProtocol:
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "provisional": self.provisional}
 
-    def comparable_key(self) -> dict[str, Any]:
-        """What must match between a step's run and its parent's run."""
-        return asdict(self)
-
 
 def effective_protocol(
     protocol: Protocol,

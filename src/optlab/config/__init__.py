@@ -1,0 +1,1 @@
+"""Experiment files: pydantic models, loading, the knob models, limits and merging."""
