@@ -15,14 +15,16 @@ from typing import Any
 import psutil
 import pytest
 
-from optlab.env.environment import (
-    ABSENT,
+from optlab.env.collect import (
     FINGERPRINT_SCHEMA,
-    EnvComparison,
     collect_fingerprint,
-    compare_fingerprints,
     git_provenance,
     hazard_warnings,
+)
+from optlab.env.compare import (
+    ABSENT,
+    EnvComparison,
+    compare_fingerprints,
     material_hash,
     material_view,
 )
@@ -75,7 +77,7 @@ def test_package_versions_come_from_metadata(fp: dict[str, Any]) -> None:
 def test_collect_does_not_import_heavy_modules() -> None:
     # A fresh interpreter: this test process may already have imported torch elsewhere.
     code = (
-        "import sys; from optlab.env.environment import collect_fingerprint; collect_fingerprint();"
+        "import sys; from optlab.env.collect import collect_fingerprint; collect_fingerprint();"
         "print(sorted(m for m in ('torch', 'onnxruntime', 'tensorrt') if m in sys.modules))"
     )
     src = str(Path(__file__).resolve().parents[1] / "src")

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 from click.testing import Result
 
-from optlab.env.environment import collect_fingerprint, compare_fingerprints, material_hash
+from optlab.env.collect import collect_fingerprint
+from optlab.env.compare import compare_fingerprints, material_hash
 from optlab.targets.service_env import describe_service, service_environment
 from tests.conftest import write
 

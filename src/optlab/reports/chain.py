@@ -126,7 +126,7 @@ class _Environments:
 def chain_steps(store: Store, head: str) -> tuple[list[ChainStep], RunRecord | None, Any]:
     """The chain's steps with their comparable runs, the reference run, and its environment."""
     from optlab.chain.plan import render_value
-    from optlab.env.environment import compare_fingerprints
+    from optlab.env.compare import compare_fingerprints
     from optlab.reports.table import describe_change
 
     names = chain_names(store, head)

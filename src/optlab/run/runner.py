@@ -17,10 +17,11 @@ import psutil
 from optlab.chain.comparability import comparable_run
 from optlab.chain.lineage import Link, prepare
 from optlab.config.models import HttpTarget, ResolvedConfig
-from optlab.env.environment import collect_fingerprint, material_hash
+from optlab.config.protocol import EffectiveProtocol, effective_protocol
+from optlab.env.collect import collect_fingerprint
+from optlab.env.compare import material_hash
 from optlab.errors import OptlabError, RefusedError
 from optlab.run.measurement import GuardedProgress, LiveStatus, Progress, RunOptions, _Measurement
-from optlab.run.protocol import EffectiveProtocol, effective_protocol
 from optlab.store import RunRecord, Store
 from optlab.targets.identity import code_identity
 from optlab.targets.service_env import service_environment

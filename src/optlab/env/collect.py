@@ -1,24 +1,19 @@
-"""The environment fingerprint: a photograph of the machine and software a run measured on.
+"""Collecting the environment fingerprint: a photograph of the machine and software a run
+measured on, and the version hazards it shows.
 
-Two runs compare only when nothing that can move performance changed in between: the
-material/immaterial rule lives in one place, `_IMMATERIAL_PREFIXES`. Nothing heavy is imported
-at module level; package versions come from importlib.metadata, and NVML is loaded on use.
+Nothing heavy is imported at module level; package versions come from importlib.metadata, and
+NVML is loaded on use. Comparing two fingerprints is `optlab.env.compare`'s job.
 """
 
 from __future__ import annotations
 
 import contextlib
-import enum
-import hashlib
-import json
 import os
 import platform
 import re
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -29,38 +24,6 @@ import psutil
 from optlab import __version__
 
 FINGERPRINT_SCHEMA = 1
-
-# Dotted path prefixes that never make two runs incomparable. `*` matches any one path segment.
-# Everything else is material: when in doubt, a field refuses the comparison rather than hiding a
-# change that could move latency.
-_IMMATERIAL_PREFIXES: frozenset[str] = frozenset(
-    {
-        "runtime",
-        "provenance",
-        "warnings",
-        "hardware.disk.free_bytes",
-        # The path depends on where the user happened to run from; the volume's size and
-        # filesystem type are what matter, and those stay material.
-        "hardware.disk.path",
-        # Why NVML failed is a diagnostic; whether GPUs were seen is captured by hardware.gpus.
-        "hardware.gpu_error",
-        # A different physical card of the same model is the same hardware, just as a different
-        # hostname is the same machine type.
-        "hardware.gpus.*.uuid",
-        "software.python.executable",
-        # A command target's service (optlab.targets.service_env): where its interpreter or
-        # program lives, and why it could not be asked, are diagnostics; its version, packages,
-        # size and sha256 are what run, and stay material. A declared code_version is compared
-        # as part of the code identity already.
-        "service.program",
-        "service.interpreter",
-        "service.script",
-        "service.prefix",
-        "service.path",
-        "service.declared",
-        "service.error",
-    }
-)
 
 # Variables that change thread pools, kernels or visible devices: as material as a library version.
 PERFORMANCE_ENV_VARS = (
@@ -79,141 +42,6 @@ PERFORMANCE_ENV_VARS = (
 
 # Short: provenance is a nicety, and a hung git (network filesystem, lock) must not stall a run.
 _GIT_TIMEOUT_S = 5.0
-
-
-class _Absent(enum.StrEnum):
-    """Marks a key only one fingerprint has (None is a legitimate value). An enum member stays
-    one object through copy and pickle, so `is ABSENT` works; a str, so json.dumps works."""
-
-    ABSENT = "<absent>"
-
-    def __repr__(self) -> str:
-        return "<absent>"
-
-
-ABSENT = _Absent.ABSENT
-
-
-@dataclass(frozen=True)
-class EnvDifference:
-    path: str
-    old: Any
-    new: Any
-    material: bool
-
-
-@dataclass(frozen=True)
-class EnvComparison:
-    material: list[EnvDifference]
-    immaterial: list[EnvDifference]
-    # Top-level sections only one side records (a run from before optlab recorded a service's
-    # environment): explained in one line each rather than one line per package.
-    one_sided: tuple[str, ...] = ()
-
-    @property
-    def comparable(self) -> bool:
-        return not self.material
-
-    def explain(self) -> str:
-        lines: list[str] = []
-        for section in self.one_sided:
-            inside = [d for d in self.material if d.path.split(".")[0] == section]
-            if inside:
-                recorded = f"recorded ({len(inside)} material fields)"
-                old, new = (ABSENT, recorded) if inside[0].old is ABSENT else (recorded, ABSENT)
-                lines.append(f"{section}: {old} -> {new}")
-        lines += [
-            f"{d.path}: {d.old!r} -> {d.new!r}"
-            for d in self.material
-            if d.path.split(".")[0] not in self.one_sided
-        ]
-        return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------- comparison
-
-
-def _flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    # An empty list is a leaf, so "no GPUs" versus a missing key still counts as a difference;
-    # an empty dict states no facts, so it yields nothing.
-    if isinstance(value, dict):
-        for key, item in value.items():
-            yield from _flatten(item, f"{prefix}.{key}" if prefix else str(key))
-    elif isinstance(value, list | tuple) and value:
-        for index, item in enumerate(value):
-            yield from _flatten(item, f"{prefix}.{index}" if prefix else str(index))
-    else:
-        yield prefix, value
-
-
-def _is_immaterial(path: str) -> bool:
-    segments = path.split(".")
-    for prefix in _IMMATERIAL_PREFIXES:
-        wanted = prefix.split(".")
-        if len(wanted) <= len(segments) and all(
-            w in ("*", s) for w, s in zip(wanted, segments, strict=False)
-        ):
-            return True
-    return False
-
-
-def compare_fingerprints(old: dict[str, Any], new: dict[str, Any]) -> EnvComparison:
-    """Every leaf that differs, split by the one material/immaterial rule.
-
-    Tolerates fingerprints from older schemas: a key only one side has is a difference whose
-    other side is `ABSENT`, never an error.
-    """
-    flat_old = dict(_flatten(old))
-    flat_new = dict(_flatten(new))
-    material: list[EnvDifference] = []
-    immaterial: list[EnvDifference] = []
-    for path in sorted(flat_old.keys() | flat_new.keys()):
-        before = flat_old.get(path, ABSENT)
-        after = flat_new.get(path, ABSENT)
-        # Type check too: 1 == 1.0 == True in Python, but a changed type is a changed value.
-        if type(before) is type(after) and before == after:
-            continue
-        is_material = not _is_immaterial(path)
-        diff = EnvDifference(path=path, old=before, new=after, material=is_material)
-        (material if is_material else immaterial).append(diff)
-    one_sided = tuple(
-        sorted(
-            key
-            for key in old.keys() ^ new.keys()
-            if isinstance(old.get(key, new.get(key)), dict) and old.get(key, new.get(key))
-        )
-    )
-    return EnvComparison(material=material, immaterial=immaterial, one_sided=one_sided)
-
-
-def _material_subtree(value: Any, prefix: str) -> Any:
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            path = f"{prefix}.{key}" if prefix else str(key)
-            if not _is_immaterial(path):
-                out[str(key)] = _material_subtree(item, path)
-        return out
-    if isinstance(value, list | tuple):
-        return [
-            _material_subtree(item, f"{prefix}.{i}" if prefix else str(i))
-            for i, item in enumerate(value)
-        ]
-    return value
-
-
-def material_view(fp: dict[str, Any]) -> dict[str, Any]:
-    """The fingerprint with every immaterial field removed."""
-    view: dict[str, Any] = _material_subtree(fp, "")
-    return view
-
-
-def material_hash(fp: dict[str, Any]) -> str:
-    """sha256 of the canonical JSON of the material view: equal hashes mean comparable."""
-    canonical = json.dumps(
-        material_view(fp), sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str
-    )
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
 # --------------------------------------------------------------------------- hazards
@@ -437,68 +265,79 @@ def collect_fingerprint(
     data_dir: Path | None = None, repo_dir: Path | None = None
 ) -> dict[str, Any]:
     """Photograph this machine: JSON-serialisable; a missing GPU, git or package is no error."""
-    logical = os.cpu_count()
     gpus, nvidia, gpu_error = _nvml()
-    torch_version = _version("torch")
-    memory = psutil.virtual_memory()
-    boot = psutil.boot_time()
-    now = datetime.now(UTC)
-    uname = platform.uname()
     fp: dict[str, Any] = {
         "schema": FINGERPRINT_SCHEMA,
-        "hardware": {
-            "cpu": {
-                "model": _cpu_model(),
-                "arch": uname.machine,
-                "physical_cores": psutil.cpu_count(logical=False),
-                "logical_cores": logical,
-                "max_freq_mhz": _max_freq_mhz(),
-                # taskset/cgroup pinning changes throughput as surely as a smaller CPU does.
-                "affinity_cores": (
-                    len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-                ),
-            },
-            "memory": {"total_bytes": int(memory.total)},
-            "gpus": gpus,
-            "gpu_count": len(gpus),
-            "gpu_error": gpu_error,
-            "disk": _disk(data_dir if data_dir is not None else Path.cwd()),
-            "cpu_per_gpu": (logical / len(gpus)) if gpus and logical else None,
-        },
-        "software": {
-            "os": {
-                "system": uname.system,
-                "release": uname.release,
-                "version": uname.version,
-                "distro": _distro(),
-            },
-            "python": {
-                "version": platform.python_version(),
-                "implementation": platform.python_implementation(),
-                "executable": sys.executable,
-            },
-            "nvidia": nvidia,
-            "env": {k: os.environ[k] for k in PERFORMANCE_ENV_VARS if k in os.environ},
-            "packages": {
-                "torch": torch_version,
-                "torch_cuda": _torch_cuda(torch_version),
-                "onnxruntime": _version("onnxruntime"),
-                "onnxruntime_gpu": _version("onnxruntime-gpu"),
-                # NVIDIA ships the Python module under several distribution names.
-                "tensorrt": _version("tensorrt", "tensorrt-cu13", "tensorrt-cu12", "tensorrt-cu11"),
-                "numpy": _version("numpy"),
-                "optlab": _optlab_version(),
-            },
-        },
-        "runtime": {
-            "hostname": socket.gethostname(),
-            "boot_time": datetime.fromtimestamp(boot, UTC).isoformat(),
-            "uptime_s": round(now.timestamp() - boot, 3),
-            "memory_available_bytes": int(memory.available),
-            "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-            "collected_at": now.isoformat(),
-        },
+        "hardware": _hardware(gpus, gpu_error, data_dir if data_dir is not None else Path.cwd()),
+        "software": _software(nvidia),
+        "runtime": _runtime(),
         "provenance": {"git": git_provenance(repo_dir)},
     }
     fp["warnings"] = hazard_warnings(fp)
     return fp
+
+
+def _hardware(gpus: list[dict[str, Any]], gpu_error: str | None, disk: Path) -> dict[str, Any]:
+    logical = os.cpu_count()
+    return {
+        "cpu": {
+            "model": _cpu_model(),
+            "arch": platform.uname().machine,
+            "physical_cores": psutil.cpu_count(logical=False),
+            "logical_cores": logical,
+            "max_freq_mhz": _max_freq_mhz(),
+            # taskset/cgroup pinning changes throughput as surely as a smaller CPU does.
+            "affinity_cores": (
+                len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+            ),
+        },
+        "memory": {"total_bytes": int(psutil.virtual_memory().total)},
+        "gpus": gpus,
+        "gpu_count": len(gpus),
+        "gpu_error": gpu_error,
+        "disk": _disk(disk),
+        "cpu_per_gpu": (logical / len(gpus)) if gpus and logical else None,
+    }
+
+
+def _software(nvidia: dict[str, str | None]) -> dict[str, Any]:
+    uname = platform.uname()
+    torch_version = _version("torch")
+    return {
+        "os": {
+            "system": uname.system,
+            "release": uname.release,
+            "version": uname.version,
+            "distro": _distro(),
+        },
+        "python": {
+            "version": platform.python_version(),
+            "implementation": platform.python_implementation(),
+            "executable": sys.executable,
+        },
+        "nvidia": nvidia,
+        "env": {k: os.environ[k] for k in PERFORMANCE_ENV_VARS if k in os.environ},
+        "packages": {
+            "torch": torch_version,
+            "torch_cuda": _torch_cuda(torch_version),
+            "onnxruntime": _version("onnxruntime"),
+            "onnxruntime_gpu": _version("onnxruntime-gpu"),
+            # NVIDIA ships the Python module under several distribution names.
+            "tensorrt": _version("tensorrt", "tensorrt-cu13", "tensorrt-cu12", "tensorrt-cu11"),
+            "numpy": _version("numpy"),
+            "optlab": _optlab_version(),
+        },
+    }
+
+
+def _runtime() -> dict[str, Any]:
+    boot = psutil.boot_time()
+    now = datetime.now(UTC)
+    return {
+        "hostname": socket.gethostname(),
+        "boot_time": datetime.fromtimestamp(boot, UTC).isoformat(),
+        "uptime_s": round(now.timestamp() - boot, 3),
+        "memory_available_bytes": int(psutil.virtual_memory().available),
+        "load_avg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "collected_at": now.isoformat(),
+    }
