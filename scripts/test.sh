@@ -22,4 +22,5 @@ fi
 
 "$PY" -m ruff check .
 "$PY" -m mypy
+"$PWD/.venv/bin/lint-imports"
 "$PY" -m pytest "$@"

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from optlab.cli.main import cli
-from optlab.reference.demo import CHAINS, cuda_available, experiments_dir, fresh_database
+from optlab.demo import CHAINS, cuda_available, experiments_dir, fresh_database
 from optlab.reports.table import stacked_table
 from optlab.store import Store
 

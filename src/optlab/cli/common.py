@@ -1,7 +1,10 @@
-"""What several command modules share: opening the store named by --db."""
+"""What several command modules share: opening the store named by --db, and a stdout whose
+reader has gone."""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -62,3 +65,15 @@ def _store_pending(store: Store, paths: list[Path]) -> None:
 
 
 EXPERIMENT_PATH = click.Path(path_type=str)
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null: Python flushes it again at exit, and a closed pipe would
+    print "Exception ignored ... BrokenPipeError" there."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):
+        pass  # no usable stdout at all: nothing to silence
+    finally:
+        os.close(devnull)

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from optlab import __version__
+from optlab.cli.common import silence_stdout
 from optlab.errors import OptlabError
 
 EXIT_UNEXPECTED = 1
@@ -87,18 +88,6 @@ def _register() -> None:
 
 
 _register()
-
-
-def silence_stdout() -> None:
-    """Point stdout at /dev/null: Python flushes it again at exit, and a closed pipe would
-    print "Exception ignored ... BrokenPipeError" there."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, sys.stdout.fileno())
-    except (AttributeError, OSError, ValueError):
-        pass  # no usable stdout at all: nothing to silence
-    finally:
-        os.close(devnull)
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from optlab.cli.common import EXPERIMENT_PATH, open_store
+from optlab.cli.common import EXPERIMENT_PATH, open_store, silence_stdout
 
 if TYPE_CHECKING:
     from optlab.run.runner import LiveStatus, RunOutcome
@@ -24,8 +24,6 @@ EXIT_INVALID = 4
 def echo_or_reader_gone(text: str) -> None:
     """Print to stdout; if the reader has gone (`| head`, a closed CI log), stop writing
     quietly: the run is stored, and nothing else should fail for want of a reader."""
-    from optlab.cli.main import silence_stdout
-
     try:
         click.echo(text)
         sys.stdout.flush()

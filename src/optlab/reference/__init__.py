@@ -1,4 +1,4 @@
 """The reference workload optlab measures in its demo and tests: the image classifier, its
-engines, `optlab serve`, the synthetic ground truth and the demo chain. The tracker's core never
-imports this package (an import-linter contract in pyproject.toml).
+engines, `optlab serve` and the synthetic ground truth. The tracker never imports this package,
+and it never imports the tracker (import-linter contracts in pyproject.toml).
 """

@@ -48,7 +48,7 @@ def experiments_dir() -> Path:
     packaged = importlib.resources.files("optlab") / "_experiments"
     if packaged.is_dir():
         return Path(str(packaged))
-    checkout = Path(__file__).resolve().parents[3] / "experiments"
+    checkout = Path(__file__).resolve().parents[2] / "experiments"
     if checkout.is_dir():
         return checkout
     raise OptlabError(
