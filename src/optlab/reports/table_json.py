@@ -1,0 +1,133 @@
+"""The `optlab table --format json` document as pydantic models (docs/table-json.md).
+
+`reports.export.document` builds the document from the stacked-table frame; these models
+describe what it holds, so that the JSON Schema in docs/schemas/ is generated from them and
+the tests check real output against it. A chain entry also holds one `<stage>_p50_ms` key per
+stage the runs recorded (`preprocess_p50_ms`, `server_total_p50_ms`, ...): the only keys the
+schema leaves open.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# A stage's P50 column: the table adds one per stage the chain's runs recorded.
+STAGE_COLUMN_PATTERN = r"^[A-Za-z0-9_.-]+_p50_ms$"
+
+Verdict = Literal[
+    "baseline", "gain", "within noise", "regressed", "not judged", "missing", "missing parent"
+]
+
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Delta(_Closed):
+    """Change in percent of QPS, P50 and P99, with the bounds of its interval (null when the
+    step was not judged). Positive is higher: a P99 delta of -20 is 20% faster."""
+
+    qps_pct: float | None
+    qps_low_pct: float | None
+    qps_high_pct: float | None
+    p50_pct: float | None
+    p50_low_pct: float | None
+    p50_high_pct: float | None
+    p99_pct: float | None
+    p99_low_pct: float | None
+    p99_high_pct: float | None
+
+
+class ChainEntry(BaseModel):
+    """One step of the chain, baseline first, in the order the document writes its keys."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        frozen=True,
+        json_schema_extra={
+            "additionalProperties": False,
+            "patternProperties": {STAGE_COLUMN_PATTERN: {"type": ["number", "null"]}},
+        },
+    )
+
+    experiment: str
+    variable: str | None = Field(description="the knob this step changed; null for the baseline")
+    change: str | None = Field(description="`old -> new`, as the table shows it")
+    p50_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    qps: float | None
+    step_delta: Delta = Field(description="against the previous measured step")
+    cumulative_delta: Delta = Field(description="against the baseline")
+    significant: bool | None = Field(
+        description="a headline metric changed beyond noise; null when not judged"
+    )
+    verdict: Verdict
+    decided_by: list[str] = Field(description="the metrics that decided the verdict")
+    hypothesis: str | None
+    run_id: int | None = Field(description="the run that stands for the step; null if missing")
+    runs: int = Field(ge=0, description="runs of the step under the chain's protocol")
+    status: Literal["RUNNING", "FINISHED", "FAILED", "KILLED", "CRASHED"] | None
+    valid: bool | None
+    provisional: bool | None
+    missing: str | None = Field(description="why the step has no comparable run")
+    p999_ms: float | None
+    error_rate: float | None = Field(description="errors / (requests + errors), 0..1")
+    cpu_pct: float | None = Field(description="optlab's process CPU, mean, % of one core")
+    service_cpu_pct: float | None = Field(description="a started service's CPU, mean, %")
+    gpu_util_pct: float | None
+    gpu_mem_peak_mib: float | None
+    accuracy_top1: float | None
+    infer_ms_per_request: float | None
+    mean_batch_size: float | None
+    cache_hit_rate: float | None
+    flags: list[str] = Field(description="trade-offs: a metric gained while another broke")
+    slo_pass: bool | None = Field(description="null when the SLO sets no latency or QPS bound")
+    slo_failures: list[str]
+    reasons: list[str] = Field(description="why the run is INVALID")
+    git_commit: str | None
+    started_at: str | None = Field(description="ISO 8601, UTC")
+    who: str | None = Field(description="user@host that measured the run")
+
+
+class ProtocolInfo(BaseModel):
+    """The protocol of the head's newest run: every step shown was measured under it."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: Literal["full", "quick"]
+    duration_s: float
+    provisional: bool
+    warmup: Literal["stable", "fixed"] | None = None
+    warmup_s: float | None = None
+    warmup_max_s: float | None = None
+    max_error_rate: float | None = None
+    max_send_lag_p99_ms: float | None = None
+    stability_window_s: float | None = None
+    stability_tolerance: float | None = None
+
+
+class EnvironmentInfo(_Closed):
+    summary: str = Field(description="one line: CPU, memory, GPU, Python, engines")
+    material_hash: str | None = Field(description="hash of what makes two machines comparable")
+    fingerprint: dict[str, Any] = Field(description="the full fingerprint (`optlab env --json`)")
+    service: str | None = Field(
+        None, description="whether a service's own environment was checked (command/http)"
+    )
+
+
+class TableDocument(_Closed):
+    """`optlab table --format json`."""
+
+    schema_version: Literal[1] = Field(description="raised when a key changes meaning or goes")
+    head: str
+    protocol: ProtocolInfo | None = Field(description="null when the head's chain has no run")
+    protocol_label: str
+    environment: EnvironmentInfo
+    confidence: float = Field(gt=0, lt=1, description="the level of every interval")
+    chain: list[ChainEntry]
+
+
+__all__ = ["ChainEntry", "Delta", "TableDocument"]
