@@ -11,23 +11,16 @@ number of requests.
 from __future__ import annotations
 
 import threading
-import time
 from array import array
-from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
 from optlab.metrics.histogram import LatencyHistogram
 from optlab.metrics.stages import SEND_LAG, START_LAG, TOTAL, RequestTiming
+from optlab.metrics.windows import NS, ErrorStat, Int64Array, OpenWindow, PhaseLog, Window
 
 __all__ = ["SEND_LAG", "START_LAG", "TOTAL", "Collector", "InboxLog", "Window", "WorkerLog"]
-
-
-_NS = 1_000_000_000
-_NS_PER_MS = 1e6
-
-Int64Array = npt.NDArray[np.int64]
 
 
 class _Buffers:
@@ -145,57 +138,6 @@ class InboxLog(WorkerLog):
             return sum(len(b) for b in self._inbox)
 
 
-@dataclass(frozen=True)
-class Window:
-    """One window (one second by default) of a phase, keyed by its offset from the phase start.
-
-    ``t_s`` is the window index: the whole seconds since the phase start with the default 1 s
-    windows. Percentiles are exact over the window's successful requests.
-    """
-
-    phase: str
-    t_s: int
-    completed: int
-    errors: int
-    qps: float
-    p50_ms: float | None
-    p99_ms: float | None
-    send_lag_p99_ms: float | None
-    span_s: float = 1.0  # shorter only for the last window of a phase
-
-
-@dataclass
-class _OpenWindow:
-    totals: list[Int64Array] = field(default_factory=list)
-    send_lags: list[Int64Array] = field(default_factory=list)
-    errors: int = 0
-
-
-@dataclass
-class _ErrorStat:
-    count: int
-    example: str | None
-
-
-@dataclass
-class _Phase:
-    name: str
-    start_ns: int
-    end_ns: int | None = None  # the next phase's start; None while it is the latest phase
-    histograms: dict[str, LatencyHistogram] = field(default_factory=dict)
-    ok: int = 0
-    errors: dict[str, _ErrorStat] = field(default_factory=dict)
-    open_windows: dict[int, _OpenWindow] = field(default_factory=dict)
-    next_window: int = 0  # index of the first window not yet emitted
-    windows: list[Window] = field(default_factory=list)
-
-    def histogram(self, series: str) -> LatencyHistogram:
-        hist = self.histograms.get(series)
-        if hist is None:
-            hist = self.histograms[series] = LatencyHistogram()
-        return hist
-
-
 class Collector:
     """Aggregates every :class:`WorkerLog` into per-phase histograms and per-window statistics.
 
@@ -215,14 +157,14 @@ class Collector:
         if close_grace_s < 0:
             raise ValueError("close_grace_s must not be negative")
         self.window_s = window_s
-        self._window_ns = int(round(window_s * _NS))
-        self._grace_ns = int(round(close_grace_s * _NS))
+        self._window_ns = int(round(window_s * NS))
+        self._grace_ns = int(round(close_grace_s * NS))
         self._logs: list[WorkerLog] = []
         self._logs_lock = threading.Lock()
         # Serialises drain() against queries and set_phase(); never taken by WorkerLog.record.
         self._lock = threading.RLock()
-        self._phases: list[_Phase] = []
-        self._by_name: dict[str, _Phase] = {}
+        self._phases: list[PhaseLog] = []
+        self._by_name: dict[str, PhaseLog] = {}
         self._horizon_ns: int | None = None  # latest end_ns seen
         self._new_windows: list[Window] = []
         self.unassigned = 0  # samples that ended before the first phase began
@@ -250,7 +192,7 @@ class Collector:
                 raise ValueError("phases must start in time order")
             if self._phases:
                 self._phases[-1].end_ns = start_ns
-            entry = _Phase(phase, start_ns)
+            entry = PhaseLog(phase, start_ns)
             self._phases.append(entry)
             self._by_name[phase] = entry
 
@@ -305,7 +247,7 @@ class Collector:
                 if key < phase.next_window:
                     self.late += bounds[k + 1] - bounds[k]
                     continue
-                window = phase.open_windows.setdefault(key, _OpenWindow())
+                window = phase.open_windows.setdefault(key, OpenWindow())
                 window.totals.append(p_total[bounds[k] : bounds[k + 1]])
                 window.send_lags.append(p_send[bounds[k] : bounds[k + 1]])
         if buf.stage_dicts:
@@ -341,7 +283,7 @@ class Collector:
             phase = self._phases[phase_index]
             stat = phase.errors.get(kind)
             if stat is None:
-                phase.errors[kind] = _ErrorStat(1, message)
+                phase.errors[kind] = ErrorStat(1, message)
             else:
                 stat.count += 1
                 if stat.example is None:
@@ -350,7 +292,7 @@ class Collector:
             if key < phase.next_window:
                 self.late += 1
             else:
-                phase.open_windows.setdefault(key, _OpenWindow()).errors += 1
+                phase.open_windows.setdefault(key, OpenWindow()).errors += 1
 
     def _see(self, end_ns: int) -> None:
         if self._horizon_ns is None or end_ns > self._horizon_ns:
@@ -361,11 +303,11 @@ class Collector:
     def _advance(self, horizon_ns: int, *, final: bool) -> None:
         """Emit every window that ends at or before ``horizon_ns`` (all of them when final)."""
         for phase in self._phases:
-            last = self._last_closable(phase, horizon_ns, final)
+            last = phase.last_closable(horizon_ns, final, self._window_ns)
             while phase.next_window <= last:
-                window = self._close(phase, phase.next_window, final)
+                window = phase.close(phase.next_window, final, self._window_ns)
                 phase.next_window += 1
-                if window.span_s < 0.5 * self._window_ns / _NS:
+                if window.span_s < 0.5 * self._window_ns / NS:
                     # A sliver left when the phase ended a moment after a whole window: its
                     # QPS would be noise (0, or 1 request over 1 ms). Its requests stay in the
                     # histograms and totals; only the time series leaves it out.
@@ -373,41 +315,6 @@ class Collector:
                     continue
                 phase.windows.append(window)
                 self._new_windows.append(window)
-
-    def _last_closable(self, phase: _Phase, horizon_ns: int, final: bool) -> int:
-        w = self._window_ns
-        if phase.end_ns is not None and (final or horizon_ns >= phase.end_ns):
-            # The phase is over: its last window is the one holding the instant before its end.
-            return max(phase.end_ns - 1 - phase.start_ns, -1) // w
-        if final:
-            return max(phase.open_windows, default=phase.next_window - 1)
-        return (horizon_ns - phase.start_ns) // w - 1
-
-    def _close(self, phase: _Phase, key: int, final: bool) -> Window:
-        data = phase.open_windows.pop(key, None) or _OpenWindow()
-        start = phase.start_ns + key * self._window_ns
-        span_ns = self._window_ns
-        if phase.end_ns is not None:
-            span_ns = min(span_ns, phase.end_ns - start)
-        elif final:
-            # Without a closing phase the best end estimate for the last window is "now".
-            now = time.perf_counter_ns()
-            if start < now < start + span_ns:
-                span_ns = now - start
-        totals = np.concatenate(data.totals) if data.totals else None
-        send_lags = np.concatenate(data.send_lags) if data.send_lags else None
-        completed = 0 if totals is None else int(totals.size)
-        return Window(
-            phase=phase.name,
-            t_s=key,
-            completed=completed,
-            errors=data.errors,
-            qps=completed / (span_ns / _NS) if span_ns > 0 else 0.0,
-            p50_ms=_percentile_ms(totals, 50.0),
-            p99_ms=_percentile_ms(totals, 99.0),
-            send_lag_p99_ms=_percentile_ms(send_lags, 99.0),
-            span_s=span_ns / _NS,
-        )
 
     def finish(self) -> None:
         """Final drain; closes every open window."""
@@ -417,7 +324,7 @@ class Collector:
 
     # -- queries -------------------------------------------------------------------------------
 
-    def _phase(self, phase: str) -> _Phase | None:
+    def _phase(self, phase: str) -> PhaseLog | None:
         return self._by_name.get(phase)
 
     def windows(self, phase: str) -> list[Window]:
@@ -463,9 +370,3 @@ class Collector:
                 for window in phase.open_windows.values():
                     held += sum(int(chunk.size) for chunk in window.totals)
         return held
-
-
-def _percentile_ms(values: Int64Array | None, q: float) -> float | None:
-    if values is None or values.size == 0:
-        return None
-    return float(np.percentile(values, q, method="linear")) / _NS_PER_MS

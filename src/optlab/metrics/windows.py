@@ -1,0 +1,116 @@
+"""One phase of a run as the collector folds it: its histograms, its error counts, and its
+per-second windows, open ones holding raw samples until they close into a :class:`Window`.
+
+Which window a sample falls in, and when a window may close, is decided here from sample times
+alone; the collector (`optlab.metrics.log`) decides when to ask.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from optlab.metrics.histogram import LatencyHistogram
+
+__all__ = ["ErrorStat", "Int64Array", "OpenWindow", "PhaseLog", "Window"]
+
+NS = 1_000_000_000
+_NS_PER_MS = 1e6
+
+Int64Array = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class Window:
+    """One window (one second by default) of a phase, keyed by its offset from the phase start.
+
+    ``t_s`` is the window index: the whole seconds since the phase start with the default 1 s
+    windows. Percentiles are exact over the window's successful requests.
+    """
+
+    phase: str
+    t_s: int
+    completed: int
+    errors: int
+    qps: float
+    p50_ms: float | None
+    p99_ms: float | None
+    send_lag_p99_ms: float | None
+    span_s: float = 1.0  # shorter only for the last window of a phase
+
+
+@dataclass
+class OpenWindow:
+    totals: list[Int64Array] = field(default_factory=list)
+    send_lags: list[Int64Array] = field(default_factory=list)
+    errors: int = 0
+
+
+@dataclass
+class ErrorStat:
+    count: int
+    example: str | None
+
+
+@dataclass
+class PhaseLog:
+    name: str
+    start_ns: int
+    end_ns: int | None = None  # the next phase's start; None while it is the latest phase
+    histograms: dict[str, LatencyHistogram] = field(default_factory=dict)
+    ok: int = 0
+    errors: dict[str, ErrorStat] = field(default_factory=dict)
+    open_windows: dict[int, OpenWindow] = field(default_factory=dict)
+    next_window: int = 0  # index of the first window not yet emitted
+    windows: list[Window] = field(default_factory=list)
+
+    def histogram(self, series: str) -> LatencyHistogram:
+        hist = self.histograms.get(series)
+        if hist is None:
+            hist = self.histograms[series] = LatencyHistogram()
+        return hist
+
+    def last_closable(self, horizon_ns: int, final: bool, window_ns: int) -> int:
+        """Index of the last window that may close once samples reach ``horizon_ns``."""
+        if self.end_ns is not None and (final or horizon_ns >= self.end_ns):
+            # The phase is over: its last window is the one holding the instant before its end.
+            return max(self.end_ns - 1 - self.start_ns, -1) // window_ns
+        if final:
+            return max(self.open_windows, default=self.next_window - 1)
+        return (horizon_ns - self.start_ns) // window_ns - 1
+
+    def close(self, key: int, final: bool, window_ns: int) -> Window:
+        """Window ``key``'s figures; its raw samples are let go."""
+        data = self.open_windows.pop(key, None) or OpenWindow()
+        start = self.start_ns + key * window_ns
+        span_ns = window_ns
+        if self.end_ns is not None:
+            span_ns = min(span_ns, self.end_ns - start)
+        elif final:
+            # Without a closing phase the best end estimate for the last window is "now".
+            now = time.perf_counter_ns()
+            if start < now < start + span_ns:
+                span_ns = now - start
+        totals = np.concatenate(data.totals) if data.totals else None
+        send_lags = np.concatenate(data.send_lags) if data.send_lags else None
+        completed = 0 if totals is None else int(totals.size)
+        return Window(
+            phase=self.name,
+            t_s=key,
+            completed=completed,
+            errors=data.errors,
+            qps=completed / (span_ns / NS) if span_ns > 0 else 0.0,
+            p50_ms=_percentile_ms(totals, 50.0),
+            p99_ms=_percentile_ms(totals, 99.0),
+            send_lag_p99_ms=_percentile_ms(send_lags, 99.0),
+            span_s=span_ns / NS,
+        )
+
+
+def _percentile_ms(values: Int64Array | None, q: float) -> float | None:
+    if values is None or values.size == 0:
+        return None
+    return float(np.percentile(values, q, method="linear")) / _NS_PER_MS
