@@ -1,7 +1,7 @@
 """Calibrate optlab.metrics.stats on real measurements of the synthetic target.
 
 Each run is a real measurement, in process: the synthetic target (lognormal service time,
-median 2 ms, sigma 0.3) behind optlab's LoadGenerator (4 closed-loop clients) and Collector,
+median 2 ms, sigma 0.3) behind optlab's ThreadLoadGenerator (4 closed-loop clients) and Collector,
 as the runner drives them (warmup, then a measured phase, the collector drained every 0.25 s).
 Short runs use short windows (0.1 s by default) so that a 1.5 s run has 15 windows to batch;
 the statistics do not care how long a window is, only how many there are and how they wander.
@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from optlab.config.models import ClosedLoad
-from optlab.load.generator import LoadGenerator
+from optlab.load.generator import ThreadLoadGenerator
 from optlab.metrics.log import Collector
 from optlab.metrics.stats import VERDICT_CONFIDENCE, Comparison, compare, step_verdict
 from optlab.reference.synthetic import SyntheticKnobs, SyntheticTarget
@@ -66,7 +66,7 @@ def measure(
         SyntheticKnobs(distribution="lognormal", service_ms=service_ms, sigma=0.3, seed=seed)
     )
     collector = Collector(window_s)
-    generator = LoadGenerator(
+    generator = ThreadLoadGenerator(
         target, list(range(64)), ClosedLoad(mode="closed", concurrency=concurrency), timeout_s=10
     )
     collector.set_phase("warmup", time.perf_counter_ns())

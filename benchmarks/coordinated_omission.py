@@ -32,7 +32,7 @@ import numpy as np
 from provenance import source_hashes
 
 from optlab.config.models import ClosedLoad, OpenLoad
-from optlab.load.generator import LoadGenerator
+from optlab.load.generator import ThreadLoadGenerator
 from optlab.metrics.histogram import LatencyHistogram
 from optlab.metrics.log import Collector
 from optlab.metrics.stages import SEND_LAG, TOTAL
@@ -74,7 +74,7 @@ def measure(load: ClosedLoad | OpenLoad, seconds: float) -> Measured:
     """Drive a freshly built target for ``seconds`` with the runner's drain loop."""
     target = SyntheticTarget(knobs())
     collector = Collector()
-    generator = LoadGenerator(target, list(range(64)), load, timeout_s=TIMEOUT_S)
+    generator = ThreadLoadGenerator(target, list(range(64)), load, timeout_s=TIMEOUT_S)
     clock = time.perf_counter_ns
     # One phase from before the start: every request sent is counted, none is left out, so
     # the ground truth can be computed over exactly the arrivals that were sent.

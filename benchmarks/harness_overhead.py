@@ -33,7 +33,7 @@ from typing import Any
 from provenance import source_hashes
 
 from optlab.config.models import ClosedLoad, OpenLoad
-from optlab.load.generator import LoadGenerator
+from optlab.load.generator import ThreadLoadGenerator
 from optlab.metrics.log import Collector
 from optlab.metrics.stages import SEND_LAG, TOTAL
 
@@ -109,7 +109,7 @@ def drive(
 ) -> Driven:
     """Run the generator for warmup + seconds; figures come from the measured phase only."""
     collector = Collector()
-    generator = LoadGenerator(noop, REQUESTS, load, timeout_s=60.0)
+    generator = ThreadLoadGenerator(noop, REQUESTS, load, timeout_s=60.0)
     clock = time.perf_counter_ns
     collector.set_phase("warmup", clock())
     generator.start(collector)

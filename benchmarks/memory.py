@@ -73,7 +73,7 @@ def child(seconds: float, rate: float, max_in_flight: int | None) -> ChildResult
     import psutil
 
     from optlab.config.models import OpenLoad
-    from optlab.load.generator import LoadGenerator
+    from optlab.load.generator import ThreadLoadGenerator
     from optlab.metrics.log import Collector
     from optlab.metrics.stages import SEND_LAG
 
@@ -81,7 +81,7 @@ def child(seconds: float, rate: float, max_in_flight: int | None) -> ChildResult
     extra: dict[str, Any] = {} if max_in_flight is None else {"max_in_flight": max_in_flight}
     load = OpenLoad(mode="open", rate=rate, arrival="constant", **extra)
     collector = Collector()
-    generator = LoadGenerator(noop, list(range(64)), load, timeout_s=60.0)
+    generator = ThreadLoadGenerator(noop, list(range(64)), load, timeout_s=60.0)
     clock = time.perf_counter_ns
     rss_start = process.memory_info().rss
     collector.set_phase("warmup", clock())

@@ -359,7 +359,8 @@ def test_the_open_loop_sends_on_schedule_waking_on_a_timer(monkeypatch: pytest.M
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from optlab.config.models import OpenLoad
-    from optlab.load.aio import AsyncLoadGenerator, _TimerFd
+    from optlab.load.aio import AsyncLoadGenerator
+    from optlab.load.timerfd import TimerFd
     from optlab.metrics.log import Collector
     from optlab.metrics.stages import SEND_LAG
 
@@ -377,13 +378,13 @@ def test_the_open_loop_sends_on_schedule_waking_on_a_timer(monkeypatch: pytest.M
             pass
 
     armed: list[int] = []
-    arm = _TimerFd.arm
+    arm = TimerFd.arm
 
-    def counted(self: _TimerFd, deadline_ns: int, waiter: asyncio.Future[None]) -> None:
+    def counted(self: TimerFd, deadline_ns: int, waiter: asyncio.Future[None]) -> None:
         armed.append(deadline_ns)
         arm(self, deadline_ns, waiter)
 
-    monkeypatch.setattr(_TimerFd, "arm", counted)
+    monkeypatch.setattr(TimerFd, "arm", counted)
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:

@@ -19,7 +19,8 @@ import pytest
 
 from optlab.config.models import ClosedLoad, OpenLoad, ReplayLoad
 from optlab.errors import ConfigError
-from optlab.load.generator import LoadGenerator, StopReport
+from optlab.load.base import StopReport
+from optlab.load.generator import ThreadLoadGenerator
 from optlab.load.schedules import (
     constant_offsets,
     poisson_offsets,
@@ -50,9 +51,9 @@ def measure(
     requests: Sequence[Any] = tuple(range(64)),
     trace_dir: Path | None = None,
     drain_s: float = 5.0,
-) -> tuple[StopReport, Collector, LoadGenerator]:
+) -> tuple[StopReport, Collector, ThreadLoadGenerator]:
     collector = Collector()
-    generator = LoadGenerator(call, requests, load, timeout_s=timeout_s, trace_dir=trace_dir)
+    generator = ThreadLoadGenerator(call, requests, load, timeout_s=timeout_s, trace_dir=trace_dir)
     collector.set_phase("measure", time.perf_counter_ns())
     generator.start(collector)
     deadline = time.monotonic() + seconds
@@ -289,10 +290,10 @@ def test_replay_refuses_ids_that_are_not_integers(tmp_path: Path) -> None:
     (tmp_path / "trace.csv").write_text("t,id\n0,cat\n", encoding="utf-8")
     load = ReplayLoad(mode="replay", trace="trace.csv", time_scale=1.0)
     with pytest.raises(ConfigError, match="'cat' is not an integer"):
-        LoadGenerator(print, [1], load, timeout_s=1.0, trace_dir=tmp_path)
+        ThreadLoadGenerator(print, [1], load, timeout_s=1.0, trace_dir=tmp_path)
     missing = ReplayLoad(mode="replay", trace="nope.csv", time_scale=1.0)
     with pytest.raises(ConfigError, match="not found"):
-        LoadGenerator(print, [1], missing, timeout_s=1.0, trace_dir=tmp_path)
+        ThreadLoadGenerator(print, [1], missing, timeout_s=1.0, trace_dir=tmp_path)
 
 
 # -- errors, timeouts, stopping -------------------------------------------------------------
@@ -324,7 +325,7 @@ def test_a_call_that_returns_after_the_timeout_is_an_error() -> None:
 def test_stop_drains_requests_in_flight() -> None:
     collector = Collector()
     collector.set_phase("measure", time.perf_counter_ns())
-    generator = LoadGenerator(build({"service_ms": 200.0}), [0], open_(50.0), timeout_s=10.0)
+    generator = ThreadLoadGenerator(build({"service_ms": 200.0}), [0], open_(50.0), timeout_s=10.0)
     generator.start(collector)
     time.sleep(0.1)
     assert generator.in_flight >= 3
@@ -339,7 +340,7 @@ def test_stop_reports_requests_stuck_past_the_drain_timeout() -> None:
     release = threading.Event()
     collector = Collector()
     collector.set_phase("measure", time.perf_counter_ns())
-    generator = LoadGenerator(lambda r: release.wait(10), [0], closed(3), timeout_s=10.0)
+    generator = ThreadLoadGenerator(lambda r: release.wait(10), [0], closed(3), timeout_s=10.0)
     generator.start(collector)
     try:
         time.sleep(0.05)
@@ -356,7 +357,7 @@ def test_stop_reports_requests_stuck_past_the_drain_timeout() -> None:
 
 
 def test_stop_wakes_an_idle_open_loop_at_once() -> None:
-    generator = LoadGenerator(lambda r: r, [0], open_(0.5), timeout_s=1.0)
+    generator = ThreadLoadGenerator(lambda r: r, [0], open_(0.5), timeout_s=1.0)
     generator.start(Collector())
     time.sleep(0.05)
     started = time.monotonic()
@@ -374,7 +375,7 @@ def test_a_keyboard_interrupt_in_the_target_stops_the_generator(load: Load) -> N
         if next(calls) == 20:
             raise KeyboardInterrupt
 
-    generator = LoadGenerator(target, [0], load, timeout_s=1.0)
+    generator = ThreadLoadGenerator(target, [0], load, timeout_s=1.0)
     generator.start(Collector())
     deadline = time.monotonic() + 5
     while generator.failure is None and time.monotonic() < deadline:
@@ -387,8 +388,8 @@ def test_a_keyboard_interrupt_in_the_target_stops_the_generator(load: Load) -> N
 
 def test_the_generator_refuses_no_requests_and_a_second_start() -> None:
     with pytest.raises(ConfigError, match="no requests"):
-        LoadGenerator(print, [], closed(1), timeout_s=1.0)
-    generator = LoadGenerator(lambda r: r, [0], closed(1), timeout_s=1.0)
+        ThreadLoadGenerator(print, [], closed(1), timeout_s=1.0)
+    generator = ThreadLoadGenerator(lambda r: r, [0], closed(1), timeout_s=1.0)
     generator.start(Collector())
     with pytest.raises(RuntimeError):
         generator.start(Collector())
@@ -405,7 +406,7 @@ def test_a_failed_start_leaves_no_thread_waiting(monkeypatch: pytest.MonkeyPatch
         real_start(self)
 
     monkeypatch.setattr(threading.Thread, "start", start)
-    generator = LoadGenerator(lambda r: r, [0], open_(100.0, max_in_flight=10), timeout_s=1.0)
+    generator = ThreadLoadGenerator(lambda r: r, [0], open_(100.0, max_in_flight=10), timeout_s=1.0)
     with pytest.raises(RuntimeError, match="can't start new thread"):
         generator.start(Collector())
     began = time.monotonic()

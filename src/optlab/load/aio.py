@@ -2,7 +2,8 @@
 
 A service measured over HTTP spends its time on the other side of a socket, so one event loop
 keeps thousands of requests in flight where a thread per request would fight over the GIL.
-Same contract as the threaded `LoadGenerator` (start, stop -> StopReport, in_flight, failure),
+Same contract as the threaded generator (`optlab.load.base.LoadGenerator`: start, stop ->
+StopReport, in_flight, failure),
 same records into the same `Collector`, same latency definitions:
 
 - closed loop: `concurrency` coroutines, each sending its next request when the last returned;
@@ -21,23 +22,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import os
-import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from optlab.config.models import ClosedLoad, OpenLoad, ReplayLoad
 from optlab.errors import ConfigError
-from optlab.load.generator import (
-    LATE_NS,
-    START_LEAD_NS,
-    StopReport,
-    in_flight_limit,
-)
+from optlab.load.base import LATE_NS, START_LEAD_NS, LogSource, StopReport, in_flight_limit
 from optlab.load.schedules import indexed_trace, make_schedule
+from optlab.load.timerfd import TimerFd
 from optlab.metrics.stages import RequestTiming
 
 if TYPE_CHECKING:
@@ -63,10 +58,6 @@ class AsyncClient(Protocol):
     async def send(self, index: int, timing: RequestTiming) -> None: ...
 
     async def close(self) -> None: ...
-
-
-class LogSource(Protocol):
-    def new_log(self) -> WorkerLog: ...
 
 
 class AsyncLoadGenerator:
@@ -107,7 +98,7 @@ class AsyncLoadGenerator:
         self._ready = threading.Event()
         self._stop_requested: asyncio.Event | None = None
         self._sleeper: asyncio.Future[None] | None = None
-        self._timer: _TimerFd | None = None
+        self._timer: TimerFd | None = None
         self._drain_s = 5.0
         self._running = False
         self._closed = False
@@ -209,7 +200,7 @@ class AsyncLoadGenerator:
                 workers = [asyncio.create_task(self._closed_worker(log)) for _ in range(clients)]
             else:
                 limit = in_flight_limit(load)
-                self._timer = _TimerFd.open(asyncio.get_running_loop())
+                self._timer = TimerFd.open(asyncio.get_running_loop())
                 workers = [asyncio.create_task(self._scheduler(load, log, limit))]
             self._ready.set()
             stopper = asyncio.create_task(self._stop_requested.wait())
@@ -365,68 +356,6 @@ def _finished(
         slot_free.set()
 
     return done
-
-
-class _TimerFd:
-    """A CLOCK_MONOTONIC timerfd (Linux) the event loop watches: one wake-up at an absolute
-    `perf_counter_ns` deadline, to the microsecond, for the price of two system calls."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, settime: Any) -> None:
-        import ctypes
-
-        self._loop, self._fd, self._settime = loop, fd, settime
-        self._spec = (ctypes.c_long * 4)()  # struct itimerspec: interval (0), then value
-        self._pointer = ctypes.byref(self._spec)
-        self._waiter: asyncio.Future[None] | None = None
-        loop.add_reader(fd, self._fired)
-
-    @classmethod
-    def open(cls, loop: asyncio.AbstractEventLoop) -> _TimerFd | None:
-        """One for `loop`, or None where there is no timerfd (then the generator spins)."""
-        clock = time.get_clock_info("perf_counter").implementation
-        if not sys.platform.startswith("linux") or "CLOCK_MONOTONIC)" not in clock:
-            return None  # the deadlines are perf_counter_ns: it must be the timer's clock
-        import ctypes
-
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            fd = libc.timerfd_create(_CLOCK_MONOTONIC, _TFD_NONBLOCK | _TFD_CLOEXEC)
-        except (OSError, AttributeError):
-            return None
-        if fd < 0:
-            return None
-        try:
-            return cls(loop, fd, libc.timerfd_settime)
-        except (OSError, AttributeError, NotImplementedError):
-            os.close(fd)
-            return None
-
-    def arm(self, deadline_ns: int, waiter: asyncio.Future[None]) -> None:
-        self._waiter = waiter
-        spec = self._spec
-        spec[2], spec[3] = divmod(deadline_ns, 1_000_000_000)
-        if self._settime(self._fd, _TFD_TIMER_ABSTIME, self._pointer, None) != 0:
-            waiter.set_result(None)  # cannot arm: the caller spins to the deadline instead
-
-    def _fired(self) -> None:
-        try:
-            os.read(self._fd, 8)
-        except BlockingIOError:
-            return
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._loop.remove_reader(self._fd)
-        os.close(self._fd)
-
-
-_CLOCK_MONOTONIC = 1
-_TFD_NONBLOCK = getattr(os, "O_NONBLOCK", 0o4000)  # Linux's values, the only ones used
-_TFD_CLOEXEC = getattr(os, "O_CLOEXEC", 0o2000000)
-_TFD_TIMER_ABSTIME = 1
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:

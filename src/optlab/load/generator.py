@@ -1,4 +1,4 @@
-"""The load generator: drives a thread-safe target callable and records every request.
+"""The threaded load generator: drives a thread-safe target callable and records every request.
 
 Closed loop: ``concurrency`` threads, each sending its next request as soon as the last one
 returned. Its latency is measured from the actual send, so it is labelled closed loop: a stall
@@ -18,12 +18,13 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optlab.config.models import ClosedLoad, OpenLoad, ReplayLoad
 from optlab.errors import ConfigError
+from optlab.load.base import LATE_NS, START_LEAD_NS, StopReport, in_flight_limit
+from optlab.load.counters import WorkerCounters, describe_error, mark_returned, sweep_timeouts
 from optlab.load.schedules import indexed_trace, make_schedule
 from optlab.load.timerslack import tighten_timer_slack
 from optlab.metrics.stages import CURRENT, RequestTiming
@@ -31,95 +32,18 @@ from optlab.metrics.stages import CURRENT, RequestTiming
 if TYPE_CHECKING:
     from optlab.metrics.log import Collector, WorkerLog
 
-__all__ = ["LATE_NS", "REPLAY_MAX_IN_FLIGHT", "LoadGenerator", "StopReport", "in_flight_limit"]
+# StopReport and in_flight_limit live in optlab.load.base; named here too for older imports.
+__all__ = ["StopReport", "ThreadLoadGenerator", "in_flight_limit"]
 
 # Sleeping is only accurate to ~50-100 us on Linux (timer slack, wake-up), so the last stretch
 # before an intended time is spun. The spin calls sleep(0), which releases the GIL, so the
 # spinning leader never keeps the target's threads from the GIL for a whole switch interval.
 SPIN_NS = 200_000
-LATE_NS = 1_000_000  # a request that left more than this after its intended time was late
-LATE_FRACTION = 0.01  # more late requests than this and the generator fell behind
-REPLAY_MAX_IN_FLIGHT = 512
-MESSAGE_CHARS = 200
 MAX_LOGS = 4
-# Time zero is set a little after the threads are released, so the first intended sends are
-# not already due while the workers are still waking.
-START_LEAD_NS = 2_000_000
 WATCH_S = 0.1  # how often calls are checked for hanging past the timeout
 
 
-def in_flight_limit(load: ClosedLoad | OpenLoad | ReplayLoad) -> int:
-    """The most requests a load has in flight at once: its clients, or its open-loop pool."""
-    if isinstance(load, ClosedLoad):
-        return load.concurrency
-    return load.max_in_flight if isinstance(load, OpenLoad) else REPLAY_MAX_IN_FLIGHT
-
-
-@dataclass(frozen=True)
-class StopReport:
-    """What the generator did. ``abandoned`` requests were still inside the target when the
-    drain timed out; their threads are daemons and are left to finish (or not) on their own."""
-
-    issued: int
-    completed: int
-    abandoned: int
-    fell_behind: bool
-    late: int = 0  # open loop: requests sent more than LATE_NS after their intended time
-    failure: BaseException | None = None  # a BaseException raised inside a worker, if any
-
-    @classmethod
-    def of(
-        cls,
-        issued: int,
-        completed: int,
-        late: int,
-        *,
-        open_loop: bool,
-        failure: BaseException | None,
-    ) -> StopReport:
-        """The report of any generator: the same fell-behind rule for threads, event loops
-        and processes."""
-        return cls(
-            issued=issued,
-            completed=completed,
-            abandoned=issued - completed,
-            fell_behind=open_loop and issued > 0 and late > LATE_FRACTION * issued,
-            late=late,
-            failure=failure,
-        )
-
-
-class _Counters:
-    """Per-worker counts. Only the owning thread writes the counts, so they need no lock;
-    readers sum them and may be a request behind, which is all `in_flight` promises.
-
-    ``call_start`` / ``origin`` describe the call in progress (0 when idle), so the watchdog
-    can count a call that never returns as a timeout; ``swept`` is the `issued` number of
-    the last call the watchdog recorded, and ``lock`` decides who records a call that ends
-    just as the watchdog looks at it: the worker or the watchdog, never both.
-    """
-
-    __slots__ = ("call_start", "completed", "issued", "late", "lock", "log", "origin", "swept")
-
-    def __init__(self, log: WorkerLog) -> None:
-        self.issued = 0
-        self.completed = 0
-        self.late = 0
-        self.call_start = 0
-        self.origin = 0
-        self.swept = 0
-        self.lock = threading.Lock()
-        self.log = log
-
-
-def _describe(exc: BaseException) -> str:
-    try:
-        return str(exc)[:MESSAGE_CHARS]
-    except Exception:  # a broken __str__ must not kill the worker
-        return f"<{type(exc).__name__} with an unprintable message>"
-
-
-class LoadGenerator:
+class ThreadLoadGenerator:
     """Drive ``call`` with ``requests`` under a closed, open or replayed load.
 
     Requests are used round robin. In a replay, a trace id that is an integer picks
@@ -152,7 +76,7 @@ class LoadGenerator:
         if isinstance(load, ReplayLoad):
             self._trace = indexed_trace(load, trace_dir, len(self._requests))
         self._threads: list[threading.Thread] = []
-        self._counters: list[_Counters] = []
+        self._counters: list[WorkerCounters] = []
         # Only the thread holding this takes from the schedule (generators are not
         # thread-safe) and waits for the next intended time; see _open_worker.
         self._leader = threading.Lock()
@@ -208,7 +132,7 @@ class LoadGenerator:
         """Start the worker threads and return. Time zero of the schedule is taken once every
         thread exists, so thread creation does not make the first requests late."""
         if self._started:
-            raise RuntimeError("a LoadGenerator can be started once")
+            raise RuntimeError("a ThreadLoadGenerator can be started once")
         self._started = True
         load = self._load
         if isinstance(load, ClosedLoad):
@@ -226,7 +150,7 @@ class LoadGenerator:
         logs = [collector.new_log() for _ in range(min(workers, MAX_LOGS))]
         try:
             for i in range(workers):
-                counters = _Counters(logs[i % len(logs)])
+                counters = WorkerCounters(logs[i % len(logs)])
                 thread = threading.Thread(
                     target=self._run,
                     args=(body, counters, counters.log),
@@ -265,7 +189,7 @@ class LoadGenerator:
         if self._watchdog is not None:
             self._watchdog.join()
         # A call still hung past the timeout now is a timeout too, not a request that vanished.
-        self._sweep_timeouts()
+        sweep_timeouts(self._counters, self._timeout_ns)
         # From here on, requests that return are not recorded: the caller is about to close
         # the collector. A worker between this check and its record() can still slip one in.
         self._closed = True
@@ -287,8 +211,8 @@ class LoadGenerator:
 
     def _run(
         self,
-        body: Callable[[_Counters, WorkerLog], None],
-        counters: _Counters,
+        body: Callable[[WorkerCounters, WorkerLog], None],
+        counters: WorkerCounters,
         log: WorkerLog,
     ) -> None:
         try:
@@ -316,43 +240,15 @@ class LoadGenerator:
         """
         period = min(WATCH_S, self._timeout_ns / 4e9)
         while not self._stop_lock.acquire(timeout=period):
-            self._sweep_timeouts()
+            sweep_timeouts(self._counters, self._timeout_ns)
         self._stop_lock.release()  # pass the wake-up on
 
-    def _sweep_timeouts(self) -> None:
-        now = time.perf_counter_ns()
-        for counters in self._counters:
-            started = counters.call_start
-            if not started or now - started <= self._timeout_ns:
-                continue
-            with counters.lock:
-                # Still the same call, and not already recorded by its worker or by us.
-                if counters.call_start != started or counters.swept == counters.issued:
-                    continue
-                counters.swept = counters.issued
-                counters.log.record(
-                    now,
-                    now - counters.origin,
-                    0,
-                    0,
-                    None,
-                    "timeout",
-                    f"no reply after {(now - started) / 1e6:.1f} ms (the call is still "
-                    f"running), over the {self._timeout_ns / 1e6:g} ms timeout",
-                )
-
-    def _returned(self, counters: _Counters) -> bool:
-        """Mark the worker's call as returned; False when the watchdog already counted it."""
-        with counters.lock:
-            counters.call_start = 0
-            return counters.swept != counters.issued
-
     # -- workers: the hot path; locals everywhere because attribute lookups cost per request --
-    def _closed_worker(self, counters: _Counters, log: WorkerLog) -> None:
+    def _closed_worker(self, counters: WorkerCounters, log: WorkerLog) -> None:
         call, requests, n = self._call, self._requests, len(self._requests)
         round_robin = self._round_robin
         record, clock, timeout_ns = log.record, time.perf_counter_ns, self._timeout_ns
-        set_current, new_timing, returned = CURRENT.set, RequestTiming, self._returned
+        set_current, new_timing, returned = CURRENT.set, RequestTiming, mark_returned
         while self._running:
             request = requests[next(round_robin) % n]
             timing = new_timing()
@@ -367,7 +263,7 @@ class LoadGenerator:
             except Exception as exc:
                 end = clock()
                 error: str | None = type(exc).__name__
-                message: str | None = _describe(exc)
+                message: str | None = describe_error(exc)
             else:
                 end = clock()
                 error = message = None
@@ -382,10 +278,10 @@ class LoadGenerator:
             if unrecorded:
                 record(end, end - start, 0, 0, timing, error, message)
 
-    def _open_worker(self, counters: _Counters, log: WorkerLog) -> None:
+    def _open_worker(self, counters: WorkerCounters, log: WorkerLog) -> None:
         call, requests, leader = self._call, self._requests, self._leader
         record, clock, timeout_ns = log.record, time.perf_counter_ns, self._timeout_ns
-        set_current, new_timing, returned = CURRENT.set, RequestTiming, self._returned
+        set_current, new_timing, returned = CURRENT.set, RequestTiming, mark_returned
         stop_lock, sleep, t0 = self._stop_lock, time.sleep, self._t0
         schedule = self._schedule
         assert schedule is not None
@@ -430,7 +326,7 @@ class LoadGenerator:
             except Exception as exc:
                 end = clock()
                 error: str | None = type(exc).__name__
-                message: str | None = _describe(exc)
+                message: str | None = describe_error(exc)
             else:
                 end = clock()
                 error = message = None

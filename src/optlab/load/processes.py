@@ -19,33 +19,55 @@ import multiprocessing
 import signal
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from optlab.load.generator import StopReport
+from optlab.config.models import ClosedLoad, OpenLoad, ReplayLoad
+from optlab.load.aio import AsyncClient, AsyncLoadGenerator
+from optlab.load.base import StopReport
+from optlab.metrics.log import InboxLog, WorkerLog
 
 if TYPE_CHECKING:
-    from optlab.config.models import ClosedLoad, OpenLoad, ReplayLoad
-    from optlab.metrics.log import Collector, InboxLog, WorkerLog
+    from optlab.metrics.log import Collector
 
-__all__ = ["ProcessLoadGenerator"]
+__all__ = ["ClientRecipe", "ProcessLoadGenerator"]
 
 SHIP_S = 0.2
 READY_TIMEOUT_S = 120.0
 START_LEAD_NS = 100_000_000  # time zero, after every worker was told to go
 
 
+class ClientRecipe(Protocol):
+    """What a worker process builds its own client from (the target's `HttpRecipe`):
+    picklable, so it crosses into a spawned process."""
+
+    @property
+    def bodies(self) -> Sequence[Any]: ...
+
+    def build(self) -> AsyncClient: ...
+
+
+# Picklable module-level functions the target layer hands in (it sits above this package):
+# how a failed request is named, and what arms a child to die with its parent (None: nothing).
+Classify = Callable[[BaseException], tuple[str, str]]
+ArmParentDeath = Callable[[], Callable[[], None] | None]
+
+
 @dataclass(frozen=True)
 class _Job:
-    recipe: Any  # HttpRecipe
-    load: Any
+    recipe: ClientRecipe
+    load: ClosedLoad | OpenLoad | ReplayLoad
     index: int
     count: int
     timeout_s: float
     seed: int
     trace_dir: Path | None
+    classify: Classify
+    parent_death: ArmParentDeath | None
 
 
 class _OneLog:
@@ -58,21 +80,15 @@ class _OneLog:
 
 def _worker(conn: Connection, job: _Job) -> None:  # pragma: no cover - runs in the child
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    from optlab.targets.command import parent_death_signal
-
-    arm = parent_death_signal()
+    arm = job.parent_death() if job.parent_death is not None else None
     if arm is not None:
         arm()  # the kernel kills this worker should optlab die without stopping it
-    from optlab.load.aio import AsyncLoadGenerator
-    from optlab.metrics.log import WorkerLog
-    from optlab.targets.http import classify
-
     try:
         generator = AsyncLoadGenerator(
             job.recipe.build(),
             len(job.recipe.bodies),
             job.load,
-            classify=classify,
+            classify=job.classify,
             timeout_s=job.timeout_s,
             seed=job.seed,
             trace_dir=job.trace_dir,
@@ -104,7 +120,7 @@ def _worker(conn: Connection, job: _Job) -> None:  # pragma: no cover - runs in 
 
 
 class _Worker:
-    def __init__(self, process: Any, conn: Connection, inbox: InboxLog) -> None:
+    def __init__(self, process: BaseProcess, conn: Connection, inbox: InboxLog) -> None:
         self.process = process
         self.conn = conn
         self.inbox = inbox
@@ -115,22 +131,23 @@ class _Worker:
 
 
 class ProcessLoadGenerator:
-    """N processes, one schedule; the LoadGenerator contract (start, stop, in_flight, failure)."""
+    """N processes, one schedule; the `optlab.load.base.LoadGenerator` contract."""
 
     def __init__(
         self,
-        recipe: Any,
+        recipe: ClientRecipe,
         load: ClosedLoad | OpenLoad | ReplayLoad,
         *,
         processes: int,
+        classify: Classify,
         timeout_s: float,
         seed: int = 0,
         trace_dir: Path | None = None,
+        parent_death: ArmParentDeath | None = None,
     ) -> None:
-        from optlab.config.models import ClosedLoad
-
         self._jobs = [
-            _Job(recipe, load, i, processes, timeout_s, seed, trace_dir) for i in range(processes)
+            _Job(recipe, load, i, processes, timeout_s, seed, trace_dir, classify, parent_death)
+            for i in range(processes)
         ]
         self._open_loop = not isinstance(load, ClosedLoad)
         self._workers: list[_Worker] = []
@@ -160,8 +177,6 @@ class ProcessLoadGenerator:
         return self._t0
 
     def start(self, collector: Collector) -> None:
-        from optlab.metrics.log import InboxLog
-
         context = multiprocessing.get_context("spawn")  # never fork a process that has threads
         try:
             for job in self._jobs:

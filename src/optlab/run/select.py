@@ -4,18 +4,23 @@ network client, worker processes when `load.processes` asks for more than one.""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
+from optlab.config.models import Workload
 from optlab.errors import ConfigError
-
-if TYPE_CHECKING:
-    from optlab.config.models import Workload
-    from optlab.targets.base import LoadedTarget
+from optlab.load.aio import AsyncLoadGenerator
+from optlab.load.base import LoadGenerator
+from optlab.load.generator import ThreadLoadGenerator
+from optlab.load.processes import ProcessLoadGenerator
+from optlab.targets.base import LoadedTarget
+from optlab.targets.command import parent_death_signal
+from optlab.targets.http import classify
 
 __all__ = ["generator_for"]
 
 
-def generator_for(target: LoadedTarget, workload: Workload, trace_dir: Path | None) -> Any:
+def generator_for(
+    target: LoadedTarget, workload: Workload, trace_dir: Path | None
+) -> LoadGenerator:
     load = workload.load
     timeout_s = workload.timeout_ms / 1000
     if target.client is None:
@@ -26,9 +31,7 @@ def generator_for(target: LoadedTarget, workload: Workload, trace_dir: Path | No
                 "optlab's own process",
                 hint="remove `processes`, or serve the model and measure it over HTTP",
             )
-        from optlab.load.generator import LoadGenerator
-
-        return LoadGenerator(
+        return ThreadLoadGenerator(
             target.call,
             target.requests,
             load,
@@ -37,19 +40,16 @@ def generator_for(target: LoadedTarget, workload: Workload, trace_dir: Path | No
             trace_dir=trace_dir,
         )
     if load.processes > 1:
-        from optlab.load.processes import ProcessLoadGenerator
-
         return ProcessLoadGenerator(
             target.client,
             load,
             processes=load.processes,
+            classify=classify,
             timeout_s=timeout_s,
             seed=workload.seed,
             trace_dir=trace_dir,
+            parent_death=parent_death_signal,
         )
-    from optlab.load.aio import AsyncLoadGenerator
-    from optlab.targets.http import classify
-
     return AsyncLoadGenerator(
         target.client.build(),
         len(target.client.bodies),
