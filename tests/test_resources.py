@@ -12,12 +12,8 @@ import psutil
 import pynvml
 import pytest
 
-from optlab.metrics.resources import (
-    THERMAL_REASONS,
-    ResourceReading,
-    ResourceSampler,
-    decode_throttle_reasons,
-)
+from optlab.metrics.gpu import THERMAL_REASONS, decode_throttle_reasons
+from optlab.metrics.resources import ResourceReading, ResourceSampler
 
 INTERVAL = 0.1
 

@@ -1,52 +1,25 @@
 """Background sampling of CPU, memory and GPU use while a run is going on, about once a second.
 
-CPU percentages are computed from our own deltas of ``cpu_times`` rather than psutil's
-``cpu_percent``: the latter keeps its previous sample in module-global state, so any other caller
-in the process (a library, a second sampler) would silently shorten our interval.
-
-GPU figures come from NVML, imported only when a sampler starts. When NVML cannot be initialised
-(no driver, no GPU) every GPU field is None: a missing reading is never replaced by a made-up one.
+CPU figures come from `optlab.metrics.cpu` (our own deltas of psutil's CPU times), GPU figures
+from NVML through `optlab.metrics.gpu`; a reading the host cannot give is None. At the start of
+the measured phase and of the drain the sampler also notes every other process's CPU time, so
+that a run can name the neighbours that competed with it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import re
 import threading
 import time
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 import psutil
 
-__all__ = [
-    "THERMAL_REASONS",
-    "GpuReading",
-    "ResourceReading",
-    "ResourceSampler",
-    "decode_throttle_reasons",
-]
+from optlab.metrics.cpu import HostCpu, TreeCpu
+from optlab.metrics.gpu import THERMAL_REASONS, GpuReading, NvmlDevices
 
-# Reasons that mean the clocks were lowered because of heat; any of them invalidates a run.
-THERMAL_REASONS = frozenset({"hw_thermal_slowdown", "sw_thermal_slowdown", "hw_slowdown"})
-
-# NVML renamed "ClocksThrottleReason" to "ClocksEventReason" (driver 535 era); accept both.
-_REASON_PREFIXES = ("nvmlClocksEventReason", "nvmlClocksThrottleReason")
-_NOT_A_REASON = {"All", "None"}
-
-
-@dataclass(frozen=True)
-class GpuReading:
-    index: int
-    util_pct: float | None
-    mem_used_bytes: int | None
-    mem_total_bytes: int | None
-    temperature_c: float | None
-    power_w: float | None
-    sm_clock_mhz: float | None
-    throttle_reasons: list[str] | None  # active reasons, e.g. ["hw_thermal_slowdown"]
+__all__ = ["ResourceReading", "ResourceSampler"]
 
 
 @dataclass(frozen=True)
@@ -69,126 +42,6 @@ class ResourceReading:
     # core, like cpu_process_pct): a neighbour competing for the same cores.
     steal_pct: float | None = None
     other_cpu_pct: float | None = None
-
-
-def _snake(camel: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", camel).lower()
-
-
-def _reason_table(nvml: ModuleType) -> list[tuple[int, str]]:
-    table: dict[int, str] = {}
-    for prefix in _REASON_PREFIXES:
-        for attr in dir(nvml):
-            if not attr.startswith(prefix):
-                continue
-            suffix = attr[len(prefix) :]
-            value = getattr(nvml, attr)
-            if suffix in _NOT_A_REASON or not isinstance(value, int) or value <= 0:
-                continue
-            # Only single-bit constants are reasons; composite masks would double-report.
-            if value & (value - 1) == 0:
-                table.setdefault(value, _snake(suffix))
-    return sorted(table.items())
-
-
-def decode_throttle_reasons(mask: int, nvml: ModuleType | None = None) -> list[str]:
-    """Names of the reasons set in an NVML clocks-event bitmask, using pynvml's constants."""
-    if nvml is None:
-        import pynvml
-
-        nvml = pynvml
-    table = _reason_table(nvml)
-    names = [name for bit, name in table if mask & bit]
-    known = 0
-    for bit, _ in table:
-        known |= bit
-    if mask & ~known:
-        names.append(f"unknown_0x{mask & ~known:x}")
-    return names
-
-
-class _Nvml:
-    """The NVML handles of one sampler; every query degrades to None on its own."""
-
-    def __init__(self, nvml: ModuleType, handles: list[Any]) -> None:
-        self.nvml = nvml
-        self.handles = handles
-
-    @classmethod
-    def open(cls) -> _Nvml | None:
-        try:
-            import pynvml
-        except ImportError:
-            return None
-        try:
-            pynvml.nvmlInit()
-        except Exception:  # NVMLError, or OSError when the library itself is missing
-            return None
-        try:
-            count = pynvml.nvmlDeviceGetCount()
-            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        except Exception:
-            _shutdown(pynvml)
-            return None
-        if not handles:
-            _shutdown(pynvml)
-            return None
-        return cls(pynvml, handles)
-
-    def close(self) -> None:
-        _shutdown(self.nvml)
-
-    def read(self) -> list[GpuReading]:
-        return [self._read_one(i, h) for i, h in enumerate(self.handles)]
-
-    def _query(self, fn: str, *args: Any) -> Any:
-        try:
-            return getattr(self.nvml, fn)(*args)
-        except Exception:  # not supported on this GPU / transient: report the field as missing
-            return None
-
-    def _read_one(self, index: int, handle: Any) -> GpuReading:
-        nvml = self.nvml
-        util = self._query("nvmlDeviceGetUtilizationRates", handle)
-        memory = self._query("nvmlDeviceGetMemoryInfo", handle)
-        temperature = self._query("nvmlDeviceGetTemperature", handle, nvml.NVML_TEMPERATURE_GPU)
-        power_mw = self._query("nvmlDeviceGetPowerUsage", handle)
-        clock = self._query("nvmlDeviceGetClockInfo", handle, nvml.NVML_CLOCK_SM)
-        mask = None
-        for fn in (
-            "nvmlDeviceGetCurrentClocksEventReasons",
-            "nvmlDeviceGetCurrentClocksThrottleReasons",
-        ):
-            if hasattr(nvml, fn):
-                mask = self._query(fn, handle)
-                if mask is not None:
-                    break
-        return GpuReading(
-            index=index,
-            util_pct=None if util is None else float(util.gpu),
-            mem_used_bytes=None if memory is None else int(memory.used),
-            mem_total_bytes=None if memory is None else int(memory.total),
-            temperature_c=None if temperature is None else float(temperature),
-            power_w=None if power_mw is None else float(power_mw) / 1000.0,
-            sm_clock_mhz=None if clock is None else float(clock),
-            throttle_reasons=None if mask is None else decode_throttle_reasons(int(mask), nvml),
-        )
-
-
-def _shutdown(nvml: ModuleType) -> None:
-    with contextlib.suppress(Exception):
-        nvml.nvmlShutdown()
-
-
-def _busy(times: Any) -> tuple[float, float, float]:
-    """(busy, total, iowait) seconds from a psutil cpu_times tuple; iowait counts as idle."""
-    total = float(sum(times))
-    idle = float(times.idle) + float(getattr(times, "iowait", 0.0))
-    return total - idle, total, float(getattr(times, "iowait", 0.0))
-
-
-def _pct(part: float, whole: float) -> float:
-    return max(0.0, min(100.0, 100.0 * part / whole)) if whole > 0 else 0.0
 
 
 CHILDREN_REFRESH_S = 5.0  # how often new child processes are looked for
@@ -214,17 +67,17 @@ class ResourceSampler:
         self._thermal = False
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._nvml: _Nvml | None = None
+        self._nvml: NvmlDevices | None = None
         self._process: psutil.Process | None = None
         self._procs: dict[int, psutil.Process] = {}
-        self._own_cpu = _TreeCpu()
-        self._prev_cores: list[Any] | None = None
+        self._own_cpu = TreeCpu()
+        self._host_cpu = HostCpu()
         self._last_sample = 0.0
         self.started_ns: int | None = None  # perf_counter_ns at start(), to align t_s with runs
         # A service optlab started: sampled as its own tree, and left out of optlab's figures.
         self._service: psutil.Process | None = None
         self._service_procs: dict[int, psutil.Process] = {}
-        self._service_cpu = _TreeCpu()
+        self._service_cpu = TreeCpu()
         self._trees_at = -CHILDREN_REFRESH_S
         # CPU seconds of every process outside the run, when the measured phase started and
         # when it ended: who else used the machine (see `neighbours`).
@@ -242,11 +95,11 @@ class ResourceSampler:
             self._process = psutil.Process(self.pid)
         except psutil.Error:
             self._process = None
-        self._nvml = _Nvml.open()
+        self._nvml = NvmlDevices.open()
         self.started_ns = time.perf_counter_ns()
         # The first sample only establishes baselines for the CPU deltas.
         self._cpu_process_pct()
-        self._cpu_host()
+        self._host_cpu.sample()
         self._service_cpu_pct()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="optlab-resources", daemon=True)
@@ -349,7 +202,7 @@ class ResourceSampler:
         now = time.perf_counter()
         self._last_sample = now
         cpu_process = self._cpu_process_pct()
-        cpu_system, per_core, iowait, steal, busy_cores = self._cpu_host()
+        cpu_system, per_core, iowait, steal, busy_cores = self._host_cpu.sample()
         rss = self._rss()
         service_cpu = self._service_cpu_pct()
         other_cpu = None
@@ -438,38 +291,6 @@ class ResourceSampler:
             return None
         return self._service_cpu.sample(self._service_tree(), self._service.pid)
 
-    def _cpu_host(
-        self,
-    ) -> tuple[float | None, list[float] | None, float | None, float | None, float | None]:
-        """(system %, per-core %, iowait %, steal % or None, cores busy running processes)."""
-        try:
-            cores = psutil.cpu_times(percpu=True)
-        except (OSError, psutil.Error):
-            return None, None, None, None, None
-        previous, self._prev_cores = self._prev_cores, cores
-        if previous is None or len(previous) != len(cores):
-            return None, None, None, None, None
-        per_core: list[float] = []
-        busy_sum = total_sum = iowait_sum = steal_sum = 0.0
-        for before, after in zip(previous, cores, strict=True):
-            b0, t0, w0 = _busy(before)
-            b1, t1, w1 = _busy(after)
-            per_core.append(_pct(b1 - b0, t1 - t0))
-            busy_sum += b1 - b0
-            total_sum += t1 - t0
-            iowait_sum += w1 - w0
-            steal_sum += float(getattr(after, "steal", 0.0)) - float(getattr(before, "steal", 0.0))
-        has_steal = hasattr(cores[0], "steal")
-        # Busy minus stolen: the time this machine's processes really ran, in cores.
-        running = (busy_sum - steal_sum) / total_sum * len(cores) if total_sum > 0 else None
-        return (
-            _pct(busy_sum, total_sum),
-            per_core,
-            _pct(iowait_sum, total_sum),
-            _pct(steal_sum, total_sum) if has_steal else None,
-            running,
-        )
-
     def _snapshot(self, phase: str) -> None:
         """CPU seconds of every process outside the run (optlab's tree and the service's)."""
         inside = {self.pid, *self._procs, *self._service_procs}
@@ -497,28 +318,3 @@ class ResourceSampler:
                 continue
             total = rss if total is None else total + rss
         return total
-
-
-class _TreeCpu:
-    """CPU used by a process tree between two samples, in percent of one core."""
-
-    def __init__(self) -> None:
-        self._previous: dict[int, float] = {}
-        self._wall = 0.0
-
-    def sample(self, procs: list[psutil.Process], root_pid: int) -> float | None:
-        wall = time.perf_counter()
-        seen: dict[int, float] = {}
-        for proc in procs:
-            try:
-                times = proc.cpu_times()
-            except psutil.Error:
-                continue
-            seen[proc.pid] = float(times.user + times.system)
-        elapsed = wall - self._wall
-        previous, self._previous, self._wall = self._previous, seen, wall
-        if root_pid not in seen or elapsed <= 0 or not previous:
-            return None
-        # Only processes present in both samples: a newcomer's lifetime CPU is not this interval's.
-        used = sum(max(0.0, cpu - previous[pid]) for pid, cpu in seen.items() if pid in previous)
-        return 100.0 * used / elapsed
