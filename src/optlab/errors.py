@@ -39,3 +39,7 @@ class StoreUnavailable(StoreError):
 
 class NotFoundError(OptlabError):
     """A named experiment, run or file does not exist."""
+
+
+class TargetError(OptlabError):
+    """The target could not be built or set up: the run is FAILED, with this message stored."""

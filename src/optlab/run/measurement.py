@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from optlab.chain.lineage import Link
 from optlab.config.models import OpenLoad, ReplayLoad, ResolvedConfig
-from optlab.errors import OptlabError
+from optlab.errors import OptlabError, TargetError
 from optlab.metrics.backlog import LoadTimeline
 from optlab.run.protocol import STABILITY_WINDOWS, EffectiveProtocol
 from optlab.run.summary import (
@@ -754,8 +754,6 @@ def _who() -> str:
 
 
 def _checked_accuracy(report: Any) -> dict[str, Any]:
-    from optlab.targets.base import TargetError
-
     top1 = report.get("top1") if isinstance(report, dict) else None
     if not isinstance(top1, int | float) or isinstance(top1, bool):
         raise TargetError(

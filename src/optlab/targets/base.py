@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from optlab.config.models import ResolvedConfig, Workload
-from optlab.errors import OptlabError
+from optlab.errors import TargetError
 from optlab.targets.templates import Secrets
 
 
@@ -45,10 +45,6 @@ class LoadedTarget:
     def close(self) -> None:
         for closer in self.closers:
             closer()
-
-
-class TargetError(OptlabError):
-    """The target could not be built or set up: the run is FAILED, with this message stored."""
 
 
 def _check_callable(obj: Any, where: str) -> None:

@@ -27,8 +27,7 @@ from urllib.parse import urlsplit
 import psutil
 
 from optlab.config.models import CommandTarget
-from optlab.errors import ConfigError
-from optlab.targets.base import TargetError
+from optlab.errors import ConfigError, TargetError
 from optlab.targets.templates import Secrets
 
 __all__ = ["Service", "parent_death_signal", "port_of"]

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from optlab.config.models import CommandTarget, HttpInputs, HttpTarget, Workload
-from optlab.errors import ConfigError
+from optlab.errors import ConfigError, TargetError
 from optlab.targets.http_client import (
     MESSAGE_CHARS,
     HttpClient,
@@ -216,8 +216,6 @@ def fetch_json(
     TargetError naming the field (the URL redacted)."""
     import urllib.error
     import urllib.request
-
-    from optlab.targets.base import TargetError
 
     request = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
     try:
