@@ -21,7 +21,8 @@ from typing import IO, Any
 import pytest
 
 from optlab.reference.classifier.data import Sample, requests
-from optlab.reference.serve import assemble_knobs, knobs_summary, server_timing
+from optlab.reference.serve import server_timing
+from optlab.reference.serve_knobs import assemble_knobs, knobs_summary
 
 READY_DEADLINE_S = 60.0
 EXIT_DEADLINE_S = 10.0

@@ -118,8 +118,8 @@ def serve(
     POST /metrics/reset and GET /accuracy report on the service. Prints
     `optlab serve: listening on http://HOST:PORT` once ready.
     """
-    from optlab.reference.serve import assemble_knobs
     from optlab.reference.serve import serve as run_service
+    from optlab.reference.serve_knobs import assemble_knobs
 
     knobs = assemble_knobs(knob_options)
     run_service(knobs, host=host, port=port, workers=workers, access_log=access_log)
