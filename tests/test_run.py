@@ -84,7 +84,7 @@ def test_other_protocol_or_environment_refused(
     assert invoke("run", str(synth / "baseline.yaml"), *FAST).exit_code == 0
     step = str(synth / "01-faster-service.yaml")
     other = invoke("run", step, "--quick", "--duration", "2", "--warmup", "0.3")
-    assert other.exit_code == 2 and "no valid run under the quick (2.0 s" in other.stderr
+    assert other.exit_code == 2 and "no valid run under the quick (2 s" in other.stderr
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     env = invoke("run", step, *FAST)
     assert env.exit_code == 2

@@ -9,19 +9,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from optlab.chain.plan import diff_values, render_value
+from optlab.config.protocol import protocol_label
 from optlab.env.compare import compare_fingerprints
 from optlab.errors import RefusedError
 
 if TYPE_CHECKING:
     from optlab.config.protocol import EffectiveProtocol
     from optlab.store import RunRecord, Store, StoredConfig
-
-
-def _protocol_label(protocol: dict[str, Any]) -> str:
-    return (
-        f"{protocol.get('name')} ({protocol.get('duration_s')} s measured, warmup "
-        f"{protocol.get('warmup')} {protocol.get('warmup_s')} s)"
-    )
 
 
 def valid_runs(
@@ -54,11 +48,11 @@ def comparable_run(
     runs = valid_runs(store, parent, parent_config, protocol)
     if not runs:
         others = [r for r in store.list_runs(parent) if r.config_hash == parent_config.config_hash]
-        seen = sorted({_protocol_label(r.protocol) for r in others if r.valid})
+        seen = sorted({protocol_label(r.protocol, warmup=True) for r in others if r.valid})
         detail = f"; its valid runs are under: {', '.join(seen)}" if seen else ""
+        wanted = protocol_label(protocol.as_dict(), warmup=True)
         raise RefusedError(
-            f"parent {parent!r} has no valid run under the {_protocol_label(protocol.as_dict())} "
-            f"protocol{detail}",
+            f"parent {parent!r} has no valid run under the {wanted} protocol{detail}",
             hint=f"measure the parent first with {rerun}, or run this step with --chain",
         )
     problems: list[str] = []

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from optlab.cli.common import EXPERIMENT_PATH, open_store, silence_stdout
+from optlab.reports.format import percent
 
 if TYPE_CHECKING:
     from optlab.run.runner import LiveStatus, RunOutcome
@@ -145,8 +146,9 @@ def render_summary(outcome: RunOutcome) -> str:
         lines.append(
             f"  vs {parent['experiment']} (run {parent['run_id']}, "
             f"{parent['change'] or 'repeat'}): "
-            f"QPS {_pct(parent['qps_change_pct'])}  P50 {_pct(parent['p50_change_pct'])}  "
-            f"P99 {_pct(parent['p99_change_pct'])}"
+            f"QPS {percent(parent['qps_change_pct'], missing='-')}  "
+            f"P50 {percent(parent['p50_change_pct'], missing='-')}  "
+            f"P99 {percent(parent['p99_change_pct'], missing='-')}"
         )
     return "\n".join(lines)
 
@@ -202,10 +204,6 @@ def _target_lines(s: dict[str, Any]) -> list[str]:
 
 def _iso(value: Any) -> str:
     return value.isoformat() if hasattr(value, "isoformat") else str(value)
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:+.1f}%"
 
 
 @click.command()

@@ -87,3 +87,21 @@ def effective_protocol(
         max_error_rate=protocol.max_error_rate,
         stability_tolerance=tolerance,
     )
+
+
+def protocol_label(protocol: dict[str, Any] | None, *, warmup: bool = False) -> str:
+    """A stored protocol in words, `quick (5 s measured, PROVISIONAL)`; with `warmup`, how it
+    warmed up too (`quick (5 s measured, warmup fixed 1 s, PROVISIONAL)`): what tells apart
+    two protocols of the same length, in a refusal or a step left out of a table."""
+    if not protocol:
+        return "no run"
+
+    def seconds(value: Any) -> str:
+        return f"{value:g} s" if isinstance(value, (int, float)) else f"{value} s"
+
+    parts = [f"{seconds(protocol.get('duration_s'))} measured"]
+    if warmup:
+        parts.append(f"warmup {protocol.get('warmup')} {seconds(protocol.get('warmup_s'))}")
+    if protocol.get("provisional"):
+        parts.append("PROVISIONAL")
+    return f"{protocol.get('name')} ({', '.join(parts)})"

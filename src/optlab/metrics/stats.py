@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from optlab.metrics.change import signed_pct
+
 __all__ = [
     "Comparison",
     "Interval",
@@ -269,18 +271,14 @@ def metric_label(metric: str) -> str:
     return name
 
 
-def _pct(delta: float) -> str:
-    return f"{delta:+.0f}%" if abs(delta) >= 10 else f"{delta:+.1f}%"
-
-
 def step_verdict(comparisons: Sequence[Comparison]) -> tuple[str, list[str]]:
     """("gain" | "within noise" | "regressed", flags): any metric worse beyond noise regresses."""
     better = [c for c in comparisons if c.significant and c.better is True]
     worse = [c for c in comparisons if c.significant and c.better is False]
     flags = []
     if better and worse:
-        gained = ", ".join(f"{metric_label(c.metric)} ({_pct(c.delta_pct)})" for c in better)
-        broke = ", ".join(f"{metric_label(c.metric)} ({_pct(c.delta_pct)})" for c in worse)
+        gained = ", ".join(f"{metric_label(c.metric)} ({signed_pct(c.delta_pct)})" for c in better)
+        broke = ", ".join(f"{metric_label(c.metric)} ({signed_pct(c.delta_pct)})" for c in worse)
         flags.append(f"optimised {gained}, broke {broke}")
     if worse:
         return "regressed", flags

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from optlab.reports.export import as_list
+from optlab.reports.format import percent
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -84,7 +85,7 @@ def _noise_note(label: str, total: float | None, interval: list[float] | None) -
     is beyond noise: its interval lies on one side of zero and it is at least 1%."""
     if total is None:
         return None
-    within = f"{_pct(total)}"
+    within = percent(total, missing="-")
     if interval is not None:
         within += f" [{interval[0]:+.1f}, {interval[1]:+.1f}]"
     if interval is not None and interval[0] <= 0.0 <= interval[1]:
@@ -192,10 +193,6 @@ def build_audit(store: Store, frame: pd.DataFrame) -> Audit:
     )
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:+.1f}%"
-
-
 def _span(interval: list[float] | None) -> str:
     return "" if interval is None else f" [{interval[0]:+.1f}, {interval[1]:+.1f}]"
 
@@ -204,9 +201,9 @@ def _outcome(row: Any) -> str:
     if _num(row.get("qps")) is None:
         return f"not measured here: {row.get('missing')}"
     parts = [
-        f"QPS {_pct(_num(row.get('qps_step_pct')))}",
-        f"P50 {_pct(_num(row.get('p50_step_pct')))}",
-        f"P99 {_pct(_num(row.get('p99_step_pct')))}",
+        f"QPS {percent(row.get('qps_step_pct'), missing='-')}",
+        f"P50 {percent(row.get('p50_step_pct'), missing='-')}",
+        f"P99 {percent(row.get('p99_step_pct'), missing='-')}",
     ]
     accuracy = _num(row.get("accuracy_top1"))
     if accuracy is not None:
@@ -218,8 +215,9 @@ def render_audit(audit: Audit) -> str:
     lines = [
         f"audit of {audit.head}: {audit.protocol}",
         f"environment: {audit.environment}",
-        f"chain total: QPS {_pct(audit.total_qps_pct)}{_span(audit.total_qps_interval)}, "
-        f"P99 {_pct(audit.total_p99_pct)}{_span(audit.total_p99_interval)}",
+        f"chain total: QPS {percent(audit.total_qps_pct, missing='-')}"
+        f"{_span(audit.total_qps_interval)}, "
+        f"P99 {percent(audit.total_p99_pct, missing='-')}{_span(audit.total_p99_interval)}",
         *(f"note: {note}" for note in audit.notes),
         "",
     ]

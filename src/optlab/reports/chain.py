@@ -13,7 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from optlab.chain.plan import render_value
+from optlab.config.loading import load_experiment
+from optlab.config.protocol import protocol_label
+from optlab.env.compare import compare_fingerprints
 from optlab.errors import NotFoundError
+from optlab.reports.format import describe_change
 
 if TYPE_CHECKING:
     from optlab.store import EnvironmentRecord, RunRecord, Store
@@ -45,8 +50,6 @@ def resolve_head(store: Store, head: str | None) -> str:
         return newest_head(store)
     path = Path(head)
     if head.endswith((".yaml", ".yml")) or path.is_file():
-        from optlab.config.loading import load_experiment
-
         return load_experiment(path).name
     return head
 
@@ -99,15 +102,6 @@ def _reference(runs: list[RunRecord]) -> RunRecord | None:
     return candidates[0] if candidates else None
 
 
-def protocol_label(protocol: dict[str, Any] | None) -> str:
-    if not protocol:
-        return "no run"
-    label = f"{protocol.get('name')} ({protocol.get('duration_s'):g} s measured"
-    if protocol.get("provisional"):
-        label += ", PROVISIONAL"
-    return label + ")"
-
-
 class _Environments:
     """Environment records by id, fetched once each."""
 
@@ -125,10 +119,6 @@ class _Environments:
 
 def chain_steps(store: Store, head: str) -> tuple[list[ChainStep], RunRecord | None, Any]:
     """The chain's steps with their comparable runs, the reference run, and its environment."""
-    from optlab.chain.plan import render_value
-    from optlab.env.compare import compare_fingerprints
-    from optlab.reports.table import describe_change
-
     names = chain_names(store, head)
     records = {name: store.get_experiment(name) for name in names}
     envs = _Environments(store)
@@ -175,10 +165,10 @@ def chain_steps(store: Store, head: str) -> tuple[list[ChainStep], RunRecord | N
         if reference is not None:
             same_protocol = [r for r in runs if r.protocol == reference.protocol]
             if not same_protocol:
-                wanted = protocol_label(reference.protocol)
+                wanted = protocol_label(reference.protocol, warmup=True)
                 step.missing = (
                     f"no finished run under the head's protocol ({wanted}); its runs are "
-                    f"under {protocol_label(runs[0].protocol)}"
+                    f"under {protocol_label(runs[0].protocol, warmup=True)}"
                 )
                 continue
             runs = same_protocol

@@ -9,6 +9,9 @@ import math
 from collections.abc import Sequence
 from html import escape
 
+from optlab.metrics.change import percent_change
+from optlab.reports.format import percent
+
 # Distinguishable on white and for the common colour-vision deficiencies (Okabe-Ito).
 PALETTE = (
     "#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#7F7F00", "#000000",
@@ -195,8 +198,8 @@ def stage_waterfall(
         if previous:
             moved = [(values.get(s, 0.0) - previous.get(s, 0.0), s) for s in stages]
             delta, stage = max(moved, key=lambda m: abs(m[0]))
-            base = previous.get(stage) or 0.0
-            pct = f" ({delta / base * 100:+.0f}%)" if base else ""
+            change = percent_change(previous.get(stage), values.get(stage, 0.0))
+            pct = f" ({percent(change, 0)})" if change is not None else ""
             note = f"{stage} {delta:+.2f} ms{pct}" if abs(delta) > 0 else "no stage moved"
             out.append(
                 f'<text x="{width - note_w + 6}" y="{y + 15}" class="note">{escape(note)}</text>'

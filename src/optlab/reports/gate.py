@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from optlab.errors import ConfigError, OptlabError
+from optlab.metrics.change import percent_change
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -113,9 +114,9 @@ def evaluate(frame: pd.DataFrame, thresholds: list[Threshold], against: str) -> 
     for threshold in thresholds:
         column, higher = METRICS[threshold.metric]
         before, after = _value(base, column), _value(head, column)
-        change = None
-        if before is not None and after is not None and before:
-            change = (after - before) / before * 100.0 * (1 if higher else -1)
+        change = percent_change(before, after)
+        if change is not None and not higher:
+            change = -change  # signed so that + is an improvement
         if change is None:
             passed = False
         elif threshold.kind == "max-regression":

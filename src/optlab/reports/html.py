@@ -14,16 +14,17 @@ from typing import TYPE_CHECKING, Any
 from optlab.reports.charts import Series, line_chart, stage_waterfall
 from optlab.reports.data import ReportData, StepData, collect_report
 from optlab.reports.export import plain, present, records
-from optlab.reports.markdown import (
-    PROVISIONAL_NOTE,
-    head_name,
+from optlab.reports.format import (
+    change_text,
     number,
     percent,
-    row_notes,
-    stage_columns,
+    rate,
+    stage_name,
+    step_delta,
     verdict_label,
     verdict_of,
 )
+from optlab.reports.markdown import PROVISIONAL_NOTE, head_name, row_notes, stage_columns
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -96,20 +97,14 @@ def _table(frame: pd.DataFrame) -> tuple[str, list[str]]:
     out += [f"<th{span}>{_e(h)}</th>" for h in after]
     if stages:
         out.append("</tr><tr>")
-        out += [f"<th>{_e(c[: -len('_p50_ms')])}</th>" for c in stages]
+        out += [f"<th>{_e(stage_name(c))}</th>" for c in stages]
     out.append("</tr></thead><tbody>")
     notes: dict[str, int] = {}
     for row in records(frame):
         verdict = verdict_of(row)
-        change = row.get("change")
         cells = [
             _cell(f"<b>{_e(row.get('experiment'))}</b>", cls="name"),
-            _cell(
-                f"{_e(row.get('variable') or '?')}: {_e(change)}"
-                if present(change)
-                else "(baseline)",
-                cls="change",
-            ),
+            _cell(change_text(row, _e), cls="change"),
             _cell(number(row.get("qps")) + _delta(row, "qps"), True),
             _cell(number(row.get("p50_ms"), 2) + _delta(row, "p50"), True),
             _cell(number(row.get("p95_ms"), 2), True),
@@ -120,7 +115,7 @@ def _table(frame: pd.DataFrame) -> tuple[str, list[str]]:
         for column, _ in extras:
             value: Any = row.get(column)
             if column in ("error_rate", "cache_hit_rate", "accuracy_top1"):
-                text = f"{float(value):.1%}" if present(value) else "–"
+                text = rate(value)
             else:
                 text = number(value, 1)
             cells.append(_cell(text, True))
@@ -152,14 +147,9 @@ def _table(frame: pd.DataFrame) -> tuple[str, list[str]]:
 def _delta(row: dict[str, Any], prefix: str) -> str:
     """Under a value: its step change with the interval, and its cumulative change."""
     lines = []
-    step = percent(row.get(f"{prefix}_step_pct"))
-    low: Any = row.get(f"{prefix}_step_low_pct")
-    high: Any = row.get(f"{prefix}_step_high_pct")
+    step = step_delta(row, prefix)
     if step:
-        interval = (
-            f" [{float(low):+.0f}, {float(high):+.0f}]" if present(low) and present(high) else ""
-        )
-        lines.append(f"step {step}{interval}")
+        lines.append(f"step {step}")
     cumulative = percent(row.get(f"{prefix}_cumulative_pct"))
     if cumulative and row.get("verdict") != "baseline":  # +0% against itself says nothing
         lines.append(f"cum {cumulative}")
@@ -261,9 +251,7 @@ def _charts(frame: pd.DataFrame, data: ReportData) -> str:
         step = by_name.get(name)
         stages = dict(step.stages) if step and step.stages else {}
         if not stages and present(row.get("run_id")):
-            stages = {
-                c[: -len("_p50_ms")]: float(row[c]) for c in frame_stages if present(row.get(c))
-            }
+            stages = {stage_name(c): float(row[c]) for c in frame_stages if present(row.get(c))}
         stage_rows.append((name, stages))
     waterfall = stage_waterfall("Stage P50s per step (ms), and the stage each change moved",
                                 stage_rows)  # fmt: skip

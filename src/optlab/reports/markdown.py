@@ -10,6 +10,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from optlab.reports.export import as_list, present, records
+from optlab.reports.format import (
+    change_text,
+    number,
+    percent,
+    rate,
+    stage_name,
+    step_delta,
+    verdict_label,
+)
+from optlab.reports.table import stage_columns as ordered_stages
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -24,29 +34,9 @@ def escape(text: Any) -> str:
     return value.replace("<", "&lt;").replace("|", "\\|")
 
 
-def number(value: Any, digits: int = 1) -> str:
-    return f"{float(value):,.{digits}f}" if present(value) else "–"
-
-
-def percent(value: Any) -> str:
-    return f"{float(value):+.1f}%" if present(value) else ""
-
-
-def step_delta(row: dict[str, Any], prefix: str) -> str:
-    """`+40.1%`, with the step's confidence interval where the table has one."""
-    text = percent(row.get(f"{prefix}_step_pct"))
-    low: Any = row.get(f"{prefix}_step_low_pct")
-    high: Any = row.get(f"{prefix}_step_high_pct")
-    if text and present(low) and present(high):
-        text += f" [{float(low):+.0f}, {float(high):+.0f}]"
-    return text
-
-
 def stage_columns(frame: pd.DataFrame) -> list[str]:
     """`<stage>_p50_ms` columns that hold a value, known stages first in request order."""
-    from optlab.reports.table import stage_columns as ordered
-
-    return ordered(frame, with_values=True)
+    return ordered_stages(frame, with_values=True)
 
 
 def head_name(frame: pd.DataFrame) -> str:
@@ -54,33 +44,6 @@ def head_name(frame: pd.DataFrame) -> str:
     if head:
         return str(head)
     return str(frame["experiment"].iloc[-1]) if len(frame) else "(empty chain)"
-
-
-def verdict_of(row: dict[str, Any]) -> str:
-    """The verdict column's word: the table's verdict, else what can be said without one."""
-    if row.get("verdict"):
-        return str(row["verdict"])
-    if not present(row.get("run_id")):
-        return "missing"
-    return "baseline" if not present(row.get("change")) else "measured"
-
-
-# The table's metric labels (`decided_by`) -> their column prefix.
-_DECIDING = {"QPS": "qps", "P50": "p50", "P99": "p99"}
-
-
-def verdict_label(row: Any) -> str:
-    """The verdict with the metrics that decided it and their step change, e.g.
-    `gain (P50 -38%)` or `regressed (P99 +100%)`: a reviewer sees why without the JSON."""
-    word = verdict_of(row)
-    parts = []
-    for label in as_list(row.get("decided_by")):
-        value: Any = row.get(f"{_DECIDING.get(label, '?')}_step_pct")
-        if present(value):
-            value = float(value)
-            label += f" {value:+.0f}%" if abs(value) >= 10 else f" {value:+.1f}%"
-        parts.append(label)
-    return f"{word} ({', '.join(parts)})" if parts else word
 
 
 def row_notes(row: dict[str, Any]) -> list[str]:
@@ -110,7 +73,7 @@ def render_markdown(frame: pd.DataFrame) -> str:
     show_accuracy = "accuracy_top1" in frame and frame["accuracy_top1"].map(present).any()
     headers = ["step", "change", "QPS", "Δ step", "Δ cum", "P50 ms", "Δ step", "P99 ms"]
     headers += ["Δ step", "Δ cum"]
-    headers += [f"{c[: -len('_p50_ms')]} P50" for c in stages]
+    headers += [f"{stage_name(c)} P50" for c in stages]
     if show_accuracy:
         headers.append("top-1")
     headers.append("verdict")
@@ -121,15 +84,9 @@ def render_markdown(frame: pd.DataFrame) -> str:
     lines.append("|" + "|".join(align) + "|")
     notes: dict[str, int] = {}  # note text -> its number; a shared note is listed once
     for row in rows:
-        change = row.get("change")
-        change_text = (
-            f"{escape(row.get('variable') or '?')}: {escape(change)}"
-            if present(change)
-            else "(baseline)"
-        )
         cells = [
             escape(row.get("experiment")),
-            change_text,
+            change_text(row, escape),
             number(row.get("qps")),
             step_delta(row, "qps"),
             percent(row.get("qps_cumulative_pct")),
@@ -141,8 +98,7 @@ def render_markdown(frame: pd.DataFrame) -> str:
         ]
         cells += [number(row.get(c), 2) for c in stages]
         if show_accuracy:
-            value: Any = row.get("accuracy_top1")
-            cells.append(f"{float(value):.1%}" if present(value) else "–")
+            cells.append(rate(row.get("accuracy_top1")))
         verdict = verdict_label(row)
         if row.get("valid") is False:
             verdict += ", INVALID"

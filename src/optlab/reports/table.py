@@ -10,14 +10,16 @@ The columns are listed in `COLUMNS`; renderers rely on them.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from optlab.config.protocol import protocol_label
+from optlab.metrics.change import percent_change
 from optlab.metrics.stages import HARNESS_SERIES
 from optlab.metrics.stats import VERDICT_CONFIDENCE as CONFIDENCE
 from optlab.metrics.stats import Comparison
-from optlab.reports.chain import ChainStep, chain_steps, protocol_label
-from optlab.reports.export import SCHEMA_VERSION
+from optlab.reports.chain import ChainStep, chain_steps
+from optlab.reports.export import SCHEMA_VERSION, present
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -47,22 +49,6 @@ COLUMNS = (
     "qps_cumulative_low_pct", "qps_cumulative_high_pct", "p50_cumulative_low_pct",
     "p50_cumulative_high_pct", "p99_cumulative_low_pct", "p99_cumulative_high_pct",
 )  # fmt: skip
-
-
-def describe_change(old: Any, new: Any, render: Callable[[Any], str]) -> str:
-    """`old -> new`, short enough for a table cell: a group knob shows its modes, then the new
-    mode's settings (`off -> dynamic (max_batch_size 8, max_wait_ms 2.0, ...)`)."""
-    if isinstance(old, dict) and isinstance(new, dict) and "mode" in new:
-        settings = ", ".join(f"{k} {render(v)}" for k, v in new.items() if k != "mode")
-        changed = f"{render(old.get('mode'))} -> {render(new['mode'])}"
-        if old.get("mode") == new["mode"]:
-            settings = ", ".join(
-                f"{k} {render(old.get(k))} -> {render(v)}"
-                for k, v in new.items()
-                if old.get(k) != v
-            )
-        return f"{changed} ({settings})" if settings else changed
-    return f"{render(old)} -> {render(new)}"
 
 
 def _figures(step: ChainStep) -> dict[str, Any]:
@@ -131,12 +117,6 @@ def _figures(step: ChainStep) -> dict[str, Any]:
     row["slo_pass"] = (not failures) if latency_slo else None
     row["slo_failures"] = failures
     return row
-
-
-def _change_pct(new: Any, old: Any) -> float | None:
-    if new is None or old is None or old == 0:
-        return None
-    return (float(new) - float(old)) / float(old) * 100.0
 
 
 class _Windows:
@@ -336,12 +316,12 @@ def stacked_table(store: Store, head: str) -> pd.DataFrame:
         steps_pct: list[float | None] = []
         cumulative: list[float | None] = []
         for value in frame[column]:
-            present = value is not None and not (isinstance(value, float) and math.isnan(value))
-            steps_pct.append(_change_pct(value, last) if present else None)
-            if present and base is None:
+            measured = value is not None and not (isinstance(value, float) and math.isnan(value))
+            steps_pct.append(percent_change(last, value) if measured else None)
+            if measured and base is None:
                 base = value
-            cumulative.append(_change_pct(value, base) if present else None)
-            if present:
+            cumulative.append(percent_change(base, value) if measured else None)
+            if measured:
                 last = value
         frame[f"{name}_step_pct"] = steps_pct
         frame[f"{name}_cumulative_pct"] = cumulative
@@ -375,10 +355,8 @@ def stage_columns(frame: pd.DataFrame, *, with_values: bool = False) -> list[str
     with `with_values`, only those that hold a value in some row."""
     found = [c for c in frame.columns if c.endswith("_p50_ms") and c != "p50_ms"]
     if with_values:
-        from optlab.reports.export import present
-
         found = [c for c in found if frame[c].map(present).any()]
     return sorted(found, key=lambda c: (_stage_rank(c.removesuffix("_p50_ms")), found.index(c)))
 
 
-__all__: Sequence[str] = ("COLUMNS", "SCHEMA_VERSION", "describe_change", "stacked_table")
+__all__: Sequence[str] = ("COLUMNS", "SCHEMA_VERSION", "stacked_table")

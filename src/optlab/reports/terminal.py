@@ -5,6 +5,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from optlab.reports.export import present
+from optlab.reports.format import (
+    change_text,
+    number,
+    percent,
+    rate,
+    stage_name,
+    step_delta,
+    verdict_label,
+)
+from optlab.reports.table import stage_columns
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -12,18 +22,12 @@ if TYPE_CHECKING:
 
 
 def _num(value: Any, digits: int = 1) -> str:
-    return f"{float(value):,.{digits}f}" if present(value) else "-"
-
-
-def _pct(value: Any) -> str:
-    return f"{float(value):+.0f}%" if present(value) else ""
+    return number(value, digits, missing="-")
 
 
 def _mark(row: Any) -> str:
     if not present(row.get("run_id")):
         return "missing: " + str(row.get("missing") or "no run")
-    from optlab.reports.markdown import verdict_label
-
     marks = [verdict_label(row) if present(row.get("verdict")) else ""]
     marks.append("VALID" if row.get("valid") else "INVALID")
     if row.get("provisional"):
@@ -31,17 +35,6 @@ def _mark(row: Any) -> str:
     if row.get("slo_pass") is False:
         marks.append("SLO FAIL")
     return " ".join(m for m in marks if m)
-
-
-def _step(row: Any, metric: str) -> str:
-    """The step's change, with its confidence interval when one was computed."""
-    value = row.get(f"{metric}_step_pct")
-    low, high = row.get(f"{metric}_step_low_pct"), row.get(f"{metric}_step_high_pct")
-    if not present(value):
-        return ""
-    if present(low) and present(high):
-        return f"{float(value):+.0f}% [{float(low):+.0f},{float(high):+.0f}]"
-    return f"{float(value):+.0f}%"
 
 
 def notes(frame: pd.DataFrame) -> list[str]:
@@ -76,11 +69,9 @@ def rich_table(frame: pd.DataFrame, title: str | None = None) -> Table:
         "Δ cum",
     ):
         table.add_column(header, justify="left" if header in ("step", "change") else "right")
-    from optlab.reports.table import stage_columns
-
     stages = stage_columns(frame)
     for column in stages:
-        table.add_column(column[: -len("_p50_ms")] + " P50", justify="right")
+        table.add_column(stage_name(column) + " P50", justify="right")
     extras = [
         c
         for c in ("infer_ms_per_request", "mean_batch_size", "accuracy_top1", "cache_hit_rate")
@@ -99,15 +90,15 @@ def rich_table(frame: pd.DataFrame, title: str | None = None) -> Table:
     for _, row in frame.iterrows():
         cells = [
             str(row["experiment"]),
-            f"{row['variable']}: {row['change']}" if present(row.get("change")) else "(baseline)",
+            change_text(row),
             _num(row.get("qps")),
-            _step(row, "qps"),
-            _pct(row.get("qps_cumulative_pct")),
+            step_delta(row, "qps", digits=0, tight=True),
+            percent(row.get("qps_cumulative_pct"), 0),
             _num(row.get("p50_ms"), 2),
-            _step(row, "p50"),
+            step_delta(row, "p50", digits=0, tight=True),
             _num(row.get("p99_ms"), 2),
-            _step(row, "p99"),
-            _pct(row.get("p99_cumulative_pct")),
+            step_delta(row, "p99", digits=0, tight=True),
+            percent(row.get("p99_cumulative_pct"), 0),
         ]
         cells += [_num(row.get(c), 2) for c in stages]
         for column in extras:
@@ -115,7 +106,7 @@ def rich_table(frame: pd.DataFrame, title: str | None = None) -> Table:
             if column in ("mean_batch_size", "infer_ms_per_request"):
                 cells.append(_num(value, 2 if column == "infer_ms_per_request" else 1))
             else:
-                cells.append(f"{float(value):.1%}" if present(value) else "-")
+                cells.append(rate(value, missing="-"))
         cells.append(_mark(row))
         table.add_row(*cells)
     return table

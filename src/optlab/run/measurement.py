@@ -23,6 +23,7 @@ from optlab.chain.lineage import Link
 from optlab.config.models import OpenLoad, ReplayLoad, ResolvedConfig
 from optlab.errors import OptlabError, TargetError
 from optlab.metrics.backlog import LoadTimeline
+from optlab.metrics.change import percent_change
 from optlab.run.protocol import STABILITY_WINDOWS, EffectiveProtocol
 from optlab.run.summary import (
     MAX_JSON_DEPTH,
@@ -775,9 +776,8 @@ def step_against(parent: RunRecord, summary: dict[str, Any], plan: Any) -> dict[
     after = summary.get("latency_ms", {}).get("total", {})
 
     def change(old: float | None, new: float | None) -> float | None:
-        if old in (None, 0) or new is None:
-            return None
-        return round((new - old) / old * 100, 2)
+        pct = percent_change(old, new)
+        return None if pct is None else round(pct, 2)
 
     variable = plan.variable if plan is not None else None
     return {

@@ -1,0 +1,100 @@
+"""How the reports write a figure: numbers, signed percentages, a step's change with its
+interval, a knob's change, a verdict. One definition of each, shared by the terminal, markdown,
+HTML and audit renderers; where a renderer writes a figure its own way (the terminal's whole
+percents, markdown's en dash for a missing value), it says so by an argument, not a copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from optlab.metrics.change import signed_pct
+from optlab.reports.export import as_list, present
+
+MISSING = "–"  # a value not measured, in markdown and HTML; the terminal writes "-"
+# The table's metric labels (`decided_by`) -> their column prefix.
+METRIC_PREFIX = {"QPS": "qps", "P50": "p50", "P99": "p99"}
+
+
+def number(value: Any, digits: int = 1, missing: str = MISSING) -> str:
+    """`1,234.5`, or `missing`."""
+    return f"{float(value):,.{digits}f}" if present(value) else missing
+
+
+def percent(value: Any, digits: int | None = 1, missing: str = "") -> str:
+    """`+40.1%` (`digits` None: whole percents from 10% up, as a verdict writes them)."""
+    return signed_pct(float(value), digits) if present(value) else missing
+
+
+def rate(value: Any, missing: str = MISSING) -> str:
+    """A fraction as a percentage: 0.761 -> `76.1%` (accuracy, hit rate, error rate)."""
+    return f"{float(value):.1%}" if present(value) else missing
+
+
+def interval(low: Any, high: Any, *, tight: bool = False) -> str:
+    """` [+44, +56]` (` [+44,+56]` when `tight`), or "" when a bound is missing."""
+    if not (present(low) and present(high)):
+        return ""
+    separator = "," if tight else ", "
+    return f" [{float(low):+.0f}{separator}{float(high):+.0f}]"
+
+
+def step_delta(row: Any, prefix: str, *, digits: int = 1, tight: bool = False) -> str:
+    """A step's change against the previous measured step, with its confidence interval where
+    the table has one: `+40.1% [+35, +45]`; "" when the step has no change."""
+    text = percent(row.get(f"{prefix}_step_pct"), digits)
+    if not text:
+        return ""
+    return text + interval(
+        row.get(f"{prefix}_step_low_pct"), row.get(f"{prefix}_step_high_pct"), tight=tight
+    )
+
+
+def stage_name(column: str) -> str:
+    """`preprocess_p50_ms` -> `preprocess`."""
+    return column.removesuffix("_p50_ms")
+
+
+def describe_change(old: Any, new: Any, render: Callable[[Any], str]) -> str:
+    """`old -> new`, short enough for a table cell: a group knob shows its modes, then the new
+    mode's settings (`off -> dynamic (max_batch_size 8, max_wait_ms 2.0, ...)`)."""
+    if isinstance(old, dict) and isinstance(new, dict) and "mode" in new:
+        settings = ", ".join(f"{k} {render(v)}" for k, v in new.items() if k != "mode")
+        changed = f"{render(old.get('mode'))} -> {render(new['mode'])}"
+        if old.get("mode") == new["mode"]:
+            settings = ", ".join(
+                f"{k} {render(old.get(k))} -> {render(v)}"
+                for k, v in new.items()
+                if old.get(k) != v
+            )
+        return f"{changed} ({settings})" if settings else changed
+    return f"{render(old)} -> {render(new)}"
+
+
+def change_text(row: Any, escape: Callable[[Any], str] = str) -> str:
+    """The change column: `variable: old -> new`, or `(baseline)`."""
+    change = row.get("change")
+    if not present(change):
+        return "(baseline)"
+    return f"{escape(row.get('variable') or '?')}: {escape(change)}"
+
+
+def verdict_of(row: Any) -> str:
+    """The verdict column's word: the table's verdict, else what can be said without one."""
+    if row.get("verdict"):
+        return str(row["verdict"])
+    if not present(row.get("run_id")):
+        return "missing"
+    return "baseline" if not present(row.get("change")) else "measured"
+
+
+def verdict_label(row: Any) -> str:
+    """The verdict with the metrics that decided it and their step change, e.g.
+    `gain (P50 -38%)` or `regressed (P99 +100%)`: a reviewer sees why without the JSON."""
+    parts = []
+    for label in as_list(row.get("decided_by")):
+        value = percent(row.get(f"{METRIC_PREFIX.get(label, '?')}_step_pct"), digits=None)
+        parts.append(f"{label} {value}" if value else label)
+    word = verdict_of(row)
+    return f"{word} ({', '.join(parts)})" if parts else word
