@@ -176,6 +176,15 @@ class ReplayLoad(_LoadCommon):
 
 Load = Annotated[ClosedLoad | OpenLoad | ReplayLoad, Field(discriminator="mode")]
 
+REPLAY_MAX_IN_FLIGHT = 512  # a replayed trace's requests in flight at once
+
+
+def in_flight_limit(load: ClosedLoad | OpenLoad | ReplayLoad) -> int:
+    """The most requests a load has in flight at once: its clients, or its open-loop pool."""
+    if isinstance(load, ClosedLoad):
+        return load.concurrency
+    return load.max_in_flight if isinstance(load, OpenLoad) else REPLAY_MAX_IN_FLIGHT
+
 
 class Workload(StrictModel):
     load: Load

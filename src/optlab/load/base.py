@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from optlab.config.models import ClosedLoad, OpenLoad, ReplayLoad
+from optlab.config.models import REPLAY_MAX_IN_FLIGHT, in_flight_limit
 
 if TYPE_CHECKING:
     from optlab.metrics.log import Collector, WorkerLog
@@ -30,17 +30,9 @@ __all__ = [
 
 LATE_NS = 1_000_000  # a request that left more than this after its intended time was late
 LATE_FRACTION = 0.01  # more late requests than this and the generator fell behind
-REPLAY_MAX_IN_FLIGHT = 512
 # Time zero is set a little after the workers are released, so the first intended sends are
 # not already due while the workers are still waking.
 START_LEAD_NS = 2_000_000
-
-
-def in_flight_limit(load: ClosedLoad | OpenLoad | ReplayLoad) -> int:
-    """The most requests a load has in flight at once: its clients, or its open-loop pool."""
-    if isinstance(load, ClosedLoad):
-        return load.concurrency
-    return load.max_in_flight if isinstance(load, OpenLoad) else REPLAY_MAX_IN_FLIGHT
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from optlab.config.models import CommandTarget, HttpInputs, HttpTarget, Workload
+from optlab.config.models import (
+    CommandTarget,
+    HttpInputs,
+    HttpTarget,
+    Workload,
+    in_flight_limit,
+)
 from optlab.errors import ConfigError, TargetError
 from optlab.targets.http_client import (
     MESSAGE_CHARS,
@@ -66,8 +72,6 @@ def http_spec(
     secrets: Secrets,
     knobs: dict[str, Any],
 ) -> HttpSpec:
-    from optlab.load.generator import in_flight_limit
-
     url = secrets.fill(target.url, knobs, "target.url")
     headers = tuple(
         (name, secrets.fill(value, knobs, f"target.headers.{name}"))
