@@ -190,6 +190,40 @@ def _nan_comparison(metric: str, delta: float, method: str) -> Comparison:
     return Comparison(metric, delta, math.nan, math.nan, False, None, method)
 
 
+def _widest_spread(
+    within: tuple[float, float, str],
+    parent_estimates: Sequence[float],
+    child_estimates: Sequence[float],
+    *,
+    paired: bool,
+) -> tuple[float, float, str]:
+    """(se, df, method): the within-run spread, or the run-to-run one where that is wider."""
+    se, df, method = within
+    k = len(parent_estimates)
+    if paired and k >= 2:
+        diffs = np.asarray(child_estimates, float) - np.asarray(parent_estimates, float)
+        between_se = float(np.std(diffs, ddof=1) / math.sqrt(k))
+        if between_se > se:
+            return between_se, k - 1, f"paired t over {k} pairs (A B A B ...)"
+        return se, df, f"paired, but the within-run spread is wider: {method}"
+    # A single pair, or one run a side: there is no run-to-run spread to weigh.
+    if paired or (k < 2 and len(child_estimates) < 2):
+        return se, df, method
+    between = []
+    for estimates in (parent_estimates, child_estimates):
+        n = len(estimates)
+        between.append(
+            (float(np.std(estimates, ddof=1) / math.sqrt(n)), n - 1) if n >= 2 else None
+        )
+    if all(b is not None for b in between):
+        b_parts = [b for b in between if b is not None]
+        between_se = math.sqrt(sum(b[0] ** 2 for b in b_parts))
+        if between_se > se:
+            runs = f"{k} vs {len(child_estimates)} runs"
+            return between_se, _welch_df(b_parts), f"Welch t on run-to-run spread ({runs})"
+    return se, df, method
+
+
 def compare(
     metric: str,
     parent: Sequence[Sequence[float]],
@@ -229,27 +263,9 @@ def compare(
     se = math.sqrt(within_p[1] ** 2 + within_c[1] ** 2)
     df = _welch_df(parts)
     method = f"Welch t on within-run spread: parent {within_p[3]}, child {within_c[3]}"
-    k = len(parent)
-    if paired and k >= 2:
-        diffs = np.asarray(child_estimates, float) - np.asarray(parent_estimates, float)
-        between_se = float(np.std(diffs, ddof=1) / math.sqrt(k))
-        if between_se > se:
-            se, df, method = between_se, k - 1, f"paired t over {k} pairs (A B A B ...)"
-        else:
-            method = f"paired, but the within-run spread is wider: {method}"
-    elif len(parent) >= 2 or len(child) >= 2:
-        between = []
-        for estimates in (parent_estimates, child_estimates):
-            n = len(estimates)
-            between.append(
-                (float(np.std(estimates, ddof=1) / math.sqrt(n)), n - 1) if n >= 2 else None
-            )
-        if all(b is not None for b in between):
-            b_parts = [b for b in between if b is not None]
-            between_se = math.sqrt(sum(b[0] ** 2 for b in b_parts))
-            if between_se > se:
-                se, df = between_se, _welch_df(b_parts)
-                method = f"Welch t on run-to-run spread ({len(parent)} vs {len(child)} runs)"
+    se, df, method = _widest_spread(
+        (se, df, method), parent_estimates, child_estimates, paired=paired
+    )
     half = _t(confidence, df) * se
     low = (c_mean - p_mean - half) / abs(p_mean) * 100
     high = (c_mean - p_mean + half) / abs(p_mean) * 100
