@@ -261,6 +261,31 @@ def _load_cuda_libraries(ort: Any) -> None:
         ort.preload_dlls()
 
 
+def _session_options(ort: Any, threads: int) -> Any:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    # One request batch at a time; parallel requests come from instances, not from ORT.
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # ORT's idle intra-op threads spin by default: in a service they burn the cores that
+    # the request threads need for decode and preprocessing (measured on the 2-core dev
+    # machine: python preprocess P50 7 -> 41 ms when the engine switched to onnxruntime).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
+
+
+def _check_cuda_started(device: str, used: list[str]) -> None:
+    if device != "cpu" and "CUDAExecutionProvider" not in used:
+        # onnxruntime-gpu falls back to the CPU quietly when CUDA or cuDNN cannot load.
+        raise EngineUnavailableError(
+            f"onnxruntime did not start its CUDA provider (session providers: {used}): the "
+            "CUDA or cuDNN libraries it needs could not be loaded, or no GPU is visible",
+            hint="install the CUDA 12 and cuDNN 9 libraries onnxruntime-gpu needs (or a "
+            "CUDA build of torch, which brings them), or knobs.device: cpu",
+        )
+
+
 class OnnxRuntimeEngine:
     """An onnxruntime InferenceSession over the cached model. `infer` is thread-safe."""
 
@@ -277,16 +302,7 @@ class OnnxRuntimeEngine:
 
         providers = _providers(ort, device)
         artifact = onnx_artifact(precision, cache_dir, quant)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        # One request batch at a time; parallel requests come from instances, not from ORT.
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        # ORT's idle intra-op threads spin by default: in a service they burn the cores that
-        # the request threads need for decode and preprocessing (measured on the 2-core dev
-        # machine: python preprocess P50 7 -> 41 ms when the engine switched to onnxruntime).
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options = _session_options(ort, threads)
         start = time.perf_counter()
         try:
             self._session = ort.InferenceSession(
@@ -299,14 +315,7 @@ class OnnxRuntimeEngine:
             ) from exc
         load_s = time.perf_counter() - start
         used = list(self._session.get_providers())
-        if device != "cpu" and "CUDAExecutionProvider" not in used:
-            # onnxruntime-gpu falls back to the CPU quietly when CUDA or cuDNN cannot load.
-            raise EngineUnavailableError(
-                f"onnxruntime did not start its CUDA provider (session providers: {used}): the "
-                "CUDA or cuDNN libraries it needs could not be loaded, or no GPU is visible",
-                hint="install the CUDA 12 and cuDNN 9 libraries onnxruntime-gpu needs (or a "
-                "CUDA build of torch, which brings them), or knobs.device: cpu",
-            )
+        _check_cuda_started(device, used)
         self._ort = ort
         self._device = device
         self._device_id = 0 if device == "cpu" else int(providers[0][1]["device_id"])

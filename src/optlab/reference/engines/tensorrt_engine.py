@@ -27,6 +27,7 @@ from optlab.reference.classifier.data import MODEL_SIDE
 from optlab.reference.engines.base import (
     CHANNELS,
     NUM_CLASSES,
+    Artifact,
     EngineError,
     EngineUnavailableError,
     UnsupportedPrecisionError,
@@ -126,6 +127,47 @@ def _torch_dtype(trt: Any, dtype: Any) -> torch.dtype:
     return table[dtype]
 
 
+def _cached_plan(
+    trt: Any,
+    source: Artifact,
+    precision: str,
+    gpu: str,
+    capability: list[int],
+    cache_dir: Path | None,
+) -> Artifact:
+    """The serialised plan for this ONNX model, TensorRT version and GPU: cached, else built."""
+    parts = {
+        "artifact": "digitresnet-tensorrt-plan",
+        "format": PLAN_FORMAT,
+        "precision": precision,
+        "onnx_sha256": source.sha256,
+        "tensorrt": trt.__version__,
+        "gpu": gpu,
+        "compute_capability": capability,
+        "batch_profile": [1, OPT_BATCH, MAX_BATCH],
+        "workspace_bytes": WORKSPACE_BYTES,
+    }
+    return cached_artifact(
+        cache_root(cache_dir) / "tensorrt",
+        f"digitresnet-{precision}",
+        ".plan",
+        parts,
+        lambda: _build_plan(trt, source.data, precision),
+    )
+
+
+def _check_io_tensors(trt: Any, engine: Any, plan_path: Path) -> None:
+    modes = {
+        engine.get_tensor_name(i): engine.get_tensor_mode(engine.get_tensor_name(i))
+        for i in range(engine.num_io_tensors)
+    }
+    if modes.get(INPUT_NAME) != trt.TensorIOMode.INPUT or OUTPUT_NAME not in modes:
+        raise EngineError(
+            f"the plan's tensors are {sorted(modes)}, expected {INPUT_NAME} and {OUTPUT_NAME}",
+            hint=f"delete {plan_path} to rebuild it",
+        )
+
+
 class TensorRTEngine:
     """A deserialised plan and one execution context, used under a lock (an execution context
     runs one inference at a time); use one engine per worker for parallelism."""
@@ -145,24 +187,7 @@ class TensorRTEngine:
         source = onnx_artifact("int8" if precision == "int8" else "fp32", cache_dir, quant)
         name = torch.cuda.get_device_name(self._device)
         capability = torch.cuda.get_device_capability(self._device)
-        parts = {
-            "artifact": "digitresnet-tensorrt-plan",
-            "format": PLAN_FORMAT,
-            "precision": precision,
-            "onnx_sha256": source.sha256,
-            "tensorrt": trt.__version__,
-            "gpu": name,
-            "compute_capability": list(capability),
-            "batch_profile": [1, OPT_BATCH, MAX_BATCH],
-            "workspace_bytes": WORKSPACE_BYTES,
-        }
-        plan = cached_artifact(
-            cache_root(cache_dir) / "tensorrt",
-            f"digitresnet-{precision}",
-            ".plan",
-            parts,
-            lambda: _build_plan(trt, source.data, precision),
-        )
+        plan = _cached_plan(trt, source, precision, name, list(capability), cache_dir)
         start = time.perf_counter()
         self._logger = trt.Logger(trt.Logger.WARNING)
         self._runtime = trt.Runtime(self._logger)
@@ -173,17 +198,7 @@ class TensorRTEngine:
                 hint=f"delete {plan.path} to rebuild it",
             )
         self._context = self._engine.create_execution_context()
-        modes = {
-            self._engine.get_tensor_name(i): self._engine.get_tensor_mode(
-                self._engine.get_tensor_name(i)
-            )
-            for i in range(self._engine.num_io_tensors)
-        }
-        if modes.get(INPUT_NAME) != trt.TensorIOMode.INPUT or OUTPUT_NAME not in modes:
-            raise EngineError(
-                f"the plan's tensors are {sorted(modes)}, expected {INPUT_NAME} and {OUTPUT_NAME}",
-                hint=f"delete {plan.path} to rebuild it",
-            )
+        _check_io_tensors(trt, self._engine, plan.path)
         self._input_dtype = _torch_dtype(trt, self._engine.get_tensor_dtype(INPUT_NAME))
         self._output_dtype = _torch_dtype(trt, self._engine.get_tensor_dtype(OUTPUT_NAME))
         self._stream = torch.cuda.Stream(self._device)  # type: ignore[no-untyped-call]
