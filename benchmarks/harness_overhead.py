@@ -10,7 +10,7 @@ this interpreter and machine), and printed as a ratio to it:
 * open loop, constant arrivals, swept over rates: achieved rate, send-lag P50/P99 and whether
   the generator kept its schedule (send-lag P99 < 1 ms and >= 99% of the rate achieved).
 
-Goals (DESIGN.md section 4 and the issue): closed loop >= 200,000 requests/s; open loop keeps
+Goals (benchmarks/README.md): closed loop >= 200,000 requests/s; open loop keeps
 its schedule up to >= 50,000 requests/s. It is a measurement, not a test: PASS/MISS is printed
 and the exit status is 0 either way.
 

@@ -95,7 +95,8 @@ def _delta(row: dict[str, Any], kind: str) -> dict[str, Any]:
 
 
 def chain_entries(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """The `chain` list of the JSON document: section 7's keys first, then every other column."""
+    """The `chain` list of the JSON document (docs/table-json.md): its headline keys first, then
+    every other column."""
     consumed = set(_LEADING) | set(_TRAILING)
     for _, prefix in _DELTA_METRICS:
         consumed |= {
@@ -118,7 +119,8 @@ def chain_entries(frame: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def document(frame: pd.DataFrame) -> dict[str, Any]:
-    """The JSON document as a dict (what `render_json` serialises)."""
+    """The JSON document as a dict (what `render_json` serialises); `reports.table_json`
+    describes it, and docs/schemas/table.schema.json is generated from that."""
     attrs = frame.attrs
     return {
         "schema_version": plain(attrs.get("schema_version", SCHEMA_VERSION)),
