@@ -25,7 +25,8 @@ from click.testing import Result
 from optlab.config.models import Workload
 from optlab.errors import ConfigError
 from optlab.store import Store
-from optlab.targets.http import http_bodies, parse_server_timing
+from optlab.targets.http import http_bodies
+from optlab.targets.server_timing import parse_server_timing
 from optlab.targets.templates import Secrets, render
 from tests.conftest import REPO, wait_for_measure, write
 

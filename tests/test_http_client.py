@@ -14,17 +14,18 @@ import pytest
 
 from optlab.errors import ConfigError
 from optlab.metrics.stages import RequestTiming
-from optlab.targets.http import Body, HttpSpec, classify
-from optlab.targets.http_client import (
+from optlab.targets.http import classify
+from optlab.targets.http_client import HttpClient
+from optlab.targets.http_wire import (
+    Body,
     ClientConnectorError,
     ClientResponseError,
-    HttpClient,
     HttpError,
+    HttpSpec,
     ServerDisconnectedError,
-    _entries,
-    parse_server_timing,
     request_bytes,
 )
+from optlab.targets.server_timing import parse_server_timing, split_server_timing
 
 Reply = Callable[[bytes, bytes], Awaitable[bytes | None]]  # (head, body) -> bytes, or None: close
 
@@ -149,7 +150,7 @@ def test_server_timing_fast_path_reads_as_the_entry_by_entry_parser() -> None:
     for _ in range(3000):
         value = "".join(rng.choice(atoms) for _ in range(rng.randint(0, 10)))
         slow: dict[str, int] = {}
-        for name, ms in _entries(value):
+        for name, ms in split_server_timing(value):
             name = "server_total" if name == "total" else name
             slow[name] = slow.get(name, 0) + round(float(ms) * 1e6)
         assert parse_server_timing([value]) == slow, value

@@ -1,4 +1,6 @@
-"""Measuring a service over HTTP: request bodies, the client's picklable recipe, error types.
+"""Measuring a service over HTTP: request bodies, the client's picklable recipe, the side
+requests (metrics, accuracy), how a failed request is named, and the check that something
+listens before a run.
 
 The client (`optlab.targets.http_client`) is asynchronous (one event loop keeps thousands of
 requests in flight from one thread, where a thread per request would be bound by the GIL), and
@@ -24,46 +26,21 @@ from optlab.config.models import (
     in_flight_limit,
 )
 from optlab.errors import ConfigError, TargetError
-from optlab.targets.http_client import (
-    MESSAGE_CHARS,
-    HttpClient,
-    HttpError,
-    parse_server_timing,
-)
+from optlab.targets.http_client import HttpClient
+from optlab.targets.http_wire import MESSAGE_CHARS, Body, HttpError, HttpSpec
 
 if TYPE_CHECKING:
     from optlab.targets.templates import Secrets
 
 __all__ = [
-    "Body",
-    "HttpClient",
-    "HttpError",
     "HttpRecipe",
-    "HttpSpec",
+    "check_input_files",
+    "check_listening",
     "classify",
+    "fetch_json",
     "http_bodies",
     "http_spec",
-    "parse_server_timing",
 ]
-
-
-@dataclass(frozen=True)
-class Body:
-    data: bytes
-    content_type: str | None
-
-
-@dataclass(frozen=True)
-class HttpSpec:
-    """Everything a client needs, secrets resolved: kept in memory, never stored."""
-
-    url: str
-    method: str
-    headers: tuple[tuple[str, str], ...]
-    ok_status: tuple[int, ...] | None
-    connect_timeout_s: float
-    timeout_s: float
-    connections: int
 
 
 def http_spec(

@@ -1,5 +1,6 @@
 """The HTTP/1.1 client the load generator drives: keep-alive connections as asyncio Protocols,
-responses parsed by llhttp (`httptools`), every request's bytes built once per body.
+responses parsed by llhttp (`httptools`), every request's bytes built once per body
+(`optlab.targets.http_wire`).
 
 Why not aiohttp: a load generator's CPU is taken from the service it measures when both share a
 machine, and a dynamically batching service forms smaller batches when its clients are slow to
@@ -7,192 +8,44 @@ come back. aiohttp builds each request (headers, URL, a response object, a strea
 timeout context) in Python on every call; here a request is one `transport.write` of prebuilt
 bytes, the response is parsed in C, and only the headers that matter (Server-Timing, the framing)
 reach Python. `benchmarks/http_load.py` measures both, and `hey` (Go) beside them.
-
-Errors keep the names aiohttp gave them, so runs before and after this client read alike:
-`ClientConnectorError` (cannot connect), `ServerDisconnectedError` (the connection closed before
-a complete response), `ClientOSError` (a socket error on an open connection),
-`ClientResponseError` (not a valid HTTP/1.1 response), `HTTP <status>` and `timeout`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from optlab.metrics.stages import RESERVED_STAGE, RequestTiming
+from optlab.metrics.stages import RequestTiming
+from optlab.targets.http_wire import (
+    MESSAGE_CHARS,
+    Body,
+    ClientConnectorError,
+    ClientOSError,
+    ClientResponseError,
+    HttpError,
+    HttpSpec,
+    ServerDisconnectedError,
+    request_bytes,
+)
+from optlab.targets.server_timing import parse_server_timing
 
 if TYPE_CHECKING:
     import ssl
 
     import httptools
 
-    from optlab.targets.http import Body, HttpSpec
+__all__ = ["HttpClient"]
 
-__all__ = [
-    "ClientConnectorError",
-    "ClientOSError",
-    "ClientResponseError",
-    "HttpClient",
-    "HttpError",
-    "ServerDisconnectedError",
-    "parse_server_timing",
-]
-
-MESSAGE_CHARS = 200
 MAX_SERVER_STAGES = 32  # distinct Server-Timing names kept per client; more are ignored
 # A timeout fires between timeout_s and timeout_s + this share of it (one sweep of the pool
 # rather than a timer per request), and at most SWEEP_MAX_S late.
 SWEEP_SHARE = 0.05
 SWEEP_MAX_S = 0.1
 SWEEP_MIN_S = 0.001
-USER_AGENT = "optlab"
-# A Server-Timing entry: a token name, then ;param=value pairs (RFC 8941-ish, as browsers read it).
-_ENTRY = re.compile(r"\s*([!#$%&'*+.^_`|~0-9A-Za-z-]+)\s*((?:;.*)?)$", re.DOTALL)
-_DUR = re.compile(r";\s*dur\s*=\s*\"?([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\"?", re.IGNORECASE)
-# The same reading in one pattern, for a header without quotes: an entry (from the start or a
-# comma) is a name, optional spaces, then `;` params of which the first `dur=` counts.
-_FAST = re.compile(
-    r"(?:^|,)\s*([!#$%&'*+.^_`|~0-9A-Za-z-]+)\s*;(?:[^,]*?;)??\s*(?i:dur)\s*=\s*"
-    r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)[^,]*"
-)
-_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
-
-
-# -- errors -------------------------------------------------------------------------------------
-
-
-class HttpError(Exception):
-    """A response whose status is not a success: counted under `HTTP <status>`."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.kind = f"HTTP {status}"
-
-
-class ClientConnectorError(Exception):
-    """No connection could be opened (refused, unreachable, a name that does not resolve)."""
-
-
-class ServerDisconnectedError(Exception):
-    """The connection closed before a complete response came back."""
-
-
-class ClientOSError(Exception):
-    """A socket error on an open connection (reset, broken pipe)."""
-
-
-class ClientResponseError(Exception):
-    """What came back is not a valid HTTP/1.1 response."""
-
-
-# -- Server-Timing ------------------------------------------------------------------------------
-
-
-def parse_server_timing(values: Sequence[str]) -> dict[str, int]:
-    """W3C Server-Timing header values -> {name: duration ns}; entries without dur are skipped.
-
-    `total` is the harness's own series (the client-side latency), so a server's `total`
-    becomes `server_total`. Repeated names add up, as repeated stage() blocks do.
-    """
-    stages: dict[str, int] = {}
-    for value in values:
-        # One pass of one regex over a header without quotes (the usual `a;dur=1.2, b;dur=3`);
-        # a quoted desc may hold commas and semicolons, so that header is split entry by entry.
-        found = _FAST.findall(value) if '"' not in value else _entries(value)
-        for name, ms in found:
-            if name == RESERVED_STAGE:
-                name = "server_total"
-            name = name[:64]
-            stages[name] = stages.get(name, 0) + round(float(ms) * 1e6)
-    return stages
-
-
-def _entries(value: str) -> list[tuple[str, str]]:
-    found = []
-    for part in _split_entries(value):
-        match = _ENTRY.match(part)
-        if match is None:
-            continue
-        dur = _DUR.search(match.group(2))
-        if dur is not None:
-            found.append((match.group(1), dur.group(1)))
-    return found
-
-
-def _split_entries(value: str) -> list[str]:
-    # Commas separate entries, except inside a quoted desc="a, b".
-    parts: list[str] = []
-    current: list[str] = []
-    quoted = False
-    for char in value:
-        if char == '"':
-            quoted = not quoted
-        if char == "," and not quoted:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(char)
-    parts.append("".join(current))
-    return [p for p in parts if p.strip()]
-
-
-# -- requests -----------------------------------------------------------------------------------
-
-
-def request_bytes(spec: HttpSpec, bodies: Sequence[Body]) -> list[bytes]:
-    """Each body's whole request (request line, headers, body), built once for the run.
-
-    The headers are the target's, then the body's Content-Type (it wins over a configured
-    one, as it did with aiohttp), the Content-Length, and aiohttp's former defaults (Accept,
-    Accept-Encoding, User-Agent) where the target does not set them, so a service sees the
-    requests it saw before. A header name or value that would break the request is refused.
-    """
-    from optlab.errors import ConfigError
-
-    parts = urlsplit(spec.url)
-    if parts.scheme not in ("http", "https"):
-        raise ConfigError(
-            f"target.url: {parts.scheme!r} is not http or https", hint="give an http(s) URL"
-        )
-    host = parts.hostname or "localhost"
-    default_port = 443 if parts.scheme == "https" else 80
-    authority = f"[{host}]" if ":" in host else host
-    if parts.port is not None and parts.port != default_port:
-        authority += f":{parts.port}"
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    if any(c in target for c in " \r\n"):
-        raise ConfigError(f"target.url: the path {target!r} holds a space or a line break",
-                          hint="percent-encode it (%20)")  # fmt: skip
-    given: dict[str, str] = {}
-    for name, value in spec.headers:
-        if not _TOKEN.match(name) or "\r" in value or "\n" in value:
-            raise ConfigError(
-                f"target.headers.{name}: not a valid header (a line break, or a name that is "
-                "not an HTTP token)",
-                hint="one header per entry, its value on one line",
-            )
-        given[name.lower()] = f"{name}: {value}\r\n"
-    requests = []
-    for body in bodies:
-        headers = dict(given)
-        headers.setdefault("host", f"Host: {authority}\r\n")
-        headers.setdefault("accept", "Accept: */*\r\n")
-        headers.setdefault("accept-encoding", "Accept-Encoding: gzip, deflate\r\n")
-        headers.setdefault("user-agent", f"User-Agent: {USER_AGENT}\r\n")
-        headers.pop("content-length", None)
-        headers.pop("transfer-encoding", None)
-        if body.content_type:
-            headers["content-type"] = f"Content-Type: {body.content_type}\r\n"
-        if body.data or spec.method in ("POST", "PUT", "PATCH"):
-            headers["content-length"] = f"Content-Length: {len(body.data)}\r\n"
-        head = f"{spec.method} {target} HTTP/1.1\r\n" + "".join(headers.values()) + "\r\n"
-        requests.append(head.encode("latin-1") + body.data)
-    return requests
 
 
 # -- the connection -----------------------------------------------------------------------------
