@@ -217,7 +217,7 @@ def start_batching_server(workdir: Path, batching: str) -> Iterator[Server]:
 def write_jpeg(path: Path) -> int:
     """One of the reference classifier's 256 px renders: the body every tool sends."""
     from optlab.config.models import Workload
-    from optlab.reference.classifier import pipeline
+    from optlab.reference import pipeline
 
     workload = Workload.model_validate(
         {"load": {"mode": "closed", "concurrency": 1}, "inputs": {"count": 1, "size": 256}}

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 from click.testing import Result
 
-from optlab import __version__
+from optlab._version import __version__
 from optlab.cli.main import cli
 from tests.conftest import write
 

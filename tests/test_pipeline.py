@@ -14,7 +14,7 @@ from click.testing import Result
 from optlab.config.knobs import BuiltinKnobs
 from optlab.errors import OptlabError
 from optlab.metrics.stages import CURRENT, RequestTiming
-from optlab.reference.classifier import pipeline
+from optlab.reference import pipeline
 from optlab.reference.classifier.accuracy import reference_predict
 from optlab.reference.classifier.data import requests
 from optlab.store import Store

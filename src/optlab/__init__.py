@@ -5,8 +5,7 @@ attributes one batch to each of its requests with `stage("forward", requests=[..
 where each request was captured by `optlab.current_request()` on the submitting side.
 """
 
+from optlab._version import __version__
 from optlab.metrics.stages import current_request, stage
-
-__version__ = "0.1.0"
 
 __all__ = ["__version__", "current_request", "stage"]

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from optlab import __version__
+from optlab._version import __version__
 from optlab.cli.common import silence_stdout
 from optlab.errors import OptlabError
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from optlab import __version__
+from optlab._version import __version__
 
 FINGERPRINT_SCHEMA = 1
 

@@ -43,7 +43,7 @@ log = logging.getLogger("optlab.reference.serve")
 
 
 class Pipeline(Protocol):
-    """What the service needs of `optlab.reference.classifier.pipeline.ImageClassifier`."""
+    """What the service needs of `optlab.reference.pipeline.ImageClassifier`."""
 
     def __call__(self, request: bytes) -> bytes: ...
 
@@ -284,7 +284,7 @@ def serve(
     Blocking. Prints `optlab serve: building ...` to stderr and, once the port is bound,
     `optlab serve: listening on http://HOST:PORT` through `announce` (stdout, flushed).
     """
-    from optlab.reference.classifier.pipeline import build
+    from optlab.reference.pipeline import build
 
     if workers < 1:
         raise ConfigError(f"--workers {workers} is invalid", hint="give at least 1 worker thread")

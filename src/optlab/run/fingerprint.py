@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import optlab
+from optlab._version import __version__
 from optlab.config.loading import ExperimentFile, load_experiment, search_paths
 from optlab.config.models import BaselineFile
 
@@ -36,7 +36,7 @@ def code_section(experiment: Path | None) -> dict[str, Any]:
 
     Only a baseline names its target; for a step it is its chain's baseline's.
     """
-    section: dict[str, Any] = {"optlab": optlab.__version__}
+    section: dict[str, Any] = {"optlab": __version__}
     if experiment is None:
         return section
     from optlab.targets.identity import code_identity
