@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from optlab.chain.lineage import prepare
-from optlab.chain.plan import diff_values, group_by_variable
+from optlab.chain.plan import group_by_variable
+from optlab.config.diff import diff_values
 from optlab.errors import ConfigError, NotFoundError, RefusedError
 from optlab.store import Store
 from tests.conftest import write

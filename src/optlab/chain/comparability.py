@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from optlab.chain.plan import diff_values, render_value
+from optlab.chain.plan import render_value
+from optlab.config.diff import diff_values
 from optlab.config.protocol import protocol_label
 from optlab.env.compare import compare_fingerprints
 from optlab.errors import RefusedError

@@ -12,19 +12,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optlab.chain.catalog import Catalog, file_chain
-from optlab.chain.plan import Plan, check_change_keys, diff_values, plan_step, render_value
+from optlab.chain.plan import Plan, check_change_keys, plan_step, render_value
+from optlab.config.diff import diff_values
 from optlab.config.loading import (
     ExperimentFile,
     config_hash,
     load_experiment,
     parse_stored,
-    resolve_baseline,
     search_paths,
-    validate_knobs,
 )
 from optlab.config.merge import deep_merge
 from optlab.config.models import StepFile
 from optlab.errors import RefusedError
+from optlab.targets.resolve import resolve_baseline, validate_knobs
 
 if TYPE_CHECKING:
     from optlab.store import Store, StoredConfig

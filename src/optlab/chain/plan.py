@@ -2,57 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from optlab.config.diff import ABSENT, PathChange, describe_key, diff_values
 from optlab.config.models import BASELINE_ONLY_KEYS
-from optlab.config.source import KeyPath, SourceFile
+from optlab.config.source import SourceFile
 from optlab.errors import RefusedError
-
-
-class _Absent:
-    def __repr__(self) -> str:
-        return "(absent)"
-
-
-ABSENT: Any = _Absent()
-
-
-# A key printed bare in a path; any other key (a dot, a space, a slash) is printed quoted, so
-# the knob "lr.decay" never reads like the field decay of a knob lr.
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
-
-
-def describe_key(key: str | int) -> str:
-    if isinstance(key, int):
-        return f"[{key}]"
-    return key if _BARE_KEY.match(key) else json.dumps(key, ensure_ascii=False)
-
-
-def describe_path(keys: KeyPath) -> str:
-    """For humans only: `knobs.batching.max_batch_size`, `knobs."lr.decay"`, `hosts[0]`.
-    Code compares and groups the tuple itself, never this text."""
-    out = ""
-    for key in keys:
-        part = describe_key(key)
-        out += part if isinstance(key, int) or not out else f".{part}"
-    return out
-
-
-@dataclass(frozen=True)
-class PathChange:
-    """One leaf that differs: ("knobs", "batching", "max_batch_size"), old -> new."""
-
-    keys: KeyPath
-    old: Any
-    new: Any
-
-    @property
-    def path(self) -> str:
-        return describe_path(self.keys)
 
 
 @dataclass(frozen=True)
@@ -93,18 +51,6 @@ def render_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
-
-
-def diff_values(old: Any, new: Any, prefix: KeyPath = ()) -> list[PathChange]:
-    """Every leaf path where `old` and `new` differ; mappings are compared key by key."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        changes: list[PathChange] = []
-        for key in [*old, *(k for k in new if k not in old)]:
-            changes += diff_values(old.get(key, ABSENT), new.get(key, ABSENT), (*prefix, key))
-        return changes
-    if old == new and type(old) is type(new):
-        return []
-    return [PathChange(prefix, old, new)]
 
 
 def group_by_variable(old_knobs: dict[str, Any], new_knobs: dict[str, Any]) -> list[VariableChange]:

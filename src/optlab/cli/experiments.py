@@ -7,8 +7,9 @@ from pathlib import Path
 
 import click
 
-from optlab.chain.plan import describe_path, render_value
+from optlab.chain.plan import render_value
 from optlab.cli.common import EXPERIMENT_PATH, open_store
+from optlab.config.diff import describe_path
 
 
 @click.command()

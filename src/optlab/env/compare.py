@@ -7,12 +7,13 @@ is `optlab.env.collect`'s job.
 
 from __future__ import annotations
 
-import enum
 import hashlib
-import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from optlab.config.canonical import canonical_json
+from optlab.config.diff import ABSENT, leaf_changes
+from optlab.config.source import KeyPath
 
 # Dotted path prefixes that never make two runs incomparable. `*` matches any one path segment.
 # Everything else is material: when in doubt, a field refuses the comparison rather than hiding a
@@ -45,19 +46,6 @@ _IMMATERIAL_PREFIXES: frozenset[str] = frozenset(
         "service.error",
     }
 )
-
-
-class _Absent(enum.StrEnum):
-    """Marks a key only one fingerprint has (None is a legitimate value). An enum member stays
-    one object through copy and pickle, so `is ABSENT` works; a str, so json.dumps works."""
-
-    ABSENT = "<absent>"
-
-    def __repr__(self) -> str:
-        return "<absent>"
-
-
-ABSENT = _Absent.ABSENT
 
 
 @dataclass(frozen=True)
@@ -96,19 +84,6 @@ class EnvComparison:
         return "\n".join(lines)
 
 
-def _flatten(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    # An empty list is a leaf, so "no GPUs" versus a missing key still counts as a difference;
-    # an empty dict states no facts, so it yields nothing.
-    if isinstance(value, dict):
-        for key, item in value.items():
-            yield from _flatten(item, f"{prefix}.{key}" if prefix else str(key))
-    elif isinstance(value, list | tuple) and value:
-        for index, item in enumerate(value):
-            yield from _flatten(item, f"{prefix}.{index}" if prefix else str(index))
-    else:
-        yield prefix, value
-
-
 def _is_immaterial(path: str) -> bool:
     segments = path.split(".")
     for prefix in _IMMATERIAL_PREFIXES:
@@ -126,18 +101,13 @@ def compare_fingerprints(old: dict[str, Any], new: dict[str, Any]) -> EnvCompari
     Tolerates fingerprints from older schemas: a key only one side has is a difference whose
     other side is `ABSENT`, never an error.
     """
-    flat_old = dict(_flatten(old))
-    flat_new = dict(_flatten(new))
     material: list[EnvDifference] = []
     immaterial: list[EnvDifference] = []
-    for path in sorted(flat_old.keys() | flat_new.keys()):
-        before = flat_old.get(path, ABSENT)
-        after = flat_new.get(path, ABSENT)
-        # Type check too: 1 == 1.0 == True in Python, but a changed type is a changed value.
-        if type(before) is type(after) and before == after:
-            continue
+    changes = leaf_changes(old, new)
+    for change in sorted(changes, key=lambda c: _dotted(c.keys)):
+        path = _dotted(change.keys)
         is_material = not _is_immaterial(path)
-        diff = EnvDifference(path=path, old=before, new=after, material=is_material)
+        diff = EnvDifference(path=path, old=change.old, new=change.new, material=is_material)
         (material if is_material else immaterial).append(diff)
     one_sided = tuple(
         sorted(
@@ -173,7 +143,9 @@ def material_view(fp: dict[str, Any]) -> dict[str, Any]:
 
 def material_hash(fp: dict[str, Any]) -> str:
     """sha256 of the canonical JSON of the material view: equal hashes mean comparable."""
-    canonical = json.dumps(
-        material_view(fp), sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str
-    )
+    canonical = canonical_json(material_view(fp), ascii_only=True)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def _dotted(keys: KeyPath) -> str:
+    return ".".join(str(k) for k in keys)
