@@ -19,10 +19,11 @@ import pandas as pd
 import pytest
 
 from optlab.reports.data import CDF_PERCENTILES, ReportData, StepData, collect_report
-from optlab.reports.export import render_csv, render_json
+from optlab.reports.export import present, render_csv, render_json
 from optlab.reports.html import render_html
 from optlab.reports.markdown import PROVISIONAL_NOTE as PROVISIONAL
 from optlab.reports.markdown import render_markdown
+from optlab.reports.table import COLUMNS
 from optlab.store.records import ResourceSample, WindowStats
 from tests.conftest import REPO
 
@@ -31,25 +32,26 @@ HOSTILE = "<script>alert(1)</script>"
 NAN = float("nan")
 
 
+# The stage columns the table adds after COLUMNS, one per stage the runs recorded; the last one
+# holds no value in any row (a renderer shows no column for it).
+STAGES = ("queue_p50_ms", "preprocess_p50_ms", "infer_p50_ms", "postprocess_p50_ms",
+          "service_p50_ms")  # fmt: skip
+LISTS = ("decided_by", "flags", "slo_failures", "reasons")
+
+
 def _row(**values: Any) -> dict[str, Any]:
-    row: dict[str, Any] = {
+    """A row with every column of the table's contract (`COLUMNS`), then the stage columns:
+    a column the table gains is in the golden frames without anyone adding it here."""
+    row: dict[str, Any] = dict.fromkeys((*COLUMNS, *STAGES), NAN)
+    row |= {column: [] for column in LISTS}
+    row |= {
         "experiment": None, "variable": None, "change": None, "hypothesis": None,
         "run_id": None, "runs": 0, "status": None, "valid": None, "provisional": None,
-        "missing": None, "p50_ms": NAN, "p95_ms": NAN, "p99_ms": NAN, "p999_ms": NAN,
-        "qps": NAN, "error_rate": NAN, "cpu_pct": NAN, "gpu_util_pct": NAN,
-        "gpu_mem_peak_mib": NAN, "accuracy_top1": NAN, "infer_ms_per_request": NAN,
-        "mean_batch_size": NAN, "cache_hit_rate": NAN,
-        "queue_p50_ms": NAN, "preprocess_p50_ms": NAN, "infer_p50_ms": NAN,
-        "postprocess_p50_ms": NAN, "service_p50_ms": NAN,
+        "missing": None, "significant": None, "verdict": None, "slo_pass": None,
+        "git_commit": "4ecc9ac", "started_at": None, "who": "ana@bench1",
     }  # fmt: skip
-    for metric in ("qps", "p50", "p99"):
-        for suffix in ("step_pct", "step_low_pct", "step_high_pct", "cumulative_pct"):
-            row[f"{metric}_{suffix}"] = NAN
-    row |= {
-        "significant": None, "verdict": None, "decided_by": [], "flags": [], "slo_pass": None,
-        "slo_failures": [], "reasons": [], "git_commit": "4ecc9ac", "started_at": None,
-        "who": "ana@bench1",
-    }  # fmt: skip
+    unknown = set(values) - set(row)
+    assert not unknown, f"not a column of the table: {unknown}"
     row |= values
     return row
 
@@ -58,7 +60,10 @@ def _measured(run_id: int, p50: float, p99: float, qps: float, **values: Any) ->
     measured: dict[str, Any] = dict(
         run_id=run_id, runs=1, status="FINISHED", valid=True, provisional=True,
         p50_ms=p50, p95_ms=p50 * 1.8, p99_ms=p99, p999_ms=p99 * 1.5, qps=qps,
-        error_rate=0.0, cpu_pct=92.5, queue_p50_ms=p50 * 0.1, preprocess_p50_ms=p50 * 0.3,
+        error_rate=0.0, cpu_pct=92.5, service_cpu_pct=40.0 + 10 * run_id,
+        gpu_util_pct=50.0 + run_id, gpu_mem_peak_mib=800.0 + 16 * run_id,
+        infer_ms_per_request=p50 * 0.45, cache_hit_rate=0.25 * (run_id - 1),
+        queue_p50_ms=p50 * 0.1, preprocess_p50_ms=p50 * 0.3,
         infer_p50_ms=p50 * 0.5, postprocess_p50_ms=p50 * 0.05,
         started_at=f"2026-11-30T10:0{run_id}:00+00:00",
     )  # fmt: skip
@@ -81,8 +86,10 @@ def stacked_frame(hostile: bool = False) -> pd.DataFrame:
             p50_step_high_pct=-35.0, p50_cumulative_pct=-37.5, p99_step_pct=-33.3,
             p99_step_low_pct=-38.0, p99_step_high_pct=-29.0, p99_cumulative_pct=-33.3,
             significant=True, verdict="gain", decided_by=["QPS", "P50", "P99"], slo_pass=True,
-            accuracy_top1=0.761,
-            mean_batch_size=5.5,
+            accuracy_top1=0.761, mean_batch_size=5.5,
+            qps_cumulative_low_pct=44.0, qps_cumulative_high_pct=56.0,
+            p50_cumulative_low_pct=-40.0, p50_cumulative_high_pct=-35.0,
+            p99_cumulative_low_pct=-38.0, p99_cumulative_high_pct=-29.0,
         ),
         _measured(
             3, 2.2, 12.0, 1800.0, experiment=name, variable="copies",
@@ -95,6 +102,9 @@ def stacked_frame(hostile: bool = False) -> pd.DataFrame:
             significant=True, verdict="regressed", decided_by=["P99"],
             flags=["optimised QPS (+20%), broke P99 (+100%)"], slo_pass=False,
             slo_failures=["p99 12.0 ms > 10 ms"], accuracy_top1=0.760,
+            error_rate=0.02, qps_cumulative_low_pct=70.0, qps_cumulative_high_pct=90.0,
+            p50_cumulative_low_pct=-50.0, p50_cumulative_high_pct=-40.0,
+            p99_cumulative_low_pct=20.0, p99_cumulative_high_pct=46.0,
         ),
         _row(
             experiment="int8", variable="precision", change="fp32 -> int8",
@@ -106,7 +116,7 @@ def stacked_frame(hostile: bool = False) -> pd.DataFrame:
     frame.attrs = {
         "schema_version": 1,
         "head": "int8",
-        "protocol": {"name": "quick", "warmup_s": 1.0, "duration_s": 5.0},
+        "protocol": {"name": "quick", "warmup_s": 1.0, "duration_s": 5.0, "provisional": True},
         "protocol_label": "quick (5 s measured, PROVISIONAL)",
         "environment": {
             "summary": f"AMD EPYC x2, 24 GiB, Linux 6.18, Python 3.11.7, torch 2.13.0+cpu {name}",
@@ -116,6 +126,14 @@ def stacked_frame(hostile: bool = False) -> pd.DataFrame:
         "confidence": 0.99,
     }
     return frame
+
+
+def test_golden_frame_exercises_every_column() -> None:
+    """Every column of the table's contract holds a value in some golden row, so each
+    renderer's handling of it is in a golden file (only the stage with no value is empty)."""
+    frame = stacked_frame()
+    assert list(frame.columns) == [*COLUMNS, *STAGES]
+    assert [c for c in frame.columns if not frame[c].map(present).any()] == ["service_p50_ms"]
 
 
 def check_golden(name: str, text: str) -> None:
