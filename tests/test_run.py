@@ -17,8 +17,8 @@ from click.testing import Result
 from optlab.chain.lineage import prepare
 from optlab.cli.runs import PlainProgress
 from optlab.config.models import ResolvedConfig
-from optlab.run.measurement import RunOptions, _Measurement
-from optlab.run.protocol import EffectiveProtocol
+from optlab.config.protocol import EffectiveProtocol
+from optlab.run.measurement import Measured, RunOptions, measure
 from optlab.store import Store
 from tests.conftest import REPO, wait_for_measure, write
 
@@ -191,7 +191,7 @@ def test_sigkill_is_marked_crashed_at_the_next_start(
     assert len(store.get_windows(run_id, "measure")) >= 1  # flushed data survives the crash
 
 
-def _measure_with(synth: Path, url: str, knobs: str, protocol: EffectiveProtocol) -> _Measurement:
+def _measure_with(synth: Path, url: str, knobs: str, protocol: EffectiveProtocol) -> Measured:
     """Run the real measurement loop under a custom protocol (the full one takes minutes)."""
     path = write(
         synth,
@@ -212,11 +212,7 @@ def _measure_with(synth: Path, url: str, knobs: str, protocol: EffectiveProtocol
         git_dirty=None,
     )
     config = ResolvedConfig.model_validate(link.stored.config)
-    measurement = _Measurement(
-        store, link, config, protocol, run_id, PlainProgress(), RunOptions(), None
-    )
-    measurement.execute([synth])
-    return measurement
+    return measure(store, link, config, protocol, run_id, PlainProgress(), RunOptions(), [synth])
 
 
 def test_warmup_ends_when_stable_or_at_its_limit(synth: Path, sqlite_url: str) -> None:
@@ -241,6 +237,8 @@ def test_warmup_ends_when_stable_or_at_its_limit(synth: Path, sqlite_url: str) -
     )
     assert bumpy.stabilised is False
     assert bumpy.warmup_s >= 8.0
+    assert "warmup did not stabilise within 8 s; measured anyway" in bumpy.summary.notes
+    assert not any("did not stabilise" in note for note in steady.summary.notes)
 
 
 def test_user_target_chain_attributes_stages_across_the_batching_thread(

@@ -28,9 +28,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from optlab.config.models import ClosedLoad, OpenLoad, ReplayLoad
+from optlab.config.models import ClosedLoad, OpenLoad, ReplayLoad, in_flight_limit
 from optlab.errors import ConfigError
-from optlab.load.base import LATE_NS, START_LEAD_NS, LogSource, StopReport, in_flight_limit
+from optlab.load.base import LATE_NS, START_LEAD_NS, LogSource, StopReport
 from optlab.load.schedules import indexed_trace, make_schedule
 from optlab.load.timerfd import TimerFd
 from optlab.metrics.stages import RequestTiming

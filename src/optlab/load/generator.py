@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optlab.config.models import ClosedLoad, OpenLoad, ReplayLoad
+from optlab.config.models import ClosedLoad, OpenLoad, ReplayLoad, in_flight_limit
 from optlab.errors import ConfigError
-from optlab.load.base import LATE_NS, START_LEAD_NS, StopReport, in_flight_limit
+from optlab.load.base import LATE_NS, START_LEAD_NS, StopReport
 from optlab.load.counters import WorkerCounters, describe_error, mark_returned, sweep_timeouts
 from optlab.load.schedules import indexed_trace, make_schedule
 from optlab.load.timerslack import tighten_timer_slack
@@ -32,8 +32,7 @@ from optlab.metrics.stages import CURRENT, RequestTiming
 if TYPE_CHECKING:
     from optlab.metrics.log import Collector, WorkerLog
 
-# StopReport and in_flight_limit live in optlab.load.base; named here too for older imports.
-__all__ = ["StopReport", "ThreadLoadGenerator", "in_flight_limit"]
+__all__ = ["ThreadLoadGenerator"]
 
 # Sleeping is only accurate to ~50-100 us on Linux (timer slack, wake-up), so the last stretch
 # before an intended time is spun. The spin calls sleep(0), which releases the GIL, so the

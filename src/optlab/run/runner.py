@@ -1,6 +1,6 @@
 """`optlab run`: check the plan and the parent run, then measure (ancestors first with
 `--chain`), `--repeats` times, or `--paired N` times alternating parent and step (A B A B ...).
-One measurement's lifecycle lives in `optlab.run.measurement`.
+One measurement's lifecycle lives in `optlab.run.measurement` (`measure`).
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from optlab.config.protocol import EffectiveProtocol, effective_protocol
 from optlab.env.collect import collect_fingerprint
 from optlab.env.compare import material_hash
 from optlab.errors import OptlabError, RefusedError
-from optlab.run.measurement import GuardedProgress, LiveStatus, Progress, RunOptions, _Measurement
-from optlab.store import RunRecord, Store
+from optlab.run.measurement import RunOptions, measure
+from optlab.run.progress import GuardedProgress, LiveStatus, Progress
+from optlab.store import RunRecord, RunSummary, Store
 from optlab.targets.identity import code_identity
 from optlab.targets.service_env import service_environment
 from optlab.targets.templates import check_environment
@@ -38,7 +39,7 @@ class RunOutcome:
     run_id: int
     experiment: str
     status: str
-    summary: dict[str, Any]
+    summary: RunSummary
     parent_run: RunRecord | None = None
     notes: list[str] = field(default_factory=list)
     # Measured, but the database refused it: the bundle that holds the whole run until the
@@ -119,18 +120,26 @@ def _measure_link(
         f"{'until stable' if protocol.warmup == 'stable' else f'{protocol.warmup_s:g} s'}, "
         f"measure {protocol.duration_s:g} s)"
     )
-    measurement = _Measurement(
-        store, link, config, protocol, run_id, progress, options, parent_run, paired
+    measured = measure(
+        store,
+        link,
+        config,
+        protocol,
+        run_id,
+        progress,
+        options,
+        paths,
+        parent_run=parent_run,
+        paired=paired,
     )
-    status, _, summary = measurement.execute(paths)
     return RunOutcome(
         run_id,
         link.name,
-        status,
-        summary,
+        measured.status,
+        measured.summary,
         parent_run,
-        pending=measurement.pending_path,
-        unstored=measurement.unstored,
+        pending=measured.pending,
+        unstored=measured.unstored,
     )
 
 
@@ -229,11 +238,11 @@ def run(
             on_outcome(outcome)
         if outcome.status == "KILLED":
             break
-        usable = outcome.status == "FINISHED" and outcome.summary["valid"]
+        usable = outcome.status == "FINISHED" and outcome.summary.valid
         if not usable and link is not chain[-1]:
             raise RefusedError(
                 f"{link.name}'s run {outcome.run_id} is {outcome.status}"
-                f"{'' if outcome.summary['valid'] else ' and INVALID'}; the chain stops here",
+                f"{'' if outcome.summary.valid else ' and INVALID'}; the chain stops here",
                 hint="see its reasons with `optlab log`; fix them and run again",
             )
     return outcomes

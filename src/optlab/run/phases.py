@@ -1,0 +1,223 @@
+"""The phase loop of one measurement: warm up, measure, stop; and the signals that end it.
+
+Every tick drains the collector, notes what the generator had sent and had in flight, checks
+that the load generator and a started service are alive, hands the new windows and resource
+readings to the recorder, and shows the live status. Ctrl-C, SIGTERM and SIGHUP end a run the
+same way: the load stops, what is in flight drains (bounded), and the partial run is stored.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from types import FrameType
+
+from optlab.config.protocol import STABILITY_WINDOWS, EffectiveProtocol
+from optlab.load.base import LoadGenerator, StopReport
+from optlab.metrics.backlog import LoadTimeline
+from optlab.metrics.log import Collector, Window
+from optlab.metrics.resources import ResourceReading, ResourceSampler
+from optlab.run.progress import LiveStatus, Progress
+from optlab.run.validity import is_stable
+from optlab.targets.base import LoadedTarget
+
+__all__ = ["STOP_SIGNALS", "Interrupted", "PhaseLoop", "shielded", "stop_signals"]
+
+TICK_S = 0.25
+
+# SIGHUP is what a closed terminal or SSH session sends: by default it kills the process at
+# once and the partial run is lost, so it ends a run the way SIGTERM does.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+Offer = Callable[[Sequence[Window], Sequence[ResourceReading]], None]
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM, turned into what Ctrl-C raises so both end a run the same way."""
+
+
+@contextmanager
+def stop_signals(*, sigint: bool = False) -> Iterator[None]:
+    """SIGTERM and SIGHUP raise Interrupted; with `sigint`, Ctrl-C raises KeyboardInterrupt
+    again inside a `shielded()` block."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted(f"signal {signal.Signals(signum).name}")
+
+    previous = {signum: signal.signal(signum, handler) for signum in STOP_SIGNALS}
+    if sigint:
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        for signum, handler_before in previous.items():
+            signal.signal(signum, handler_before)
+
+
+@contextmanager
+def shielded() -> Iterator[None]:
+    """While the partial run is written, a second Ctrl-C must not leave it half-stored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {
+        signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, *STOP_SIGNALS)
+    }
+    try:
+        yield
+    finally:
+        for signum, handler_before in previous.items():
+            signal.signal(signum, handler_before)
+
+
+class PhaseLoop:
+    """Warmup (fixed, or until stable), the measured phase, then the drain.
+
+    After the loop, `warmup_s`, `measured_s` and `stabilised` say how it went, `collector`
+    holds every request, `readings` every resource sample and `load` what was offered.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        protocol: EffectiveProtocol,
+        progress: Progress,
+        load: LoadTimeline,
+        offer: Offer,
+    ) -> None:
+        self.name, self.protocol, self.progress = name, protocol, progress
+        self.collector = Collector()
+        self.sampler = ResourceSampler()
+        self.readings: list[ResourceReading] = []
+        # What the generator sent and had in flight, tick by tick: each window's offered load.
+        self.load = load
+        self._offer = offer
+        self.warmup_s = 0.0
+        self.measured_s = 0.0
+        self.stabilised: bool | None = None
+        self.target: LoadedTarget | None = None
+        self.generator: LoadGenerator | None = None
+        self._last_window: Window | None = None
+
+    def start(self, target: LoadedTarget, generator: LoadGenerator) -> None:
+        """Enter the warmup and start the load."""
+        self.target = target
+        self.set_phase("warmup")
+        self.sampler.set_phase("warmup")
+        if target.service_pid is not None:
+            self.sampler.track_service(target.service_pid)
+        self.sampler.start()
+        self.generator = generator
+        generator.start(self.collector)
+
+    def run(self) -> None:
+        """Warm up, then measure; returns when the measured phase has ended (the drain
+        phase has begun), also when it is interrupted."""
+        self._warm_up()
+        self._measure()
+
+    def stop(self, generator: LoadGenerator | None, drain_timeout_s: float) -> StopReport | None:
+        """Stop the load and drain it (bounded), close the collector and the sampler."""
+        report = generator.stop(drain_timeout_s) if generator is not None else None
+        self.collector.finish()
+        self.sampler.stop()
+        self.readings += self.sampler.take()
+        return report
+
+    def set_phase(self, phase: str) -> None:
+        now = time.perf_counter_ns()
+        self.collector.set_phase(phase, now)
+        self.load.set_phase(phase, now)
+        self._mark_load(now)
+
+    def _mark_load(self, now_ns: int | None = None) -> None:
+        generator = self.generator
+        if generator is not None:
+            now = time.perf_counter_ns() if now_ns is None else now_ns
+            self.load.mark(now, generator.issued, generator.in_flight)
+
+    def _tick(self, phase: str, started: float, planned: float) -> float:
+        # Never sleep past the planned end: a 5 s measurement should measure 5 s, not 5.2.
+        time.sleep(max(0.0, min(TICK_S, planned - (time.monotonic() - started))))
+        self.collector.drain()
+        self._mark_load()
+        if self.generator is not None and self.generator.failure is not None:
+            raise RuntimeError(f"a load generator failed: {self.generator.failure!r}")
+        if self.target is not None and self.target.check is not None:
+            self.target.check()  # a service that died fails the run, with its log tail
+        now = time.monotonic()
+        windows = self.collector.take_new_windows()
+        readings = self.sampler.take()
+        self.readings += readings
+        self._offer(windows, readings)
+        last = next((w for w in reversed(windows) if w.phase == phase), None)
+        if last is not None:
+            self._last_window = last
+        self.progress.update(self._status(phase, now - started, planned))
+        return now - started
+
+    def _status(self, phase: str, elapsed_s: float, planned_s: float) -> LiveStatus:
+        last = self._last_window
+        shown = last if last and last.phase == phase else None
+        cpu = next((r.cpu_process_pct for r in reversed(self.readings)), None)
+        gpus = self.readings[-1].gpus if self.readings else None
+        gpu = gpus[0].util_pct if gpus else None
+        return LiveStatus(
+            self.name,
+            phase,
+            elapsed_s,
+            planned_s,
+            shown.qps if shown else None,
+            shown.p50_ms if shown else None,
+            shown.p99_ms if shown else None,
+            cpu,
+            gpu,
+            errors=self.collector.totals(phase)[1],
+            timeouts=self.collector.error_counts(phase).get("timeout", (0, None))[0],
+        )
+
+    def _warm_up(self) -> None:
+        p = self.protocol
+        started = time.monotonic()
+        while True:
+            elapsed = self._tick("warmup", started, p.warmup_max_s)
+            self.warmup_s = elapsed
+            if p.warmup == "fixed" and elapsed >= p.warmup_s:
+                return
+            if p.warmup == "stable" and elapsed >= p.warmup_s and self._stable():
+                self.stabilised = True
+                return
+            if elapsed >= p.warmup_max_s:
+                self.stabilised = False if p.warmup == "stable" else None
+                return
+
+    def _stable(self) -> bool:
+        per_group = int(self.protocol.stability_window_s)
+        windows = self.collector.windows("warmup")
+        usable = len(windows) // per_group * per_group
+        start = len(windows) - usable
+        groups = [windows[i : i + per_group] for i in range(start, len(windows), per_group)]
+        qps = [sum(w.qps for w in g) / len(g) for g in groups]
+        p50s = [[w.p50_ms for w in g if w.p50_ms is not None] for g in groups]
+        p50 = [sum(v) / len(v) if v else None for v in p50s]
+        return is_stable(qps, p50, STABILITY_WINDOWS, self.protocol.stability_tolerance)
+
+    def _measure(self) -> None:
+        if self.target is not None and self.target.reset_metrics is not None:
+            self.target.reset_metrics()  # the target's own counters cover the measured phase
+        started = time.monotonic()
+        self.set_phase("measure")
+        self.sampler.set_phase("measure")
+        try:
+            while self.measured_s < self.protocol.duration_s:
+                self.measured_s = self._tick("measure", started, self.protocol.duration_s)
+        finally:
+            self.measured_s = time.monotonic() - started
+            self.set_phase("drain")
+            self.sampler.set_phase("drain")

@@ -1,0 +1,258 @@
+"""What one run measured, judged: the verdict and the `run --json` summary, from what the run
+collected (README: "run --json").
+
+Pure: `summarize()` reads only its `Collected` input (histograms, windows, resource readings,
+errors, what else used the machine, the protocol) and touches no clock, store or thread, so
+tests call it directly on hand-built inputs.
+"""
+
+from __future__ import annotations
+
+import getpass
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from optlab.chain.plan import Plan
+from optlab.config.models import ClosedLoad, OpenLoad, ReplayLoad, in_flight_limit
+from optlab.config.protocol import EffectiveProtocol
+from optlab.metrics.change import percent_change
+from optlab.metrics.histogram import LatencyHistogram
+from optlab.metrics.resources import ResourceReading
+from optlab.metrics.stages import LAG_SERIES, SEND_LAG, START_LAG, TOTAL
+from optlab.run.summary import MAX_JSON_DEPTH, json_safe, latency_summary, resource_summary
+from optlab.run.validity import LoadFacts, RunFacts, Verdict, halves, verdict
+from optlab.store import LatencyStats, RunFinal, RunRecord, RunSummary
+from optlab.targets.templates import Secrets
+
+__all__ = ["Collected", "Summarized", "step_against", "summarize", "who"]
+
+
+@dataclass(frozen=True)
+class Collected:
+    """What one run collected, and what it is judged against: the input of `summarize`."""
+
+    run_id: int
+    experiment: str
+    status: str  # FINISHED, KILLED or FAILED
+    protocol: EffectiveProtocol
+    load: ClosedLoad | OpenLoad | ReplayLoad
+    # The measured phase's latency histograms by series: "total", the target's stages, and
+    # the harness's own send and start lags.
+    histograms: Mapping[str, LatencyHistogram]
+    completed: int  # successful requests in the measured phase
+    failed: int
+    measured_s: float
+    warmup_s: float = 0.0
+    window_qps: Sequence[float] = ()  # the measured phase, window by window
+    errors: Mapping[str, tuple[int, str | None]] = field(
+        default_factory=dict
+    )  # kind: count, example
+    error: str | None = None  # why the run failed or stopped
+    interrupted: bool = False
+    stabilised: bool | None = None  # a "stable" warmup: whether it stabilised
+    abandoned: int = 0  # requests still in flight after the drain
+    readings: Sequence[ResourceReading] = ()
+    peak_rss_bytes: int | None = None
+    throttled: bool = False
+    machine: LoadFacts = field(default_factory=LoadFacts)  # what else used the machine
+    in_flight: tuple[int | None, ...] = (None, None, None)  # measured phase: start, end, most
+    in_process: bool = True  # the target ran inside optlab's process
+    accuracy: Mapping[str, Any] | None = None
+    max_accuracy_drop_pts: float | None = None
+    target_metrics: Any = None  # what the target's metrics() returned, JSON-safe
+    service: Any = None  # what a started service's info returned, JSON-safe
+    hook_notes: Sequence[str] = ()
+    paired: Mapping[str, Any] | None = None
+    parent: RunRecord | None = None  # the parent run this step is checked against
+    plan: Plan | None = None
+    who: str = "unknown"
+    secrets: Secrets = field(default_factory=Secrets)  # every text stored is redacted
+
+
+@dataclass(frozen=True)
+class Summarized:
+    verdict: Verdict  # the validity rules on what was measured
+    valid: bool  # False also for a run that did not finish
+    reasons: list[str]
+    summary: RunSummary  # `run --json`'s object (`to_json()`), as stored
+    final: RunFinal  # what the final write stores
+    errors: dict[str, tuple[int, str | None]]  # by kind, redacted, as stored
+
+
+def summarize(c: Collected) -> Summarized:
+    """The verdict on a run and its summary."""
+    redact = c.secrets.redact
+    error = redact(c.error) if c.error is not None else None
+    errors = {
+        redact(kind): (count, None if example is None else redact(example))
+        for kind, (count, example) in c.errors.items()
+    }
+    judged = verdict(run_facts(c))
+    notes = [redact(note) for note in [*judged.notes, *c.hook_notes]]
+    if c.stabilised is False:
+        notes.append(
+            f"warmup did not stabilise within {c.protocol.warmup_max_s:g} s; measured anyway"
+        )
+    if c.abandoned:
+        notes.append(f"{c.abandoned} requests were still in flight after the drain")
+    valid = judged.valid if c.status == "FINISHED" else False
+    reasons = list(judged.reasons)
+    if c.status == "FAILED":
+        reasons.insert(0, "the run failed: " + (error or "").splitlines()[0])
+    qps = c.completed / max(c.measured_s, 1e-9) if c.measured_s > 0 else None
+    summary = _summary(c, valid, reasons, notes, errors, qps)
+    final = RunFinal(
+        status=c.status,
+        valid=valid,
+        reasons=tuple(reasons),
+        requests=c.completed,
+        errors=c.failed,
+        qps=qps,
+        warmup_s=c.warmup_s,
+        duration_s=c.measured_s,
+        summary=summary,
+        error_message=error,
+    )
+    return Summarized(judged, valid, reasons, summary, final, errors)
+
+
+def run_facts(c: Collected) -> RunFacts:
+    """What the validity rules judge, from what the run collected."""
+    stages, harness = _split(c.histograms)
+    total = stages.get(TOTAL)
+    total_s = total.summary_ms() if total is not None else {}
+    lag, start = harness.get(SEND_LAG), harness.get(START_LAG)
+    lag_s = lag.summary_ms() if lag is not None and lag.count else {}
+    start_s = start.summary_ms() if start is not None and start.count else {}
+    first, second = halves(c.window_qps)
+    load, p = c.load, c.protocol
+    open_loop = isinstance(load, OpenLoad | ReplayLoad)
+    measured = max(c.measured_s, 1e-9)
+    answered = c.completed + c.failed
+    return RunFacts(
+        requested_s=p.duration_s,
+        measured_s=c.measured_s,
+        completed=c.completed,
+        errors=c.failed,
+        max_error_rate=p.max_error_rate,
+        send_lag_p99_ms=_num(lag_s.get("p99")) if open_loop else None,
+        max_send_lag_p99_ms=p.max_send_lag_p99_ms,
+        start_lag_p99_ms=_num(start_s.get("p99")),
+        total_p50_ms=_num(total_s.get("p50")),
+        first_half_qps=first,
+        second_half_qps=second,
+        stability_tolerance=p.stability_tolerance,
+        throttled=c.throttled,
+        interrupted=c.interrupted,
+        open_loop=open_loop,
+        accuracy_drop_pts=_num((c.accuracy or {}).get("drop_pts")),
+        max_accuracy_drop_pts=c.max_accuracy_drop_pts,
+        stuck_clients=0 if open_loop else c.abandoned,
+        clients=load.concurrency if isinstance(load, ClosedLoad) else None,
+        # Who set the pace and what else used the machine.
+        intended_qps=load.rate if isinstance(load, OpenLoad) else None,
+        completed_qps=answered / measured if measured > 0 else None,
+        in_flight_start=c.in_flight[0],
+        in_flight_end=c.in_flight[1],
+        in_flight_max=c.in_flight[2],
+        in_flight_limit=in_flight_limit(load) * load.processes,
+        in_process=c.in_process,
+        load=c.machine,
+    )
+
+
+def _summary(
+    c: Collected,
+    valid: bool,
+    reasons: list[str],
+    notes: list[str],
+    errors: Mapping[str, tuple[int, str | None]],
+    qps: float | None,
+) -> RunSummary:
+    stages, harness = _split(c.histograms)
+    summary: dict[str, Any] = {
+        "run_id": c.run_id,
+        "experiment": c.experiment,
+        "status": c.status,
+        "valid": valid,
+        "provisional": c.protocol.provisional,
+        "reasons": reasons,
+        "notes": notes,
+        "protocol": c.protocol.name,
+        "load": c.load.mode,
+        "requests": c.completed,
+        "errors": c.failed,
+        "errors_by_type": {k: v[0] for k, v in errors.items()},
+        "qps": qps,
+        "warmup_s": round(c.warmup_s, 3),
+        "duration_s": round(c.measured_s, 3),
+        "latency_ms": latency_summary(stages),
+        "harness_ms": latency_summary(harness),
+        "resources": resource_summary(c.readings, c.peak_rss_bytes),
+        "who": c.who,
+    }
+    if c.accuracy is not None:
+        summary["accuracy"] = c.accuracy
+    if c.target_metrics is not None:
+        summary["target"] = c.secrets.redact_any(c.target_metrics)
+    if c.service is not None:
+        summary["service"] = c.service
+    if c.paired is not None:
+        summary["paired"] = dict(c.paired)
+    if c.parent is not None:
+        summary["parent"] = step_against(c.parent, summary, c.plan)
+    # A last net: nothing that strict JSON rejects reaches the store or `run --json`.
+    late_notes: list[str] = []
+    # (deeper than the hooks' own pass, which already cut what a target nested too deep)
+    safe: dict[str, Any] = json_safe(summary, "summary", late_notes, max_depth=MAX_JSON_DEPTH + 4)
+    safe["notes"] += late_notes
+    return RunSummary.from_json(safe)
+
+
+def _split(
+    histograms: Mapping[str, LatencyHistogram],
+) -> tuple[dict[str, LatencyHistogram], dict[str, LatencyHistogram]]:
+    """The latency series (total and the target's stages) apart from the harness's lags."""
+    stages = {k: v for k, v in histograms.items() if k not in LAG_SERIES}
+    harness = {k: v for k, v in histograms.items() if k in LAG_SERIES}
+    return stages, harness
+
+
+def step_against(
+    parent: RunRecord, summary: Mapping[str, Any], plan: Plan | None
+) -> dict[str, Any]:
+    """This run's change against the parent run it was checked against (relative, in %)."""
+    total = parent.summary.total if parent.summary is not None else LatencyStats()
+    before = {"p50": total.p50, "p95": total.p95, "p99": total.p99}
+    after = summary.get("latency_ms", {}).get("total", {})
+
+    def change(old: float | None, new: float | None) -> float | None:
+        pct = percent_change(old, new)
+        return None if pct is None else round(pct, 2)
+
+    variable = plan.variable if plan is not None else None
+    return {
+        "experiment": parent.experiment,
+        "run_id": parent.id,
+        "variable": variable.name if variable is not None else None,
+        "change": variable.describe() if variable is not None else None,
+        "qps": parent.qps,
+        "qps_change_pct": change(parent.qps, summary.get("qps")),
+        **{f"{k}_ms": before.get(k) for k in ("p50", "p95", "p99")},
+        **{f"{k}_change_pct": change(before.get(k), after.get(k)) for k in ("p50", "p95", "p99")},
+    }
+
+
+def who() -> str:
+    """user@host of whoever ran the measurement, for the audit."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # a container user without a passwd entry
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def _num(value: Any) -> float | None:
+    return None if value is None else float(value)
