@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     help="Folder for the demo's fresh database (a new file each time).",
 )
 @click.option("--verbose", is_flag=True, help="Print each run's full summary as it finishes.")
-def demo(chain: str, out: Path, verbose: bool) -> None:
+@click.option("--wide", is_flag=True, help="On a terminal, every column in the table.")
+def demo(chain: str, out: Path, verbose: bool, wide: bool) -> None:
     """Measure the reference chain under the quick protocol and print its stacked table.
 
     Every step changes one knob of the built-in image classifier; each run is PROVISIONAL
@@ -64,6 +65,7 @@ def demo(chain: str, out: Path, verbose: bool) -> None:
     print_table(
         result.table,
         title=f"stacked gains: {result.head} ({chosen} chain, quick protocol: PROVISIONAL)",
+        wide=wide,
     )
     click.echo(
         f"measured {len(result.outcomes)} runs in {result.seconds:.0f} s; database: {database}\n"

@@ -34,11 +34,20 @@ def _frame(store: Store, head: str | None) -> pd.DataFrame:
     default="rich",
     show_default=True,
 )
+@click.option(
+    "--wide",
+    is_flag=True,
+    help="On a terminal, every column in the table, however wide (rich format).",
+)
 @click.pass_context
-def table(ctx: click.Context, head: str | None, fmt: str) -> None:
+def table(ctx: click.Context, head: str | None, fmt: str, wide: bool) -> None:
     """The stacked-gains table of HEAD's chain, one row per step.
 
     HEAD is an experiment's name or its file; it defaults to the newest chain head.
+
+    On a terminal the rich table fits its width: step, change, QPS and P99 with their step
+    change, and the verdict always, other columns while there is room, and what it leaves
+    out in a detail block under it. Piped, or with --wide, every column at full width.
     """
     store = open_store(ctx, read_only=True)
     frame = _frame(store, head)
@@ -46,7 +55,9 @@ def table(ctx: click.Context, head: str | None, fmt: str) -> None:
         from optlab.reports.terminal import print_table
 
         print_table(
-            frame, title=f"stacked gains: {frame.attrs['head']} ({frame.attrs['protocol_label']})"
+            frame,
+            title=f"stacked gains: {frame.attrs['head']} ({frame.attrs['protocol_label']})",
+            wide=wide,
         )
     elif fmt == "markdown":
         from optlab.reports.markdown import render_markdown

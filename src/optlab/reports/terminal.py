@@ -1,12 +1,32 @@
-"""The stacked-gains table for a terminal (rich), and as plain text for logs and pipes."""
+"""The stacked-gains table for a terminal (rich), and as plain text for logs and pipes.
+
+On a terminal the table fits the terminal's width: the columns that matter (step, change, QPS
+and P99 with their step change, verdict) always, the others while there is room, and what the
+table leaves out in a per-step detail block under it. With `wide`,
+and whenever stdout is not a terminal (a pipe, a file), every column at full width: the table
+scripts read, the same as before the table learned to fit.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import shutil
+import sys
+import textwrap
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import TYPE_CHECKING, Any, Literal
 
-from optlab.reports.export import present
+from rich import box
+from rich.cells import cell_len
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from optlab.reports.export import as_list, present
 from optlab.reports.format import (
     change_text,
+    interval,
     number,
     percent,
     rate,
@@ -18,30 +38,216 @@ from optlab.reports.table import stage_columns
 
 if TYPE_CHECKING:
     import pandas as pd
-    from rich.table import Table
+
+# Piped output keeps every column unsqueezed, however wide (a script reads it whole).
+PIPE_WIDTH = 320
+# The fitted table's columns, separated by two spaces under one rule below the header.
+GAP = 2
+# A free-text column (change, verdict) keeps this many cells before a headline column joins
+# the table, and this many before a stage or a target's figure does.
+TEXT_ROOM = 24
+TEXT_ROOM_WIDE = 40
+KEY_COLUMNS = ("step", "change", "qps", "qps_step", "p99", "p99_step", "verdict")
+# What joins the key columns while there is room, most wanted first: P50 and its Δ, the
+# intervals of the Δ columns, the changes against the baseline (a Δ named again gets its
+# interval).
+JOINS = (("p50", "p50_step"), ("qps_step",), ("p99_step",), ("qps_cum", "p99_cum"), ("p50_step",))
+# The target's own figures the table shows where a step has them: (column, header).
+EXTRAS = (
+    ("infer_ms_per_request", "infer/req"),
+    ("mean_batch_size", "batch"),
+    ("accuracy_top1", "top-1"),
+    ("cache_hit_rate", "cache hit"),
+)
+# What the detail block says of a step's resource use: (column, label, unit).
+RESOURCES = (
+    ("cpu_pct", "CPU", "%"),
+    ("service_cpu_pct", "service CPU", "%"),
+    ("gpu_util_pct", "GPU", "%"),
+    ("gpu_mem_peak_mib", "GPU memory", " MiB"),
+)
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of the terminal table, its cells already written, one per step."""
+
+    key: str
+    header: str
+    cells: tuple[str, ...]
+    justify: Literal["left", "right"] = "right"
+    wrap: bool = False  # free text: wraps at spaces to fit
+    # The cells without their confidence interval (the Δ step columns), for a narrow terminal.
+    short: tuple[str, ...] | None = None
+
+    @property
+    def width(self) -> int:
+        """The widest line of its header and cells."""
+        lines = [line for text in (self.header, *self.cells) for line in text.splitlines()]
+        return max((cell_len(line) for line in lines), default=0)
+
+    @property
+    def least(self) -> int:
+        """The narrowest it can wrap to without cutting a word (its width if it never wraps)."""
+        if not self.wrap:
+            return self.width
+        words = [word for text in (self.header, *self.cells) for word in text.split()]
+        return max((cell_len(word) for word in words), default=0)
+
+    @property
+    def without_interval(self) -> bool:
+        """A Δ step column shown narrow (its interval goes to the detail block)."""
+        return self.short is None and self.key.endswith("_step")
+
+    def narrow(self) -> Column:
+        return replace(self, cells=self.short, short=None) if self.short is not None else self
 
 
 def _num(value: Any, digits: int = 1) -> str:
     return number(value, digits, missing="-")
 
 
-def _mark(row: Any) -> str:
+def _extra(column: str, value: Any) -> str:
+    if column in ("mean_batch_size", "infer_ms_per_request"):
+        return _num(value, 2 if column == "infer_ms_per_request" else 1)
+    return rate(value, missing="-")
+
+
+def _mark(row: Any, *, compact: bool = False, titled: bool = False) -> str:
+    """The verdict cell. `compact` (the fitted table) leaves out what every row would say:
+    VALID, and PROVISIONAL when the title says the whole table is (`titled`)."""
     if not present(row.get("run_id")):
-        return "missing: " + str(row.get("missing") or "no run")
+        return "missing" if compact else "missing: " + str(row.get("missing") or "no run")
     marks = [verdict_label(row) if present(row.get("verdict")) else ""]
-    marks.append("VALID" if row.get("valid") else "INVALID")
-    if row.get("provisional"):
+    if not compact or not row.get("valid"):
+        marks.append("VALID" if row.get("valid") else "INVALID")
+    if row.get("provisional") and not (compact and titled):
         marks.append("PROVISIONAL")
     if row.get("slo_pass") is False:
         marks.append("SLO FAIL")
     return " ".join(m for m in marks if m)
 
 
-def notes(frame: pd.DataFrame) -> list[str]:
-    """Flags, INVALID reasons and SLO failures, one line each, for under the table; then
-    whether the service's own environment was checked."""
+def table_columns(frame: pd.DataFrame, *, compact: bool = False) -> list[Column]:
+    """Every column of the full table, in its order; `compact`: as the fitted table writes
+    them (its verdict, and only the stages that hold a value)."""
+    rows = [row for _, row in frame.iterrows()]
+
+    def column(key: str, header: str, cell: Callable[[Any], str], **options: Any) -> Column:
+        return Column(key, header, tuple(cell(row) for row in rows), **options)
+
+    def value(key: str, header: str, write: Callable[[Any], str]) -> Column:
+        return column(key, header, lambda r: write(r.get(key)))
+
+    def delta(key: str, prefix: str) -> Column:
+        short = tuple(percent(row.get(f"{prefix}_step_pct"), 0) for row in rows)
+        return column(key, "Δ step", lambda r: step_delta(r, prefix, digits=0, tight=True),
+                      short=short)  # fmt: skip
+
+    columns = [
+        column("step", "step", lambda r: str(r["experiment"]), justify="left"),
+        column("change", "change", change_text, justify="left", wrap=True),
+        column("qps", "QPS", lambda r: _num(r.get("qps"))),
+        delta("qps_step", "qps"),
+        column("qps_cum", "Δ cum", lambda r: percent(r.get("qps_cumulative_pct"), 0)),
+        column("p50", "P50 ms", lambda r: _num(r.get("p50_ms"), 2)),
+        delta("p50_step", "p50"),
+        column("p99", "P99 ms", lambda r: _num(r.get("p99_ms"), 2)),
+        delta("p99_step", "p99"),
+        column("p99_cum", "Δ cum", lambda r: percent(r.get("p99_cumulative_pct"), 0)),
+    ]
+    for stage in stage_columns(frame, with_values=compact):
+        columns.append(value(stage, f"{stage_name(stage)} P50", lambda v: _num(v, 2)))
+    for extra, header in EXTRAS:
+        if extra in frame and frame[extra].map(present).any():
+            columns.append(value(extra, header, partial(_extra, extra)))
+    # The title names the protocol, PROVISIONAL included (protocol_label).
+    titled = bool((frame.attrs.get("protocol") or {}).get("provisional"))
+    verdict = column("verdict", "verdict", lambda r: _mark(r, compact=compact, titled=titled),
+                     justify="left", wrap=True)  # fmt: skip
+    return [*columns, verdict]
+
+
+def _needed(columns: Sequence[Column], room: int) -> int:
+    """Cells the fitted table needs, its free-text columns at no less than `room`."""
+    widths = [min(c.width, room) if c.wrap else c.width for c in columns]
+    return sum(widths) + GAP * (len(columns) - 1)
+
+
+def fit(columns: Sequence[Column], width: int) -> list[Column]:
+    """The key columns (their Δ without interval), then each of JOINS while the table still
+    fits in `width`, then each stage and each of the target's figures. The table keeps its
+    usual column order."""
+    full = {c.key: c for c in columns}
+    chosen = {key: full[key].narrow() for key in KEY_COLUMNS if key in full}
+    named = {key for keys in JOINS for key in keys}
+    rest = [(c.key,) for c in columns if c.key not in named and c.key not in KEY_COLUMNS]
+    for keys, room in [*((k, TEXT_ROOM) for k in JOINS), *((k, TEXT_ROOM_WIDE) for k in rest)]:
+        if len(keys) == 1 and keys[0].endswith("_step") and keys[0] not in chosen:
+            continue  # an interval joins only a Δ the table already shows
+        # A column shown already gets its interval; one not shown yet joins without it.
+        update = {k: full[k] if k in chosen else full[k].narrow() for k in keys if k in full}
+        candidate = chosen | update
+        if candidate != chosen and _needed(list(candidate.values()), room) <= width:
+            chosen = candidate
+    return [chosen[c.key] for c in columns if c.key in chosen]
+
+
+def rich_table(frame: pd.DataFrame, title: str | None = None) -> Table:
+    """Every column at full width: the table piped output and `--wide` show."""
+    table = Table(title=title, show_lines=False)
+    columns = table_columns(frame)
+    for column in columns:
+        table.add_column(column.header, justify=column.justify)
+    for index in range(len(frame)):
+        table.add_row(*(column.cells[index] for column in columns))
+    return table
+
+
+def _share_out(columns: Sequence[Column], width: int) -> list[int | None]:
+    """Each column's width: its own where the table fits; else the free-text columns share
+    what the others leave, each from its longest word up, the one lacking most served first
+    (rich's own sharing can cut a word short while another column has room to spare). None
+    (rich decides) when even the longest words do not fit."""
+    spare = width - _needed(columns, room=0) - sum(c.least for c in columns if c.wrap)
+    if _needed(columns, room=10**6) <= width or spare < 0:
+        return [None if spare < 0 else c.width for c in columns]
+    given = {c.key: c.least for c in columns if c.wrap}
+    wanted = {c.key: c.width for c in columns if c.wrap}
+    while spare > 0 and any(given[k] < wanted[k] for k in given):
+        lacking = max(given, key=lambda k: wanted[k] - given[k])
+        given[lacking] += 1
+        spare -= 1
+    return [given.get(c.key, c.width) for c in columns]
+
+
+def fitted_table(frame: pd.DataFrame, title: str | None, width: int) -> tuple[Table, list[Column]]:
+    """The table that fits in `width`, and the columns it shows."""
+    shown = fit(table_columns(frame, compact=True), width)
+    widths = _share_out(shown, width)
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                  padding=(0, 1, 0, 0))  # fmt: skip
+    for column, cells in zip(shown, widths, strict=True):
+        table.add_column(
+            column.header,
+            justify=column.justify,
+            no_wrap=not column.wrap,
+            overflow="fold",  # never "…": at worst a word breaks
+            width=cells,
+        )
+    for index in range(len(frame)):
+        table.add_row(*(Text(column.cells[index]) for column in shown))
+    return table, shown
+
+
+def notes(frame: pd.DataFrame, *, missing: bool = False) -> list[str]:
+    """Flags, INVALID reasons and SLO failures, one line each, for under the table (with
+    `missing`, why a step has no row too); then whether the service's own environment was
+    checked."""
     lines = []
     for _, row in frame.iterrows():
+        if missing and not present(row.get("run_id")):
+            lines.append(f"{row['experiment']}: missing: {row.get('missing') or 'no run'}")
         for label, key in (("flag", "flags"), ("invalid", "reasons"), ("SLO", "slo_failures")):
             items = row.get(key)
             for item in items if isinstance(items, list) else []:
@@ -52,85 +258,105 @@ def notes(frame: pd.DataFrame) -> list[str]:
     return lines
 
 
-def rich_table(frame: pd.DataFrame, title: str | None = None) -> Table:
-    from rich.table import Table
+def _figures(
+    row: Any, shown: Mapping[str, bool], stages: Sequence[str], confidence: Any
+) -> list[tuple[str, list[str]]]:
+    """(label, items) of one step's detail lines: what the table left out (`shown`: its column
+    keys -> whether shown without the interval), and what it never has room for."""
+    latency = [] if "p50" in shown else [f"P50 {_num(row.get('p50_ms'), 2)} ms"]
+    latency += [f"{label} {_num(row.get(c), 2)} ms" for c, label in
+                (("p95_ms", "P95"), ("p999_ms", "P99.9")) if present(row.get(c))]  # fmt: skip
+    steps, cumulative = [], []
+    for prefix, label in (("qps", "QPS"), ("p50", "P50"), ("p99", "P99")):
+        key = f"{prefix}_step"
+        text = step_delta(row, prefix, digits=0, tight=True)
+        narrow = percent(row.get(f"{key}_pct"), 0)
+        # Left out, or shown without an interval there is: the detail block gives it whole.
+        if text and (key not in shown or (shown[key] and text != narrow)):
+            steps.append(f"{label} {text}")
+        cum = percent(row.get(f"{prefix}_cumulative_pct"), 0)
+        if cum and f"{prefix}_cum" not in shown and row.get("verdict") != "baseline":
+            low, high = (row.get(f"{prefix}_cumulative_{end}_pct") for end in ("low", "high"))
+            cumulative.append(f"{label} {cum}{interval(low, high, tight=True)}")
+    stage_p50s = [f"{stage_name(c)} {_num(row.get(c), 2)}" for c in stages
+                  if c not in shown and present(row.get(c))]  # fmt: skip
+    resources = [f"{label} {_num(row.get(c))}{unit}" for c, label, unit in RESOURCES
+                 if present(row.get(c))]  # fmt: skip
+    if present(row.get("error_rate")) and row.get("error_rate"):
+        resources.append(f"errors {rate(row.get('error_rate'))}")
+    target = [f"{header} {_extra(c, row.get(c))}{' ms' if c == 'infer_ms_per_request' else ''}"
+              for c, header in EXTRAS
+              if c not in shown and present(row.get(c))]  # fmt: skip
+    return [("latency", latency), ("Δ step", steps), ("Δ cum", cumulative),
+            ("stage P50 ms", stage_p50s), ("resources", resources), ("target", target),
+            ("significance", _significance(row, confidence))]  # fmt: skip
 
-    table = Table(title=title, show_lines=False)
-    for header in (
-        "step",
-        "change",
-        "QPS",
-        "Δ step",
-        "Δ cum",
-        "P50 ms",
-        "Δ step",
-        "P99 ms",
-        "Δ step",
-        "Δ cum",
-    ):
-        table.add_column(header, justify="left" if header in ("step", "change") else "right")
+
+def _significance(row: Any, confidence: Any) -> list[str]:
+    significant = row.get("significant")
+    if not isinstance(significant, bool) and significant is not None:
+        significant = bool(significant)  # numpy's bool
+    if significant is None or not present(confidence):
+        return []
+    level = f"at {float(confidence) * 100:g}% confidence"
+    if not significant:
+        return [f"within noise {level}"]
+    decided = ", ".join(as_list(row.get("decided_by")))
+    return [f"beyond noise {level}" + (f" (decided by {decided})" if decided else "")]
+
+
+def detail_lines(frame: pd.DataFrame, shown: Mapping[str, bool], width: int) -> list[str]:
+    """Per measured step, what the fitted table left out and what it never shows (P95, P99.9,
+    CPU and GPU use, GPU memory, significance), wrapped to `width`."""
     stages = stage_columns(frame)
-    for column in stages:
-        table.add_column(stage_name(column) + " P50", justify="right")
-    extras = [
-        c
-        for c in ("infer_ms_per_request", "mean_batch_size", "accuracy_top1", "cache_hit_rate")
-        if c in frame
-    ]
-    extras = [c for c in extras if frame[c].map(present).any()]
-    headers = {
-        "infer_ms_per_request": "infer/req",
-        "mean_batch_size": "batch",
-        "accuracy_top1": "top-1",
-        "cache_hit_rate": "cache hit",
-    }
-    for column in extras:
-        table.add_column(headers[column], justify="right")
-    table.add_column("verdict")
+    lines: list[str] = []
     for _, row in frame.iterrows():
-        cells = [
-            str(row["experiment"]),
-            change_text(row),
-            _num(row.get("qps")),
-            step_delta(row, "qps", digits=0, tight=True),
-            percent(row.get("qps_cumulative_pct"), 0),
-            _num(row.get("p50_ms"), 2),
-            step_delta(row, "p50", digits=0, tight=True),
-            _num(row.get("p99_ms"), 2),
-            step_delta(row, "p99", digits=0, tight=True),
-            percent(row.get("p99_cumulative_pct"), 0),
-        ]
-        cells += [_num(row.get(c), 2) for c in stages]
-        for column in extras:
-            value = row.get(column)
-            if column in ("mean_batch_size", "infer_ms_per_request"):
-                cells.append(_num(value, 2 if column == "infer_ms_per_request" else 1))
-            else:
-                cells.append(rate(value, missing="-"))
-        cells.append(_mark(row))
-        table.add_row(*cells)
-    return table
+        if not present(row.get("run_id")):
+            continue  # a missing step's reason is its verdict
+        figures = _figures(row, shown, stages, frame.attrs.get("confidence"))
+        sections = [(label, items) for label, items in figures if items]
+        if not sections:
+            continue
+        lines += textwrap.wrap(str(row["experiment"]), width)
+        for label, items in sections:
+            lines += textwrap.wrap(f"{label}: {', '.join(items)}", width, initial_indent="  ",
+                                   subsequent_indent="    ", break_on_hyphens=False)  # fmt: skip
+    if lines:
+        lines.insert(0, "")
+        lines.insert(1, "per step (--wide puts every column in the table):")
+    return lines
 
 
-def render_text(frame: pd.DataFrame, title: str | None = None, width: int = 200) -> str:
-    """The rich table as plain text (no colour codes), for logs, pipes and tests."""
-    from rich.console import Console
+def _emit(console: Console, frame: pd.DataFrame, title: str | None, fit_to: int | None) -> None:
+    if fit_to is None:
+        console.print(rich_table(frame, title))
+    else:
+        table, shown = fitted_table(frame, title, fit_to)
+        console.print(table)
+    for line in notes(frame, missing=fit_to is not None):
+        console.print(line, markup=False, highlight=False)
+    if fit_to is not None:
+        for line in detail_lines(frame, {c.key: c.without_interval for c in shown}, fit_to):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
 
+
+def render_text(
+    frame: pd.DataFrame, title: str | None = None, width: int = 200, *, fit_to: bool = False
+) -> str:
+    """The table as plain text (no colour codes), for logs, pipes and tests: every column, or
+    with `fit_to` the table a terminal `width` cells wide shows, and its detail block."""
     console = Console(width=width, record=True, color_system=None, force_terminal=False)
     with console.capture() as capture:
-        console.print(rich_table(frame, title))
-        for line in notes(frame):
-            console.print(line, markup=False, highlight=False)
+        _emit(console, frame, title, width if fit_to else None)
     return capture.get()
 
 
-def print_table(frame: pd.DataFrame, title: str | None = None) -> None:
-    """The table and its notes on stdout; piped output is not squeezed to 80 columns."""
-    import sys
-
-    from rich.console import Console
-
-    console = Console(width=None if sys.stdout.isatty() else 320)
-    console.print(rich_table(frame, title))
-    for line in notes(frame):
-        console.print(line, markup=False, highlight=False)
+def print_table(frame: pd.DataFrame, title: str | None = None, *, wide: bool = False) -> None:
+    """The table and its notes on stdout. On a terminal, fitted to its width (COLUMNS, when
+    set, wins), with what it leaves out in a detail block; `wide`, or not a terminal: every
+    column at full width (piped output is never squeezed to 80 columns)."""
+    if wide or not sys.stdout.isatty():
+        _emit(Console(width=PIPE_WIDTH), frame, title, None)
+        return
+    width = shutil.get_terminal_size().columns
+    _emit(Console(width=width), frame, title, width)
