@@ -110,7 +110,7 @@ def main() -> int:
     args = parser.parse_args()
     runs_per_step, others, windows = (10, 90, 60) if args.smoke else (100, 90, 600)
     total = runs_per_step * (STEPS + others)
-    from optlab.store.database import head_revision
+    from optlab.store.schema import head_revision
 
     # Keyed by the schema too: a database built by an older optlab is rebuilt, not refused.
     path = Path(f"/tmp/optlab-table-scale-{total}-{windows}-{head_revision()}.db")

@@ -19,14 +19,8 @@ from sqlalchemy import text, update
 from optlab.cli.main import cli
 from optlab.errors import RefusedError, StoreError
 from optlab.metrics.histogram import LatencyHistogram
-from optlab.store import Store, upgrade
-from optlab.store.bundle import (
-    RunBundle,
-    export_file,
-    read_bundle,
-    read_bundles,
-    write_bundle,
-)
+from optlab.store import RunFinal, Store, upgrade
+from optlab.store.bundle_files import export_file, read_bundle, read_bundles, write_bundle
 from optlab.store.database import make_engine
 from optlab.store.models import SqlRun
 from optlab.store.pending import import_pending, save_pending
@@ -88,11 +82,6 @@ def contents(url: str) -> dict[str, dict[str, Any]]:
     return found
 
 
-def final_of(bundle: RunBundle) -> dict[str, Any]:
-    keys = ("status", "valid", "reasons", "requests", "errors", "qps", "summary", "warmup_s")
-    return {key: bundle.run[key] for key in (*keys, "duration_s", "error_message")}
-
-
 def test_0004_gives_every_existing_run_a_distinct_uid(db_url: str) -> None:
     command.upgrade(alembic_cfg(db_url), "0003_service_resources")
     at = "2024-05-01 12:00:00+00:00"
@@ -131,7 +120,7 @@ def test_0004_gives_every_existing_run_a_distinct_uid(db_url: str) -> None:
         )
     engine.dispose()
 
-    assert upgrade(db_url) == ("0003_service_resources", "0005_load_and_noise")
+    assert upgrade(db_url) == ("0003_service_resources", store_tests.HEAD)
     with Store.open(db_url) as store:
         uids = [run.uid for run in store.list_runs()]
         assert len(uids) == len(set(uids)) == 3
@@ -243,22 +232,22 @@ def test_complete_run_stores_everything_once_and_can_be_retried(
         flushed = measured.windows[:2]
         store.add_windows(run_id, flushed)  # the runner's 5 s flush
         store.add_resource_samples(run_id, measured.samples[:1])
-        final = final_of(measured)
+        final = measured.final
         arguments: dict[str, Any] = {
+            "final": final,
             "stage_stats": measured.stage_stats,
             "windows": measured.windows,
             "samples": measured.samples,
             "run_errors": [*measured.errors],
-            **final,
         }
         for _attempt in range(2):  # a retry stores the same thing, without UNIQUE errors
             store.complete_run(run_id, **arguments)
             run = store.get_run(run_id)
-            assert (run.status, run.requests, run.qps) == (
-                "FINISHED",
-                final["requests"],
-                final["qps"],
-            )
+            assert (run.status, run.requests, run.qps) == ("FINISHED", final.requests, final.qps)
+            assert run.summary is not None and final.summary is not None
+            # The same summary, as a run of this database's experiment.
+            moved = {"run_id": run_id, "experiment": "baseline"}
+            assert run.summary.to_json() == final.summary.to_json() | moved
             assert run.finished_at is not None
             assert store.get_windows(run_id) == list(measured.windows)
             assert store.get_resource_samples(run_id) == list(measured.samples)
@@ -278,7 +267,7 @@ def test_a_running_run_is_completed_from_its_pending_bundle(laptop: str, db_url:
         snapshot = store.export_run(run_id)  # as the runner takes it when the run starts
         store.add_windows(run_id, measured.windows[:1])
         bundle = snapshot.completed(
-            final=final_of(measured),
+            final=measured.final,
             stage_stats=measured.stage_stats,
             windows=measured.windows,
             samples=measured.samples,
@@ -304,9 +293,7 @@ def test_a_running_run_is_completed_from_its_pending_bundle(laptop: str, db_url:
         assert store.import_bundle(bundle).action == "skipped"
 
 
-def test_a_pending_bundle_is_stored_by_the_next_command(
-    laptop: str, tmp_path: Path
-) -> None:
+def test_a_pending_bundle_is_stored_by_the_next_command(laptop: str, tmp_path: Path) -> None:
     def optlab(*args: str) -> Result:
         return CliRunner().invoke(cli, ["--db", laptop, *args], catch_exceptions=False)
 
@@ -317,7 +304,7 @@ def test_a_pending_bundle_is_stored_by_the_next_command(
         with store.session_scope() as session:
             session.execute(update(SqlRun).where(SqlRun.id == run_id).values(status="CRASHED"))
         bundle = store.export_run(run_id).completed(
-            final=final_of(measured),
+            final=measured.final,
             stage_stats=measured.stage_stats,
             windows=measured.windows,
             samples=measured.samples,
@@ -383,6 +370,35 @@ def test_cli_export_and_import(laptop: str, tmp_path: Path) -> None:
         assert store.list_runs() == []
 
 
+def test_a_bundle_from_before_summary_versions_imports_the_same(
+    laptop: str, tmp_path: Path
+) -> None:
+    """A bundle carries each run's summary whole, with its schema_version; one written before
+    summaries had a version (the same fields, no schema_version) reads and stores the same."""
+    with Store.open(laptop) as store:
+        runs = store.list_runs()
+        path = write_bundle(tmp_path / "new.jsonl", store.export_runs([r.id for r in runs]), laptop)
+    header, *lines = path.read_text().splitlines()
+    old_lines = []
+    for line in lines:
+        value = json.loads(line)
+        assert value["run"]["summary"]["schema_version"] == 2
+        assert value["run"]["summary"]["latency_ms"]["total"]["count"] > 0
+        del value["run"]["summary"]["schema_version"]
+        old_lines.append(json.dumps(value))
+    old = tmp_path / "old.jsonl"
+    old.write_text("\n".join([header, *old_lines]) + "\n")
+
+    for name, bundle_file in (("from-new", path), ("from-old", old)):
+        url = f"sqlite:///{tmp_path / name}.db"
+        with Store.open(url) as store:
+            results = store.import_bundles(read_bundles([bundle_file]))
+            assert [r.action for r in results] == ["imported", "imported"]
+            imported = store.list_runs()
+        assert [r.summary for r in imported] == [r.summary for r in runs]
+        assert imported[-1].summary is not None and imported[-1].summary.parent is not None
+
+
 def test_bundle_files_that_cannot_be_read_are_refused(laptop: str, tmp_path: Path) -> None:
     with Store.open(laptop) as store:
         bundles = store.export_runs([1, 2])
@@ -415,11 +431,7 @@ def test_bundle_files_that_cannot_be_read_are_refused(laptop: str, tmp_path: Pat
     with pytest.raises(StoreError, match="empty"):
         read_bundle(tmp_path / "empty.jsonl")
 
-    with pytest.raises(ValueError, match="unknown"):
-        bundles[0].completed(
-            final={**final_of(bundles[0]), "colour": 1},
-            stage_stats=(),
-            windows=(),
-            samples=(),
-            errors=(),
-        )
+    with pytest.raises(TypeError, match="colour"):
+        RunFinal(status="FINISHED", colour=1)  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="finishes as one of"):
+        RunFinal(status="RUNNING")

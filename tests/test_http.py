@@ -389,14 +389,15 @@ def test_command_target_chain_renders_knobs_and_stops_the_service(
     runs = store.list_runs()
     assert [r.status for r in runs] == ["FINISHED", "FINISHED"]
     for run, delay in zip(sorted(runs, key=lambda r: r.id), ("2.0", "0.5"), strict=True):
-        service = (run.summary or {})["service"]
+        assert run.summary is not None
+        service = run.summary.service
         assert service["command"][-2:] == ["--delay-ms", "2" if delay == "2.0" else "0.5"]
         assert service["stopped_with"] == "SIGTERM" and service["exit"] == "exited with code 0"
         assert any("stopped cleanly" in line for line in service["log_tail"])
-        assert (run.summary or {})["resources"]["service_cpu_pct"]["mean"] > 0
+        assert (run.summary.resources.mean_of("service_cpu_pct") or 0) > 0
         # The knob reached the service: it slept what the step asked for.
-        work = (run.summary or {})["latency_ms"]["work"]["p50"]
-        assert abs(work - float(delay)) < 0.05
+        work = run.summary.latency_ms["work"].p50
+        assert work is not None and abs(work - float(delay)) < 0.05
     pid = int((tmp_path / "svc.pid").read_text())
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     table = invoke("table", "svc-fast", "--format", "markdown")
@@ -523,7 +524,7 @@ def test_ctrl_c_leaves_no_child_process_behind(tmp_path: Path, sqlite_url: str) 
     assert alive == [], [c.cmdline() for c in alive]
     run = Store.open(sqlite_url).get_run(run_id)
     assert run.status == "KILLED" and run.requests and run.requests > 0
-    assert (run.summary or {})["service"]["stopped_with"] == "SIGTERM"
+    assert run.summary is not None and run.summary.service["stopped_with"] == "SIGTERM"
 
 
 # -- secrets -------------------------------------------------------------------------------------
@@ -554,7 +555,8 @@ def test_a_secret_appears_nowhere_in_the_database_or_any_report(
     runs = {r.experiment: r for r in store.list_runs()}
     assert runs["secret-echo"].errors and runs["secret-echo"].errors > 0
     # What was stored names the reference, never the value.
-    assert (runs["secret"].summary or {})["service"]["log_tail"][0].endswith("${OPTLAB_TEST_TOKEN}")
+    secret = runs["secret"].summary
+    assert secret is not None and secret.service["log_tail"][0].endswith("${OPTLAB_TEST_TOKEN}")
     examples = [e.example or "" for e in store.get_run_errors(runs["secret-echo"].id)]
     assert any("Bearer ${OPTLAB_TEST_TOKEN}" in e for e in examples), examples
     config = store.get_experiment("secret")

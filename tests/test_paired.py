@@ -22,9 +22,10 @@ def test_paired_alternates_parent_and_step(synth: Path, invoke: Invoke, sqlite_u
     runs = store.list_runs()[1:]  # after the baseline's own first run
     assert [r.experiment for r in runs] == ["synthetic-baseline", "synthetic-faster-service"] * 2
     assert all(r.status == "FINISHED" for r in runs)
-    tags = [(r.summary or {})["paired"] for r in runs]
-    assert len({t["session"] for t in tags}) == 1 and len(tags[0]["session"]) == 32
-    assert [(t["index"], t["role"]) for t in tags] == [
+    tags = [r.summary.paired for r in runs if r.summary is not None and r.summary.paired]
+    assert len(tags) == len(runs)
+    assert len({t.session for t in tags}) == 1 and len(tags[0].session) == 32
+    assert [(t.index, t.role) for t in tags] == [
         (0, "parent"),
         (0, "step"),
         (1, "parent"),
@@ -32,15 +33,17 @@ def test_paired_alternates_parent_and_step(synth: Path, invoke: Invoke, sqlite_u
     ]
     # Each step run is checked against the parent run measured just before it.
     for parent_run, step_run in zip(runs[::2], runs[1::2], strict=True):
-        assert (step_run.summary or {})["parent"]["run_id"] == parent_run.id
-    assert "paired" not in (store.list_runs()[0].summary or {})
+        parent = step_run.summary.parent if step_run.summary is not None else None
+        assert parent is not None and parent.run_id == parent_run.id
+    first = store.list_runs()[0].summary
+    assert first is not None and first.paired is None
 
     # What the table does with them: paired differences of the per-second P50.
     def p50(run_id: int) -> list[float]:
         return [w.p50_ms for w in store.get_windows(run_id, "measure") if w.p50_ms is not None]
 
     def total_p50(run: object) -> float:
-        return float(run.summary["latency_ms"]["total"]["p50"])  # type: ignore[attr-defined]
+        return float(run.summary.total_p50_ms)  # type: ignore[attr-defined]
 
     step = compare(
         "p50",

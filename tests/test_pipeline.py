@@ -210,7 +210,8 @@ def test_run_stores_accuracy_batch_sizes_and_the_stage_breakdown(
     assert summary["target"]["engine"]["providers"]  # what the engine really used
     assert "accuracy: held-out top-1" in result.stderr and "batching:" in result.stderr
     stored = Store.open(sqlite_url).list_runs("ic-batched")[-1]
-    assert stored.summary is not None and stored.summary["accuracy"]["n"] >= 350
+    assert stored.summary is not None and stored.summary.accuracy is not None
+    assert stored.summary.accuracy["n"] >= 350
 
 
 ACCURATE_TARGET = """\

@@ -93,7 +93,7 @@ def test_numpy_nan_and_objects_from_a_target_are_stored_json_safe(
     assert any("target.handle is a object" in n for n in notes)
     stored = Store.open(sqlite_url).get_run(int(summary["run_id"]))  # type: ignore[call-overload]
     assert stored.status == "FINISHED" and stored.summary is not None
-    assert stored.summary["target"]["ratio"] is None
+    assert stored.summary.target["ratio"] is None
 
 
 def test_a_factory_that_calls_sys_exit_leaves_a_failed_run(
@@ -581,7 +581,7 @@ def test_a_close_that_hangs_neither_loses_the_run_nor_deafens_optlab(
     run = Store.open(sqlite_url).get_run(int(summary["run_id"]))  # type: ignore[call-overload]
     assert run.status == "FINISHED" and run.requests == summary["requests"]
     assert run.summary is not None
-    assert any("close() was interrupted" in note for note in run.summary["notes"])
+    assert any("close() was interrupted" in note for note in run.summary.notes)
 
 
 def test_a_keyboard_interrupt_raised_by_close_does_not_lose_the_run(

@@ -310,7 +310,7 @@ def test_live_line_shows_errors_and_timeouts(tmp_path: Path, sqlite_url: str) ->
 
     recorder = Recorder()
     outcomes = run(path, Store.open(sqlite_url), RunOptions(True, 1.5, 0.3), recorder)
-    assert outcomes[-1].summary["errors_by_type"].get("timeout", 0) > 0
+    assert outcomes[-1].summary.errors_by_type.get("timeout", 0) > 0
     measuring = [s for s in recorder.statuses if s.phase == "measure"]
     assert measuring and measuring[-1].timeouts > 0  # before: no such field, "QPS 0.0 P50 -"
     assert all(s.errors >= s.timeouts for s in recorder.statuses)

@@ -4,11 +4,13 @@ OPTLAB_TEST_POSTGRES_URL names a server (each test gets a database of its own th
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import threading
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -25,9 +27,13 @@ from sqlalchemy.exc import IntegrityError
 from optlab.errors import NotFoundError, StoreError
 from optlab.store import (
     GpuSample,
+    LatencyStats,
     ResourceSample,
+    ResourceSummary,
     RunErrorCount,
+    RunFinal,
     RunStatus,
+    RunSummary,
     StageStatsRow,
     Store,
     WindowStats,
@@ -36,10 +42,12 @@ from optlab.store import (
     migrations_dir,
     upgrade,
 )
-from optlab.store.database import head_revision, make_engine
+from optlab.store.database import make_engine
 from optlab.store.models import SqlExperiment, SqlRun, SqlStageStats, metadata
+from optlab.store.schema import head_revision
 
 POSTGRES_ENV = "OPTLAB_TEST_POSTGRES_URL"
+HEAD = "0006_versioned_summary"
 MEASUREMENT_TABLES = {"stage_stats", "run_windows", "resource_samples", "run_errors"}
 CORE_TABLES = {"experiments", "experiment_configs", "environments", "runs"}
 
@@ -134,6 +142,70 @@ def start_run(store: Store, experiment: str = "baseline", **overrides: object) -
     return store.create_run(**arguments)  # type: ignore[arg-type]
 
 
+TOTAL_ROW = StageStatsRow(
+    "total",
+    "measure",
+    1200,
+    "HISTOGRAM",
+    mean_ms=3.4,
+    p50_ms=3.1,
+    p95_ms=8.0,
+    p99_ms=9.4,
+    p999_ms=11.0,
+    max_ms=12.5,
+)
+TOTAL = LatencyStats(p50=3.1, p95=8.0, p99=9.4, p999=11.0, max=12.5, mean=3.4, count=1200)
+REASON = "duration 5 s is under the 600 s minimum"
+
+
+def finished_summary(run_id: int, **changes: Any) -> RunSummary:
+    """A run's summary whose facts are those `final_of` stores in its columns, its total
+    latency TOTAL_ROW's and its errors three timeouts."""
+    summary = RunSummary(
+        run_id=run_id,
+        experiment="baseline",
+        status="FINISHED",
+        valid=False,
+        provisional=True,
+        reasons=(REASON,),
+        notes=("closed loop: latency is measured from the actual send",),
+        protocol="quick",
+        load="closed",
+        requests=1200,
+        errors=3,
+        errors_by_type={"timeout": 3},
+        qps=240.5,
+        warmup_s=1.5,
+        duration_s=5.0,
+        latency_ms={"total": TOTAL},
+        resources=ResourceSummary(samples=5, rss_peak_bytes=2**27),
+        who="ci@runner",
+        target={"batching": {"mean_batch_size": 3.5}},
+    )
+    return RunSummary.model_validate(summary.model_dump() | changes)
+
+
+def final_of(summary: RunSummary | None) -> RunFinal:
+    return RunFinal(
+        status=RunStatus.FINISHED,
+        valid=False,
+        reasons=(REASON,),
+        requests=1200,
+        errors=3,
+        qps=240.5,
+        warmup_s=1.5,
+        duration_s=5.0,
+        summary=summary,
+    )
+
+
+def stored_summary(store: Store, run_id: int) -> dict[str, Any]:
+    with store.engine.connect() as connection:
+        query = text("SELECT summary_json FROM runs WHERE id = :id")
+        found: dict[str, Any] = json.loads(connection.execute(query, {"id": run_id}).scalar_one())
+    return found
+
+
 def run_threads(threads: list[threading.Thread], timeout_s: float = 120) -> None:
     """Start and join; a deadlock fails the test instead of hanging the suite."""
     for thread in threads:
@@ -150,7 +222,7 @@ def test_new_database_is_created_at_head(db_url: str) -> None:
     with Store.open(db_url):
         pass
     status = current(db_url)
-    assert status.revision == head_revision() == "0005_load_and_noise"
+    assert status.revision == head_revision() == HEAD
     assert status.up_to_date
     assert CORE_TABLES | MEASUREMENT_TABLES | {"alembic_version"} <= table_names(db_url)
 
@@ -215,20 +287,18 @@ def test_older_revision_is_refused_until_upgraded(db_url: str) -> None:
 
     with pytest.raises(StoreError) as refused:
         Store.open(db_url)
-    assert "schema revision 0001_initial, this optlab needs 0005_load_and_noise" in str(
-        refused.value
-    )
+    assert f"schema revision 0001_initial, this optlab needs {HEAD}" in str(refused.value)
     assert refused.value.hint is not None and "optlab db upgrade" in refused.value.hint
     assert current(db_url).revision == "0001_initial"
     assert not current(db_url).up_to_date
 
-    assert upgrade(db_url) == ("0001_initial", "0005_load_and_noise")
+    assert upgrade(db_url) == ("0001_initial", HEAD)
     with Store.open(db_url) as store:
         survivor = store.get_experiment("old-baseline")
         assert survivor is not None
         assert survivor.description == "from 0001"
         assert survivor.created_at.tzinfo is not None
-    assert upgrade(db_url) == ("0005_load_and_noise", "0005_load_and_noise")
+    assert upgrade(db_url) == (HEAD, HEAD)
 
 
 def test_newer_revision_is_refused(db_url: str) -> None:
@@ -311,6 +381,7 @@ def test_migrations_dir_is_the_repository_folder() -> None:
         "0003_service_resources.py",
         "0004_run_uid.py",
         "0005_load_and_noise.py",
+        "0006_versioned_summary.py",
     }
 
 
@@ -467,39 +538,22 @@ def test_run_lifecycle(store: Store) -> None:
     store.heartbeat(run_id)
     assert store.get_run(run_id).heartbeat_at > run.started_at
 
-    summary = {"run_id": run_id, "latency_ms": {"total": {"p50": 3.1, "p99": 9.4}}}
-    store.finish_run(
-        run_id,
-        status=RunStatus.FINISHED,
-        valid=False,
-        reasons=["duration 5 s is under the 600 s minimum"],
-        requests=1200,
-        errors=3,
-        qps=240.5,
-        summary=summary,
-        warmup_s=1.5,
-        duration_s=5.0,
-    )
+    store.add_stage_stats(run_id, [TOTAL_ROW, replace(TOTAL_ROW, phase="warmup")])
+    store.add_run_errors(run_id, [RunErrorCount("timeout", 3, "read timed out")])
+    summary = finished_summary(run_id)
+    store.finish_run(run_id, final_of(summary))
     done = store.get_run(run_id)
     assert (done.status, done.valid, done.requests, done.errors) == ("FINISHED", False, 1200, 3)
     assert done.reasons == ("duration 5 s is under the 600 s minimum",)
     assert (done.qps, done.warmup_s, done.duration_s) == (240.5, 1.5, 5.0)
     assert done.summary == summary and done.error_message is None
+    assert done.summary.total_p99_ms == 9.4 and done.summary.errors_by_type == {"timeout": 3}
     assert done.finished_at is not None and done.finished_at >= done.started_at
 
     failed_id = start_run(store, provisional=False, protocol_name="full", repeat=True)
     store.finish_run(
         failed_id,
-        status="FAILED",
-        valid=None,
-        reasons=[],
-        requests=None,
-        errors=None,
-        qps=None,
-        summary=None,
-        warmup_s=None,
-        duration_s=None,
-        error_message="target crashed: CUDA out of memory",
+        RunFinal(status="FAILED", error_message="target crashed: CUDA out of memory"),
     )
     failed = store.get_run(failed_id)
     assert (failed.status, failed.repeat, failed.provisional) == ("FAILED", True, False)
@@ -510,24 +564,189 @@ def test_run_lifecycle(store: Store) -> None:
     assert store.list_runs("nothing") == []
 
 
+def test_a_summary_is_stored_once(store: Store) -> None:
+    """The stored summary holds what no column or measurement row holds, and reads back whole."""
+    save_baseline(store)
+    run_id = start_run(store)
+    store.add_stage_stats(run_id, [TOTAL_ROW, replace(TOTAL_ROW, stage="send_lag", p50_ms=0.1)])
+    store.add_run_errors(run_id, [RunErrorCount("timeout", 3)])
+    lag = LatencyStats(p50=0.1, p95=8.0, p99=9.4, p999=11.0, max=12.5, mean=3.4, count=1200)
+    summary = finished_summary(run_id, harness_ms={"send_lag": lag})
+    store.finish_run(run_id, final_of(summary))
+
+    stored = stored_summary(store, run_id)
+    assert stored["schema_version"] == 2
+    assert (stored["latency_stages"], stored["harness_stages"]) == (["total"], ["send_lag"])
+    copies = {"run_id", "experiment", "status", "valid", "reasons", "qps", "requests", "errors"}
+    assert not (copies | {"latency_ms", "harness_ms", "errors_by_type", "warmup_s"}) & set(stored)
+    assert stored["target"] == {"batching": {"mean_batch_size": 3.5}} and "parent" not in stored
+    read = store.get_run(run_id).summary
+    assert read == summary and read == store.list_runs()[0].summary
+    assert read.target_figure("batching", "mean_batch_size") == 3.5
+    assert read.harness_ms["send_lag"].p50 == 0.1 and read.stages == {}
+    # `run --json`'s shape: no schema_version, no absent sections.
+    shown = read.to_json()
+    assert list(shown)[:6] == ["run_id", "experiment", "status", "valid", "provisional", "reasons"]
+    assert "schema_version" not in shown and "parent" not in shown and "accuracy" not in shown
+    assert shown["latency_ms"]["total"] == {
+        "p50": 3.1, "p95": 8.0, "p99": 9.4, "p999": 11.0, "max": 12.5, "mean": 3.4, "count": 1200
+    }  # fmt: skip
+    assert RunSummary.from_json(read.to_bundle()) == read == RunSummary.from_json(shown)
+
+
+def test_a_summary_its_rows_do_not_reproduce_keeps_its_figures(store: Store) -> None:
+    save_baseline(store)
+    run_id = start_run(store)  # no stage rows, no error rows
+    summary = finished_summary(run_id)
+    store.finish_run(run_id, final_of(summary))
+    stored = stored_summary(store, run_id)
+    assert stored["latency_ms"]["total"]["p99"] == 9.4 and stored["errors_by_type"] == {
+        "timeout": 3
+    }
+    assert "latency_stages" not in stored and "qps" not in stored
+    assert store.get_run(run_id).summary == summary
+
+
+def test_a_summary_of_another_version_or_shape_is_refused() -> None:
+    good = finished_summary(1).to_bundle()
+    with pytest.raises(ValueError, match="schema_version 3"):
+        RunSummary.from_json({**good, "schema_version": 3})
+    with pytest.raises(ValueError, match="colour"):
+        RunSummary.from_json({**good, "colour": "red"})
+    with pytest.raises(ValueError, match="JSON object"):
+        RunSummary.from_json([good])
+
+
+# A summary as optlab stored it before 0006: unversioned, every figure a copy.
+V1_TOTAL = {"p50": 3.1, "p95": 8.0, "p99": 9.4, "p999": 11.0, "max": 12.5, "mean": 3.4}
+V1_SUMMARY: dict[str, Any] = {
+    "run_id": 1,
+    "experiment": "old",
+    "status": "FINISHED",
+    "valid": True,
+    "provisional": True,
+    "reasons": [],
+    "notes": ["closed loop: latency is measured from the actual send"],
+    "protocol": "quick",
+    "load": "closed",
+    "requests": 1200,
+    "errors": 3,
+    "errors_by_type": {"timeout": 3},
+    "qps": 240.5,
+    "warmup_s": 1.5,
+    "duration_s": 5.0,
+    "latency_ms": {"total": {**V1_TOTAL, "count": 1200}},
+    "harness_ms": {"send_lag": {**V1_TOTAL, "p50": 0.1, "count": 1200}},
+    # As before 0003: no service resources.
+    "resources": {"samples": 5, "cpu_process_pct": {"mean": 50.0, "max": 6.0}, "rss_peak_bytes": 7},
+    "who": "ci@runner",
+}  # fmt: skip
+
+
+def _old_database(url: str) -> None:
+    """Three runs at 0005: one whose rows hold its figures, one imported from another database
+    (its summary's run_id is that database's) whose rows do not, and one RUNNING."""
+    command.upgrade(alembic_cfg(url), "0005_load_and_noise")
+    at = "2026-11-30 12:00:00+00:00"
+    imported = {**V1_SUMMARY, "run_id": 41, "errors_by_type": {"HTTP 500": 3}}
+    engine = make_engine(url)
+    with engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO experiments (name, kind, created_at, updated_at) "
+                "VALUES ('old', 'baseline', :at, :at)"
+            ),
+            {"at": at},
+        )
+        connection.execute(
+            text(
+                "INSERT INTO experiment_configs (experiment_id, config_json, config_hash, "
+                "source_path, source_hash, created_at) VALUES (1, '{}', 'h', 'b.yaml', 's', :at)"
+            ),
+            {"at": at},
+        )
+        connection.execute(text("UPDATE experiments SET current_config_id = 1"))
+        for uid, status, summary in (
+            ("a" * 32, "FINISHED", V1_SUMMARY),
+            ("b" * 32, "FINISHED", imported),
+            ("c" * 32, "RUNNING", None),
+        ):
+            connection.execute(
+                text(
+                    "INSERT INTO runs (uid, experiment_id, config_id, status, protocol_name, "
+                    "protocol_json, provisional, repeat, code_identity_json, hostname, pid, "
+                    "started_at, heartbeat_at, reasons_json, valid, requests, errors, qps, "
+                    "warmup_s, duration_s, summary_json) VALUES (:uid, 1, 1, :status, 'quick', "
+                    "'{}', :yes, :no, '{}', 'h', 1, :at, :at, '[]', :yes, 1200, 3, 240.5, "
+                    "1.5004, 5.0, :summary)"
+                ),
+                {
+                    "uid": uid,
+                    "status": status,
+                    "at": at,
+                    "yes": True,
+                    "no": False,
+                    "summary": None if summary is None else json.dumps(summary, sort_keys=True),
+                },
+            )
+        for stage, p50 in (("total", 3.1), ("send_lag", 0.1)):
+            for phase in ("warmup", "measure"):
+                connection.execute(
+                    text(
+                        "INSERT INTO stage_stats (run_id, stage, phase, count, mean_ms, p50_ms, "
+                        "p95_ms, p99_ms, p999_ms, max_ms, histogram) VALUES (1, :stage, "
+                        ":phase, 1200, 3.4, :p50, 8.0, 9.4, 11.0, 12.5, 'h')"
+                    ),
+                    {"stage": stage, "phase": phase, "p50": p50 if phase == "measure" else 99.0},
+                )
+        for run_id in (1, 2):  # the imported run's rows say "timeout", its summary "HTTP 500"
+            connection.execute(
+                text(
+                    "INSERT INTO run_errors (run_id, error_type, count) VALUES (:r, 'timeout', 3)"
+                ),
+                {"r": run_id},
+            )
+    engine.dispose()
+
+
+def test_0006_versions_old_summaries_and_stores_each_figure_once(db_url: str) -> None:
+    _old_database(db_url)
+    assert upgrade(db_url) == ("0005_load_and_noise", HEAD)
+    with Store.open(db_url) as store:
+        first, second, running = store.list_runs()
+        assert first.summary == RunSummary.from_json(V1_SUMMARY)
+        assert first.summary.resources.service_cpu_pct is None
+        stored = stored_summary(store, first.id)
+        assert stored["schema_version"] == 2 and stored["harness_stages"] == ["send_lag"]
+        assert not {"latency_ms", "errors_by_type", "run_id", "qps", "warmup_s"} & set(stored)
+        # The imported run: its own id now; the figures its rows lack stay in its summary.
+        assert second.summary is not None and second.summary.run_id == second.id == 2
+        assert second.summary.total_p99_ms == 9.4
+        assert second.summary.errors_by_type == {"HTTP 500": 3}
+        assert {"latency_ms", "errors_by_type"} <= set(stored_summary(store, second.id))
+        assert running.summary is None
+        # Measurements untouched: `runs` was updated in place, never rebuilt.
+        assert len(store.get_stage_stats(first.id)) == 4
+
+    command.downgrade(alembic_cfg(db_url), "0005_load_and_noise")
+    engine = make_engine(db_url)
+    with engine.connect() as connection:
+        rows = connection.execute(text("SELECT summary_json FROM runs ORDER BY id")).scalars()
+        old = [None if value is None else json.loads(value) for value in rows]
+    engine.dispose()
+    assert old[0] == V1_SUMMARY
+    assert old[1] == {**V1_SUMMARY, "run_id": 2, "errors_by_type": {"HTTP 500": 3}}
+    assert old[2] is None
+    assert upgrade(db_url) == ("0005_load_and_noise", HEAD)
+
+
 def test_run_errors_for_bad_input(store: Store) -> None:
     with pytest.raises(NotFoundError, match="not in the database"):
         start_run(store, experiment="ghost")
     save_baseline(store)
     run_id = start_run(store)
     with pytest.raises(ValueError, match="finishes as one of"):
-        store.finish_run(
-            run_id,
-            status="RUNNING",
-            valid=None,
-            reasons=[],
-            requests=None,
-            errors=None,
-            qps=None,
-            summary=None,
-            warmup_s=None,
-            duration_s=None,
-        )
+        store.finish_run(run_id, RunFinal(status="RUNNING"))
     with pytest.raises(NotFoundError):
         store.get_run(run_id + 100)
     with pytest.raises(NotFoundError):
@@ -539,18 +758,7 @@ def test_run_errors_for_bad_input(store: Store) -> None:
 def test_mark_crashed(store: Store) -> None:
     save_baseline(store)
     stale, fresh, finished = start_run(store), start_run(store), start_run(store)
-    store.finish_run(
-        finished,
-        status="KILLED",
-        valid=None,
-        reasons=[],
-        requests=None,
-        errors=None,
-        qps=None,
-        summary=None,
-        warmup_s=None,
-        duration_s=None,
-    )
+    store.finish_run(finished, RunFinal(status="KILLED"))
     long_ago = datetime.now(UTC) - timedelta(hours=2)
     with store.session_scope() as session:
         session.execute(

@@ -23,7 +23,7 @@ from sqlalchemy import String, event, text
 
 from optlab.cli.main import cli
 from optlab.errors import StoreError, StoreUnavailable
-from optlab.store import RunErrorCount, Store, WindowStats, current
+from optlab.store import RunErrorCount, RunFinal, Store, WindowStats, current
 from optlab.store import database as database_module
 from optlab.store.models import metadata
 from tests import test_store
@@ -46,16 +46,16 @@ def sqlite_url(path: Path) -> str:
 def finish(store: Store, run_id: int, error_message: str | None = None) -> None:
     store.finish_run(
         run_id,
-        status="FAILED" if error_message else "FINISHED",
-        valid=error_message is None,
-        reasons=[],
-        requests=10,
-        errors=0,
-        qps=1.0,
-        summary=None,
-        warmup_s=1.0,
-        duration_s=5.0,
-        error_message=error_message,
+        RunFinal(
+            status="FAILED" if error_message else "FINISHED",
+            valid=error_message is None,
+            requests=10,
+            errors=0,
+            qps=1.0,
+            warmup_s=1.0,
+            duration_s=5.0,
+            error_message=error_message,
+        ),
     )
 
 

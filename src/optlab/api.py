@@ -38,8 +38,9 @@ def _store(db_url: str | None) -> Iterator[Store]:
 
 def run_row(r: RunRecord) -> dict[str, Any]:
     """One run as a flat dict: what `runs()` tabulates and `optlab log --json` prints."""
-    summary = r.summary or {}
-    total = (summary.get("latency_ms") or {}).get("total") or {}
+    s = r.summary
+    total = s.total if s is not None else None
+    figures = (total.p50, total.p95, total.p99, total.p999, total.max) if total else (None,) * 5
     return {
         "run_id": r.id,
         "experiment": r.experiment,
@@ -50,10 +51,10 @@ def run_row(r: RunRecord) -> dict[str, Any]:
         "duration_s": r.duration_s,
         "requests": r.requests,
         "errors": r.errors,
-        "errors_by_type": summary.get("errors_by_type") or {},
+        "errors_by_type": dict(s.errors_by_type) if s is not None else {},
         "qps": r.qps,
-        **{f"{k}_ms": total.get(k) for k in ("p50", "p95", "p99", "p999", "max")},
-        "accuracy_top1": (summary.get("accuracy") or {}).get("top1"),
+        **dict(zip(("p50_ms", "p95_ms", "p99_ms", "p999_ms", "max_ms"), figures, strict=True)),
+        "accuracy_top1": s.accuracy_top1 if s is not None else None,
         "reasons": list(r.reasons),
         "started_at": r.started_at,
         "finished_at": r.finished_at,

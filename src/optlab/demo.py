@@ -90,7 +90,7 @@ def fresh_database(folder: Path) -> Path:
 
 
 def _again(progress: Progress, last: RunOutcome, fallback: str) -> None:
-    reasons = "; ".join(last.summary.get("reasons") or []) or fallback
+    reasons = "; ".join(last.summary.reasons) or fallback
     progress.note(
         f"{last.experiment}'s run {last.run_id} is INVALID ({reasons}): a short run "
         "on a busy machine; measuring it again"
@@ -132,7 +132,7 @@ def run_demo(
                 continue
             last = outcomes[-1]
             # The head's own INVALID run does not stop the chain, but is noise all the same.
-            if last.status != "FINISHED" or last.summary.get("valid") or attempt == DEMO_RETRIES:
+            if last.status != "FINISHED" or last.summary.valid or attempt == DEMO_RETRIES:
                 break
             _again(progress, last, "")
         head = outcomes[-1].experiment

@@ -51,7 +51,7 @@ def export(
     HEAD exports every run of the chain from the baseline to HEAD (an experiment's name or
     its file; default the newest chain head, as `optlab table`). RUNNING runs are left out.
     """
-    from optlab.store.bundle import export_file
+    from optlab.store.bundle_files import export_file
 
     if sum((head is not None, runs_text is not None, all_runs)) > 1:
         raise ConfigError(
@@ -100,7 +100,7 @@ def import_(ctx: click.Context, files: tuple[Path, ...], as_json: bool) -> None:
     run stored RUNNING or CRASHED is completed from the bundle. An experiment name stored
     here with another config or parent is refused (exit 2) and nothing is written.
     """
-    from optlab.store.bundle import read_bundles
+    from optlab.store.bundle_files import read_bundles
 
     # Read first: storing pending runs (open_store) moves a pending file named here.
     bundles = read_bundles(files)

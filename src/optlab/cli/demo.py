@@ -52,10 +52,10 @@ def demo(chain: str, out: Path, verbose: bool, wide: bool) -> None:
             progress.note(render_summary(outcome))
         else:
             s = outcome.summary
-            verdict = "VALID" if s["valid"] else "INVALID"
+            verdict = "VALID" if s.valid else "INVALID"
             progress.note(
-                f"  {s['experiment']}: {s['status']} {verdict}, QPS {s['qps'] or 0:.1f}, "
-                f"P99 {s['latency_ms'].get('total', {}).get('p99') or 0:.2f} ms"
+                f"  {s.experiment}: {s.status} {verdict}, QPS {s.qps or 0:.1f}, "
+                f"P99 {s.total_p99_ms or 0:.2f} ms"
             )
 
     try:

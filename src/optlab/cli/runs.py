@@ -15,6 +15,7 @@ from optlab.reports.format import percent
 
 if TYPE_CHECKING:
     from optlab.run.runner import LiveStatus, RunOutcome
+    from optlab.store import RunSummary
 
 
 LOG_NAME_MAX = 40
@@ -97,76 +98,74 @@ class LiveProgress:
 
 def render_summary(outcome: RunOutcome) -> str:
     s = outcome.summary
-    verdict = "VALID" if s["valid"] else "INVALID"
-    label = " PROVISIONAL" if s["provisional"] else ""
+    verdict = "VALID" if s.valid else "INVALID"
+    label = " PROVISIONAL" if s.provisional else ""
     lines = [
-        f"run {s['run_id']} {s['experiment']}: {s['status']} {verdict}{label} "
-        f"({s['protocol']} protocol, {s['load']} loop, {s['duration_s']:.1f} s measured)",
-        f"  requests {s['requests']}  errors {s['errors']}{_error_types(s)}  QPS {_ms(s['qps'])}",
+        f"run {s.run_id} {s.experiment}: {s.status} {verdict}{label} "
+        f"({s.protocol} protocol, {s.load} loop, {s.duration_s:.1f} s measured)",
+        f"  requests {s.requests}  errors {s.errors}{_error_types(s.errors_by_type)}  "
+        f"QPS {_ms(s.qps)}",
     ]
-    for reason in s["reasons"]:
+    for reason in s.reasons:
         lines.append(f"  invalid: {reason}")
-    for note in s["notes"]:
+    for note in s.notes:
         lines.append(f"  note: {note}")
     lines.append(f"  {'stage':<14}{'P50':>9}{'P95':>9}{'P99':>9}{'P99.9':>9}{'max':>9}  ms")
-    series = dict(s["latency_ms"])
-    if s["load"] != "closed":  # a closed loop sends when the last reply arrives: no lag to show
-        series |= s.get("harness_ms", {})
+    series = dict(s.latency_ms)
+    if s.load != "closed":  # a closed loop sends when the last reply arrives: no lag to show
+        series |= s.harness_ms
     for stage, stats in series.items():
-        lines.append(
-            f"  {stage:<14}"
-            + "".join(f"{_ms(stats.get(k)):>9}" for k in ("p50", "p95", "p99", "p999", "max"))
-        )
-    r = s["resources"]
-    cpu = r.get("cpu_process_pct") or {}
-    rss = r.get("rss_peak_bytes")
-    gpu = r.get("gpu_util_pct")
+        figures = (stats.p50, stats.p95, stats.p99, stats.p999, stats.max)
+        lines.append(f"  {stage:<14}" + "".join(f"{_ms(v):>9}" for v in figures))
+    r = s.resources
+    rss = r.rss_peak_bytes
+    gpu = r.gpu_util_pct
     lines.append(
-        f"  CPU (process) mean {_ms(cpu.get('mean'))}% max {_ms(cpu.get('max'))}%  "
+        f"  CPU (process) mean {_ms(r.mean_of('cpu_process_pct'))}% max "
+        f"{_ms(r.max_of('cpu_process_pct'))}%  "
         f"peak RSS {rss / 2**20:.0f} MiB  GPU "
-        + ("n/a" if gpu is None else f"{gpu['mean']:.0f}% mean")
+        + ("n/a" if gpu is None else f"{gpu.mean:.0f}% mean")
         if rss is not None
         else "  resources: no samples"
     )
-    service_cpu = r.get("service_cpu_pct")
+    service_cpu = r.service_cpu_pct
     if service_cpu:
-        service_rss = (r.get("service_rss_bytes") or {}).get("max")
+        service_rss = r.max_of("service_rss_bytes")
         lines.append(
-            f"  CPU (service) mean {_ms(service_cpu.get('mean'))}% max "
-            f"{_ms(service_cpu.get('max'))}%"
+            f"  CPU (service) mean {_ms(service_cpu.mean)}% max {_ms(service_cpu.max)}%"
             + ("" if service_rss is None else f"  peak RSS {service_rss / 2**20:.0f} MiB")
         )
-    service = s.get("service")
-    if service and s["status"] != "FINISHED" and service.get("log_tail"):
+    service = s.service
+    if isinstance(service, dict) and s.status != "FINISHED" and service.get("log_tail"):
         lines.append(f"  service {service.get('exit') or 'stopped'}; last log lines:")
         lines.extend(f"    | {line}" for line in service["log_tail"][-10:])
     lines.extend(_target_lines(s))
-    parent = s.get("parent")
+    parent = s.parent
     if parent:
         lines.append(
-            f"  vs {parent['experiment']} (run {parent['run_id']}, "
-            f"{parent['change'] or 'repeat'}): "
-            f"QPS {percent(parent['qps_change_pct'], missing='-')}  "
-            f"P50 {percent(parent['p50_change_pct'], missing='-')}  "
-            f"P99 {percent(parent['p99_change_pct'], missing='-')}"
+            f"  vs {parent.experiment} (run {parent.run_id}, "
+            f"{parent.change or 'repeat'}): "
+            f"QPS {percent(parent.qps_change_pct, missing='-')}  "
+            f"P50 {percent(parent.p50_change_pct, missing='-')}  "
+            f"P99 {percent(parent.p99_change_pct, missing='-')}"
         )
     return "\n".join(lines)
 
 
-def _error_types(s: dict[str, Any]) -> str:
+def _error_types(errors_by_type: dict[str, int]) -> str:
     """Errors by type, most frequent first: "nothing listening" (ClientConnectorError) must
     not look like "the server returns garbage" (HTTP 500)."""
-    kinds = sorted((s.get("errors_by_type") or {}).items(), key=lambda kv: (-kv[1], kv[0]))
+    kinds = sorted(errors_by_type.items(), key=lambda kv: (-kv[1], kv[0]))
     if not kinds:
         return ""
     shown = ", ".join(f"{kind} {count}" for kind, count in kinds[:4])
     return f" ({shown}{', ...' if len(kinds) > 4 else ''})"
 
 
-def _target_lines(s: dict[str, Any]) -> list[str]:
+def _target_lines(s: RunSummary) -> list[str]:
     """What the target reported about itself: accuracy, batch sizes, cache hits, engine."""
     lines = []
-    accuracy = s.get("accuracy")
+    accuracy = s.accuracy
     if isinstance(accuracy, dict) and accuracy.get("top1") is not None:
         # A user target's accuracy() may report only some of these.
         parts = [f"held-out top-1 {float(accuracy['top1']):.2%}"]
@@ -179,7 +178,7 @@ def _target_lines(s: dict[str, Any]) -> list[str]:
         if accuracy.get("agreement") is not None:
             parts.append(f"agreement {float(accuracy['agreement']):.2%}")
         lines.append("  accuracy: " + ", ".join(parts))
-    found = s.get("target") or {}
+    found = s.target if isinstance(s.target, dict) else {}
     batching = found.get("batching")
     if batching and batching.get("batches"):
         lines.append(
@@ -268,7 +267,8 @@ def run(
         if as_json:
             # One line per run as it is measured: an ancestor's, then the head's, last.
             # Strict JSON: the summary holds no NaN (the measurement made it JSON-safe).
-            echo_or_reader_gone(json.dumps(outcome.summary, default=str, allow_nan=False))
+            summary = outcome.summary.to_json()
+            echo_or_reader_gone(json.dumps(summary, default=str, allow_nan=False))
 
     try:
         outcomes = run_experiment(
@@ -281,7 +281,7 @@ def run(
     if any(o.status == "FAILED" or o.pending or o.unstored for o in outcomes):
         # A pending run is safe on disk but not in the database yet: a script must know.
         ctx.exit(1)
-    invalid = [o for o in outcomes if not o.summary.get("valid")]
+    invalid = [o for o in outcomes if not o.summary.valid]
     if invalid and not allow_invalid:
         # Refused ancestors exit 2; the head's own INVALID run must not pass as a success.
         runs = ", ".join(f"run {o.run_id} {o.experiment}" for o in invalid)
@@ -318,7 +318,6 @@ def log(ctx: click.Context, experiment: str | None, as_json: bool) -> None:
         f"{'P99 ms':>10}  started"
     )
     for r in runs:
-        total = ((r.summary or {}).get("latency_ms") or {}).get("total") or {}
         verdict = "-" if r.valid is None else ("VALID" if r.valid else "INVALID")
         if r.provisional:
             verdict += " PROVISIONAL"
@@ -327,10 +326,11 @@ def log(ctx: click.Context, experiment: str | None, as_json: bool) -> None:
             name = name[: LOG_NAME_MAX - 1] + "…"
         click.echo(
             f"{r.id:>4}  {name:<{width}}{r.status:<10}{verdict:<22}{_ms(r.qps):>10}"
-            f"{_ms(total.get('p99')):>10}  {r.started_at:%Y-%m-%d %H:%M:%S}"
+            f"{_ms(r.summary.total_p99_ms if r.summary else None):>10}  "
+            f"{r.started_at:%Y-%m-%d %H:%M:%S}"
         )
         for reason in r.reasons:
             click.echo(f"{'':6}{reason}")
-        kinds = _error_types(r.summary or {})
+        kinds = _error_types(r.summary.errors_by_type if r.summary else {})
         if kinds:
             click.echo(f"{'':6}errors by type: {kinds.strip()[1:-1]}")

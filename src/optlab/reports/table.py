@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 from optlab.config.protocol import protocol_label
 from optlab.metrics.change import percent_change
-from optlab.metrics.stages import HARNESS_SERIES
 from optlab.metrics.stats import VERDICT_CONFIDENCE as CONFIDENCE
 from optlab.metrics.stats import Comparison
 from optlab.reports.chain import ChainStep, chain_steps
@@ -70,41 +69,37 @@ def _figures(step: ChainStep) -> dict[str, Any]:
     if run is None or run.summary is None:
         return row
     s = run.summary
-    latency = s.get("latency_ms", {})
-    total = latency.get("total", {})
+    total = s.total
     requests, errors = run.requests or 0, run.errors or 0
-    resources = s.get("resources", {})
-    gpu_mem = (resources.get("gpu_mem_used_bytes") or {}).get("max")
+    resources = s.resources
+    gpu_mem = resources.max_of("gpu_mem_used_bytes")
     row |= {
         "run_id": run.id,
         "status": run.status,
         "valid": run.valid,
         "provisional": run.provisional,
-        "p50_ms": total.get("p50"),
-        "p95_ms": total.get("p95"),
-        "p99_ms": total.get("p99"),
-        "p999_ms": total.get("p999"),
+        "p50_ms": total.p50,
+        "p95_ms": total.p95,
+        "p99_ms": total.p99,
+        "p999_ms": total.p999,
         "qps": run.qps,
         "error_rate": errors / (requests + errors) if requests + errors else None,
-        "cpu_pct": (resources.get("cpu_process_pct") or {}).get("mean"),
+        "cpu_pct": resources.mean_of("cpu_process_pct"),
         # A service optlab started: its own process tree, where the work of the step is done.
-        "service_cpu_pct": (resources.get("service_cpu_pct") or {}).get("mean"),
-        "gpu_util_pct": (resources.get("gpu_util_pct") or {}).get("mean"),
+        "service_cpu_pct": resources.mean_of("service_cpu_pct"),
+        "gpu_util_pct": resources.mean_of("gpu_util_pct"),
         "gpu_mem_peak_mib": gpu_mem / 2**20 if gpu_mem is not None else None,
         "reasons": list(run.reasons),
         "git_commit": run.git_commit,
         "started_at": run.started_at.isoformat(),
-        "who": s.get("who") or run.hostname,
+        "who": s.who or run.hostname,
     }
-    for stage, stats in latency.items():
-        if stage not in HARNESS_SERIES:
-            row[f"{stage}_p50_ms"] = stats.get("p50")
-    accuracy = s.get("accuracy") or {}
-    found = s.get("target") or {}
-    row["accuracy_top1"] = accuracy.get("top1")
-    row["infer_ms_per_request"] = (found.get("infer") or {}).get("ms_per_request")
-    row["mean_batch_size"] = (found.get("batching") or {}).get("mean_batch_size")
-    row["cache_hit_rate"] = (found.get("cache") or {}).get("hit_rate")
+    for stage, stats in s.stages.items():
+        row[f"{stage}_p50_ms"] = stats.p50
+    row["accuracy_top1"] = s.accuracy_top1
+    row["infer_ms_per_request"] = s.target_figure("infer", "ms_per_request")
+    row["mean_batch_size"] = s.target_figure("batching", "mean_batch_size")
+    row["cache_hit_rate"] = s.target_figure("cache", "hit_rate")
     failures = []
     for key, limit in step.slo.items():
         column = SLO_FIELDS.get(key)
@@ -137,8 +132,8 @@ class _Windows:
 def _estimate(run: RunRecord, column: str) -> float | None:
     if column == "qps":
         return run.qps
-    total = ((run.summary or {}).get("latency_ms") or {}).get("total") or {}
-    value = total.get(column.removesuffix("_ms"))
+    s = run.summary
+    value = None if s is None else {"p50_ms": s.total_p50_ms, "p99_ms": s.total_p99_ms}.get(column)
     return None if value is None else float(value)
 
 
@@ -147,9 +142,9 @@ def _paired_runs(parent: ChainStep, step: ChainStep) -> tuple[list[RunRecord], l
     sessions: dict[str, dict[str, dict[int, RunRecord]]] = {}
     for role, holder in (("parent", parent), ("step", step)):
         for run in holder.runs:
-            tag = (run.summary or {}).get("paired") or {}
-            if tag.get("role") == role and tag.get("session"):
-                sessions.setdefault(tag["session"], {}).setdefault(role, {})[tag["index"]] = run
+            tag = run.summary.paired if run.summary is not None else None
+            if tag is not None and tag.role == role and tag.session:
+                sessions.setdefault(tag.session, {}).setdefault(role, {})[tag.index] = run
     for session in sorted(
         sessions,
         key=lambda k: max(r.id for d in sessions[k].values() for r in d.values()),

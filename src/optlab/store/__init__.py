@@ -1,16 +1,18 @@
 """optlab's database: schema check on open, one session scope, and records out.
 
 `Store.open()` opens OPTLAB_DB (or ./.optlab/optlab.db) and refuses a schema it cannot use;
-`upgrade()` and `current()` back `optlab db upgrade` and `optlab db current`.
+`upgrade()` and `current()` back `optlab db upgrade` and `optlab db current`. A run's summary
+is a `RunSummary` (`store.summary`), written and parsed by the store alone.
 """
 
-from optlab.store.database import current, default_url, migrations_dir, upgrade
+from optlab.store.database import default_url
 from optlab.store.records import (
     EnvironmentRecord,
     ExperimentRecord,
     GpuSample,
     ResourceSample,
     RunErrorCount,
+    RunFinal,
     RunRecord,
     RunStatus,
     SchemaStatus,
@@ -19,15 +21,33 @@ from optlab.store.records import (
     WindowStats,
 )
 from optlab.store.repository import Store
+from optlab.store.schema import current, migrations_dir, upgrade
+from optlab.store.summary import (
+    SUMMARY_SCHEMA_VERSION,
+    LatencyStats,
+    MeanMax,
+    PairedTag,
+    ParentStep,
+    ResourceSummary,
+    RunSummary,
+)
 
 __all__ = [
+    "SUMMARY_SCHEMA_VERSION",
     "EnvironmentRecord",
     "ExperimentRecord",
     "GpuSample",
+    "LatencyStats",
+    "MeanMax",
+    "PairedTag",
+    "ParentStep",
     "ResourceSample",
+    "ResourceSummary",
     "RunErrorCount",
+    "RunFinal",
     "RunRecord",
     "RunStatus",
+    "RunSummary",
     "SchemaStatus",
     "StageStatsRow",
     "Store",

@@ -1,4 +1,5 @@
-"""Run bundles: runs with everything they need, as a versioned JSON-lines file.
+"""Run bundles: runs with everything they need, as a versioned JSON-lines file (its format;
+writing and reading files is `store.bundle_files`).
 
 A bundle moves runs between databases (a laptop's SQLite and the team's PostgreSQL, a CI job's
 artifact) and keeps a run whose final write failed: the runner saves it under
@@ -10,54 +11,35 @@ File format (schema_version 1): line 1 is the header
 (`source`: the database URL it came from or was meant for, password masked); every further
 line is one run: `{"kind": "run", "experiments", "environment", "run", "stage_stats",
 "windows", "samples", "errors"}`, its chain's experiments baseline first, each with the
-config the run used.
+config the run used. `run.summary` is the run's `RunSummary` in its JSON form (`to_bundle`:
+every field, with the summary's own schema_version); bundles written before summaries had a
+version hold the same fields without it, and read the same.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-from optlab import __version__
-from optlab.errors import NotFoundError, RefusedError, StoreError
 from optlab.store.convert import gpu_sample
-from optlab.store.database import masked
 from optlab.store.models import RUN_STATUSES, utcnow
 from optlab.store.records import (
-    TERMINAL_STATUSES,
     ResourceSample,
     RunErrorCount,
+    RunFinal,
     RunRecord,
-    RunStatus,
     StageStatsRow,
     WindowStats,
 )
-
-if TYPE_CHECKING:
-    from optlab.store.repository import Store
+from optlab.store.summary import RunSummary
 
 BUNDLE_KIND = "optlab-bundle"
 SCHEMA_VERSION = 1
 
-# `Store.finish_run`'s keyword arguments: the run fields a measurement decides at its end.
-FINAL_FIELDS = (
-    "status",
-    "valid",
-    "reasons",
-    "requests",
-    "errors",
-    "qps",
-    "summary",
-    "warmup_s",
-    "duration_s",
-    "error_message",
-)
 TIMESTAMP_FIELDS = ("started_at", "heartbeat_at", "finished_at")
 _UID = re.compile(r"^[0-9a-f]{32}$")
 # Run fields a bundle must have (the NOT NULL columns), with their JSON types.
@@ -108,39 +90,42 @@ class RunBundle:
     def experiment(self) -> str:
         return str(self.run["experiment"])
 
+    @property
+    def summary(self) -> RunSummary | None:
+        value = self.run.get("summary")
+        return None if value is None else RunSummary.from_json(value)
+
+    @property
+    def final(self) -> RunFinal:
+        """The run's final fields (its status must be a terminal one)."""
+        run = self.run
+        return RunFinal(
+            status=str(run["status"]),
+            valid=run.get("valid"),
+            reasons=tuple(run.get("reasons") or ()),
+            requests=run.get("requests"),
+            errors=run.get("errors"),
+            qps=run.get("qps"),
+            warmup_s=run.get("warmup_s"),
+            duration_s=run.get("duration_s"),
+            summary=self.summary,
+            error_message=run.get("error_message"),
+        )
+
     def completed(
         self,
         *,
-        final: dict[str, Any],
+        final: RunFinal,
         stage_stats: Iterable[StageStatsRow],
         windows: Iterable[WindowStats],
         samples: Iterable[ResourceSample],
         errors: Iterable[RunErrorCount],
     ) -> RunBundle:
-        """A copy with the run finished: `final` holds `Store.finish_run`'s keyword arguments
-        (`error_message` may be left out), finished_at is now, and the measurement lists are
-        replaced by these (every window and sample of the run, not only the unflushed ones)."""
-        final = {"error_message": None, **final}
-        unknown = set(final) - set(FINAL_FIELDS)
-        missing = set(FINAL_FIELDS) - set(final)
-        if unknown or missing:
-            raise ValueError(
-                f"final fields are finish_run's keywords: unknown {sorted(unknown)}, "
-                f"missing {sorted(missing)}"
-            )
-        status = str(final["status"])
-        if status not in TERMINAL_STATUSES:
-            allowed = sorted(TERMINAL_STATUSES)
-            raise ValueError(f"a run finishes as one of {allowed}, not {status!r}")
+        """A copy with the run finished as `final` says, finished_at now, and the measurement
+        lists replaced by these (every window and sample of the run, not only the unflushed
+        ones)."""
         now = utcnow().isoformat()
-        run = {
-            **self.run,
-            **final,
-            "status": status,
-            "reasons": list(final["reasons"]),
-            "finished_at": now,
-            "heartbeat_at": now,
-        }
+        run = {**self.run, **final_json(final), "finished_at": now, "heartbeat_at": now}
         return replace(
             self,
             run=run,
@@ -149,6 +134,23 @@ class RunBundle:
             samples=tuple(samples),
             errors=tuple(errors),
         )
+
+
+def final_json(final: RunFinal) -> dict[str, Any]:
+    """A run's final fields as a bundle's `run` holds them."""
+    summary = final.summary
+    return {
+        "status": final.status,
+        "valid": final.valid,
+        "reasons": list(final.reasons),
+        "requests": final.requests,
+        "errors": final.errors,
+        "qps": final.qps,
+        "summary": None if summary is None else summary.to_bundle(),
+        "warmup_s": final.warmup_s,
+        "duration_s": final.duration_s,
+        "error_message": final.error_message,
+    }
 
 
 @dataclass(frozen=True)
@@ -245,6 +247,11 @@ def bundle_from_json(value: Any) -> RunBundle:
     if environment is not None:
         _need(environment, "fingerprint", dict, "environment")
         _need(environment, "material_hash", str, "environment")
+    if run.get("summary") is not None:
+        try:
+            RunSummary.from_json(run["summary"])
+        except ValueError as exc:
+            raise _Malformed(f"run.summary does not fit: {_first(exc)}") from exc
     try:
         return RunBundle(
             experiments=tuple(experiments),
@@ -269,161 +276,6 @@ def parse_timestamp(value: Any, where: str) -> datetime:
     return parsed
 
 
-# -- files ----------------------------------------------------------------------------------
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    """Write `text` to `path` so that a crash leaves the old file or the new one, never half."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        # The rename itself is durable only once the folder is synced.
-        folder = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise StoreError(
-            f"cannot write {path}: {exc.strerror or exc}",
-            hint="check that the folder exists, is writable and has free space",
-        ) from exc
-
-
-def write_bundle(path: str | Path, bundles: Sequence[RunBundle], source: str) -> Path:
-    """Write `bundles` to `path` (replaced atomically); `source` is their database URL."""
-    path = Path(path)
-    header = {
-        "kind": BUNDLE_KIND,
-        "schema_version": SCHEMA_VERSION,
-        "created_at": utcnow().isoformat(),
-        "optlab_version": __version__,
-        "source": masked(source),
-    }
-    lines = [json.dumps(header, ensure_ascii=False)]
-    lines += [json.dumps(bundle_json(bundle), ensure_ascii=False) for bundle in bundles]
-    _atomic_write(path, "\n".join(lines) + "\n")
-    return path
-
-
-def _malformed(path: Path, line: int, why: str) -> StoreError:
-    return StoreError(
-        f"{path}:{line}: malformed run bundle: {why}",
-        hint="the file is damaged or truncated; export the runs again",
-    )
-
-
-def _header(path: Path, text: str) -> dict[str, Any]:
-    try:
-        header: dict[str, Any] = json.loads(text)
-    except ValueError as exc:
-        raise _malformed(path, 1, f"the header is not JSON ({exc})") from exc
-    kind = header.get("kind") if isinstance(header, dict) else None
-    if kind != BUNDLE_KIND:
-        raise StoreError(
-            f"{path} is not an optlab run bundle (its first line has kind {kind!r}, "
-            f"not {BUNDLE_KIND!r})",
-            hint="`optlab import` reads files written by `optlab export`",
-        )
-    version = header.get("schema_version")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise _malformed(path, 1, f"schema_version {version!r} is not a positive integer")
-    if version > SCHEMA_VERSION:
-        raise StoreError(
-            f"{path} is a run bundle of schema version {version}, written by a newer optlab "
-            f"({header.get('optlab_version', 'unknown version')}); this optlab reads up to "
-            f"version {SCHEMA_VERSION}",
-            hint="upgrade optlab (pip install -U optlab), then import it again",
-        )
-    return header
-
-
-def read_bundle_file(path: str | Path) -> tuple[dict[str, Any], list[RunBundle]]:
-    """The header and the bundles of a bundle file; StoreError names a bad line."""
-    path = Path(path)
-    header: dict[str, Any] | None = None
-    bundles: list[RunBundle] = []
-    number = 0
-    try:
-        with open(path, encoding="utf-8") as handle:
-            # Line by line: a bundle of many long runs need not be in memory twice.
-            for number, line in enumerate(handle, start=1):
-                if header is None:
-                    header = _header(path, line)
-                elif line.strip():
-                    try:
-                        bundles.append(bundle_from_json(json.loads(line)))
-                    except ValueError as exc:
-                        raise _malformed(path, number, str(exc)) from exc
-    except UnicodeDecodeError as exc:
-        raise _malformed(path, number + 1, "not UTF-8 text") from exc
-    except OSError as exc:
-        error = NotFoundError if isinstance(exc, FileNotFoundError) else StoreError
-        raise error(f"cannot read {path}: {exc.strerror or exc}", hint="check the path") from exc
-    if header is None:
-        raise _malformed(path, 1, "the file is empty")
-    return header, bundles
-
-
-def read_bundle(path: str | Path) -> list[RunBundle]:
-    """The runs of a bundle file; refuses another kind of file, a newer schema version, or a
-    malformed line (named by file and line number)."""
-    return read_bundle_file(path)[1]
-
-
-# -- export and import ------------------------------------------------------------------------
-
-
-def select_runs(
-    store: Store, *, experiments: Sequence[str] | None = None, run_ids: Sequence[int] | None = None
-) -> tuple[list[RunRecord], list[RunRecord]]:
-    """(runs to export, runs left out because they are still RUNNING), oldest first.
-
-    `run_ids`: exactly those (a RUNNING one is refused); else the runs of `experiments`;
-    else every run.
-    """
-    if run_ids is not None:
-        runs = [store.get_run(run_id) for run_id in run_ids]
-        running = [run for run in runs if run.status == RunStatus.RUNNING]
-        if running:
-            raise RefusedError(
-                f"run {running[0].id} ({running[0].experiment}) is still RUNNING: its "
-                "measurements are partial",
-                hint="export it once it has finished (or once `optlab run` has marked it CRASHED)",
-            )
-        return runs, []
-    runs = store.list_runs()
-    if experiments is not None:
-        wanted = set(experiments)
-        runs = [run for run in runs if run.experiment in wanted]
-    kept = [run for run in runs if run.status != RunStatus.RUNNING]
-    return kept, [run for run in runs if run.status == RunStatus.RUNNING]
-
-
-def export_file(
-    store: Store,
-    path: str | Path,
-    *,
-    experiments: Sequence[str] | None = None,
-    run_ids: Sequence[int] | None = None,
-) -> ExportResult:
-    """Write the chosen runs (see `select_runs`) to a bundle file."""
-    runs, left_out = select_runs(store, experiments=experiments, run_ids=run_ids)
-    if not runs:
-        raise NotFoundError(
-            f"no runs to export in {store.url}"
-            + (f" ({len(left_out)} still RUNNING)" if left_out else ""),
-            hint="measure one first (`optlab run EXPERIMENT`), or check HEAD, --runs and --db",
-        )
-    bundles = store.export_runs([run.id for run in runs])
-    return ExportResult(write_bundle(path, bundles, store.url), runs, left_out)
-
-
-def read_bundles(paths: Sequence[str | Path]) -> list[RunBundle]:
-    """The runs of several bundle files, every file read (and checked) before any import."""
-    return [bundle for path in paths for bundle in read_bundle(path)]
+def _first(exc: ValueError) -> str:
+    # pydantic lists every problem over many lines; the first says enough for a damaged file.
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -4,6 +4,7 @@ on behalf of callers, so the record shapes and the table shapes can evolve separ
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -19,11 +20,13 @@ from optlab.store.records import (
     ExperimentRecord,
     GpuSample,
     ResourceSample,
+    RunErrorCount,
     RunRecord,
     StageStatsRow,
     StoredConfig,
     WindowStats,
 )
+from optlab.store.summary import LatencyStats, RunSummary, from_stored, stored_form
 
 
 def stored_config(row: SqlConfig, experiment: str) -> StoredConfig:
@@ -55,7 +58,75 @@ def experiment_record(row: SqlExperiment) -> ExperimentRecord:
     )
 
 
-def run_record(row: SqlRun, experiment: str, config_hash: str) -> RunRecord:
+def latency_stats(row: StageStatsRow) -> LatencyStats:
+    return LatencyStats(
+        p50=row.p50_ms,
+        p95=row.p95_ms,
+        p99=row.p99_ms,
+        p999=row.p999_ms,
+        max=row.max_ms,
+        mean=row.mean_ms,
+        count=row.count,
+    )
+
+
+def measured_latency(rows: Iterable[StageStatsRow]) -> dict[str, LatencyStats]:
+    """The measure phase's series by name: what a run's summary takes from its stage rows."""
+    return {row.stage: latency_stats(row) for row in rows if row.phase == "measure"}
+
+
+def error_counts(rows: Iterable[RunErrorCount]) -> dict[str, int]:
+    return {row.error_type: row.count for row in sorted(rows, key=lambda e: e.error_type)}
+
+
+def summary_json(
+    summary: RunSummary | None,
+    stage_rows: Sequence[StageStatsRow],
+    error_rows: Sequence[RunErrorCount],
+) -> dict[str, Any] | None:
+    """`runs.summary_json` for a run stored with these measurement rows."""
+    if summary is None:
+        return None
+    return stored_form(summary, measured_latency(stage_rows), error_counts(error_rows))
+
+
+def _rounded(seconds: float | None) -> float | None:
+    # The summary shows phase lengths to the millisecond; the columns keep them whole.
+    return None if seconds is None else round(seconds, 3)
+
+
+def run_summary(
+    row: SqlRun,
+    experiment: str,
+    latency: dict[str, LatencyStats],
+    errors_by_type: dict[str, int],
+) -> RunSummary | None:
+    """The run's summary from its stored form, its columns and its measurement rows."""
+    if row.summary_json is None:
+        return None
+    facts = {
+        "run_id": row.id,
+        "experiment": experiment,
+        "status": row.status,
+        "valid": row.valid,
+        "provisional": row.provisional,
+        "reasons": row.reasons_json,
+        "protocol": row.protocol_name,
+        "requests": row.requests,
+        "errors": row.errors,
+        "qps": row.qps,
+        "warmup_s": _rounded(row.warmup_s),
+        "duration_s": _rounded(row.duration_s),
+    }
+    return from_stored(row.summary_json, facts, latency, errors_by_type)
+
+
+def run_record(
+    row: SqlRun,
+    experiment: str,
+    config_hash: str,
+    summary: RunSummary | None,
+) -> RunRecord:
     return RunRecord(
         id=row.id,
         uid=row.uid,
@@ -83,7 +154,7 @@ def run_record(row: SqlRun, experiment: str, config_hash: str) -> RunRecord:
         requests=row.requests,
         errors=row.errors,
         qps=row.qps,
-        summary=row.summary_json,
+        summary=summary,
         error_message=row.error_message,
     )
 

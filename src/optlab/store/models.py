@@ -56,8 +56,6 @@ def new_uid() -> str:
     return uuid.uuid4().hex
 
 
-
-
 def _in_list(column: str, values: tuple[str, ...]) -> str:
     quoted = ", ".join(f"'{value}'" for value in values)
     return f"{column} IN ({quoted})"

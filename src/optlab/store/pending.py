@@ -22,7 +22,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from optlab.errors import OptlabError, StoreError
-from optlab.store.bundle import ImportResult, RunBundle, read_bundle_file, write_bundle
+from optlab.store.bundle import ImportResult, RunBundle
+from optlab.store.bundle_files import read_bundle_file, write_bundle
 
 if TYPE_CHECKING:
     from optlab.store.repository import Store

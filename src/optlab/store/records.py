@@ -11,6 +11,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from optlab.store.summary import RunSummary
+
 
 class RunStatus(StrEnum):
     RUNNING = "RUNNING"
@@ -89,8 +91,33 @@ class RunRecord:
     requests: int | None
     errors: int | None
     qps: float | None
-    summary: dict[str, Any] | None
+    summary: RunSummary | None
     error_message: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunFinal:
+    """What a run's end decides: `Store.finish_run` and `Store.complete_run` store it, and a
+    pending bundle carries it. Durations are unrounded here (the summary shows them to 1 ms)."""
+
+    status: str
+    valid: bool | None = None
+    reasons: tuple[str, ...] = ()
+    requests: int | None = None
+    errors: int | None = None  # how many requests failed; by type in the run's error rows
+    qps: float | None = None
+    warmup_s: float | None = None
+    duration_s: float | None = None
+    summary: RunSummary | None = None
+    error_message: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in TERMINAL_STATUSES:
+            allowed = sorted(TERMINAL_STATUSES)
+            raise ValueError(f"a run finishes as one of {allowed}, not {self.status!r}")
+        # A StrEnum status is stored, and compared, as its plain value.
+        object.__setattr__(self, "status", str(self.status))
+        object.__setattr__(self, "reasons", tuple(self.reasons))
 
 
 @dataclass(frozen=True, slots=True)

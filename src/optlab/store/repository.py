@@ -7,41 +7,33 @@ hold a session (or a SQLite write lock) across a measurement.
 from __future__ import annotations
 
 import hashlib
-import os
-import socket
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, Select, and_, func, or_, select
+from sqlalchemy import Engine, Select, func, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from optlab.config.canonical import canonical_json
 from optlab.errors import NotFoundError
-from optlab.store.convert import experiment_record, run_record, stored_config
-from optlab.store.database import default_url, make_engine, masked, verify_or_create
+from optlab.store.convert import experiment_record, stored_config
+from optlab.store.database import default_url, make_engine, masked
 from optlab.store.faults import failed
-from optlab.store.measurements import MeasurementsMixin, require_run
+from optlab.store.imports import ImportMixin
+from optlab.store.measurements import MeasurementsMixin
 from optlab.store.models import (
     EXPERIMENT_KINDS,
     SqlConfig,
     SqlEnvironment,
     SqlExperiment,
     SqlRun,
-    new_uid,
     utcnow,
 )
-from optlab.store.records import (
-    TERMINAL_STATUSES,
-    EnvironmentRecord,
-    ExperimentRecord,
-    RunRecord,
-    RunStatus,
-    StoredConfig,
-)
+from optlab.store.records import EnvironmentRecord, ExperimentRecord, StoredConfig
+from optlab.store.runs import RunsMixin, experiment_row
+from optlab.store.schema import verify_or_create
 from optlab.store.transfer import TransferMixin
 
 _Row = TypeVar("_Row", SqlExperiment, SqlConfig, SqlEnvironment)
@@ -72,7 +64,7 @@ def _insert_or_get(session: Session, query: Select[_Row], new: Callable[[], _Row
     return row
 
 
-class Store(MeasurementsMixin, TransferMixin):
+class Store(RunsMixin, MeasurementsMixin, TransferMixin, ImportMixin):
     """optlab's database. Create one with `Store.open()`; close it (or use `with`)."""
 
     def __init__(self, engine: Engine) -> None:
@@ -143,17 +135,6 @@ class Store(MeasurementsMixin, TransferMixin):
 
     # -- experiments and configs ------------------------------------------------------
 
-    @staticmethod
-    def _experiment_row(session: Session, name: str) -> SqlExperiment:
-        row = session.scalar(select(SqlExperiment).where(SqlExperiment.name == name))
-        if row is None:
-            raise NotFoundError(
-                f"experiment {name!r} is not in the database",
-                hint="an experiment is stored when it is first run; check the name, or run "
-                "its parent first",
-            )
-        return row
-
     def get_experiment(self, name: str) -> ExperimentRecord | None:
         with self.session_scope() as session:
             row = session.scalar(select(SqlExperiment).where(SqlExperiment.name == name))
@@ -190,7 +171,7 @@ class Store(MeasurementsMixin, TransferMixin):
         if (kind == "baseline") != (parent is None):
             raise ValueError("a baseline has no parent and a step must have one")
         with self.session_scope() as session:
-            parent_row = None if parent is None else self._experiment_row(session, parent)
+            parent_row = None if parent is None else experiment_row(session, parent)
             experiment = _insert_or_get(
                 session,
                 select(SqlExperiment).where(SqlExperiment.name == name),
@@ -279,172 +260,3 @@ class Store(MeasurementsMixin, TransferMixin):
                 material_hash=row.material_hash,
                 created_at=row.created_at,
             )
-
-    # -- runs -------------------------------------------------------------------------
-
-    def create_run(
-        self,
-        *,
-        experiment: str,
-        protocol_name: str,
-        protocol: dict[str, Any],
-        provisional: bool,
-        environment_id: int | None,
-        code_identity: dict[str, Any],
-        git_commit: str | None,
-        git_dirty: bool | None,
-        repeat: bool = False,
-    ) -> int:
-        """Start a RUNNING run of the experiment's current config by this process."""
-        with self.session_scope() as session:
-            row = self._experiment_row(session, experiment)
-            if row.current_config_id is None:
-                raise NotFoundError(f"experiment {experiment!r} has no stored config")
-            now = utcnow()
-            run = SqlRun(
-                uid=new_uid(),
-                experiment_id=row.id,
-                config_id=row.current_config_id,
-                environment_id=environment_id,
-                status=RunStatus.RUNNING.value,
-                protocol_name=protocol_name,
-                protocol_json=protocol,
-                provisional=provisional,
-                repeat=repeat,
-                code_identity_json=code_identity,
-                git_commit=git_commit,
-                git_dirty=git_dirty,
-                hostname=socket.gethostname(),
-                pid=os.getpid(),
-                started_at=now,
-                heartbeat_at=now,
-                reasons_json=[],
-            )
-            session.add(run)
-            session.flush()
-            return run.id
-
-    def heartbeat(self, run_id: int) -> None:
-        """Record that the run's process is alive (see `mark_crashed`)."""
-        with self.session_scope() as session:
-            require_run(session, run_id).heartbeat_at = utcnow()
-
-    def finish_run(
-        self,
-        run_id: int,
-        *,
-        status: str,
-        valid: bool | None,
-        reasons: Sequence[str],
-        requests: int | None,
-        errors: int | None,
-        qps: float | None,
-        summary: dict[str, Any] | None,
-        warmup_s: float | None,
-        duration_s: float | None,
-        error_message: str | None = None,
-    ) -> None:
-        if status not in TERMINAL_STATUSES:
-            allowed = sorted(TERMINAL_STATUSES)
-            raise ValueError(f"a run finishes as one of {allowed}, not {status!r}")
-        with self.session_scope() as session:
-            run = require_run(session, run_id)
-            now = utcnow()
-            run.status = str(status)
-            run.valid = valid
-            run.reasons_json = list(reasons)
-            run.requests = requests
-            run.errors = errors
-            run.qps = qps
-            run.summary_json = summary
-            run.warmup_s = warmup_s
-            run.duration_s = duration_s
-            run.error_message = error_message
-            run.finished_at = now
-            run.heartbeat_at = now
-
-    def get_run(self, run_id: int) -> RunRecord:
-        with self.session_scope() as session:
-            query = self._runs_query().where(SqlRun.id == run_id)
-            found = session.execute(query).one_or_none()
-            if found is None:
-                raise NotFoundError(f"run {run_id} does not exist")
-            return run_record(*found)
-
-    def list_runs(self, experiment: str | None = None) -> list[RunRecord]:
-        """Runs oldest first, of one experiment or of all."""
-        query = self._runs_query().order_by(SqlRun.id)
-        if experiment is not None:
-            query = query.where(SqlExperiment.name == experiment)
-        with self.session_scope() as session:
-            return [run_record(*found) for found in session.execute(query)]
-
-    def overlapping_runs(self, run_id: int) -> list[RunRecord]:
-        """Other runs on this run's host that ran while it did (a RUNNING one counts while
-        its heartbeat is fresh): a hidden variable, since their loads share the CPUs."""
-        with self.session_scope() as session:
-            me = require_run(session, run_id)
-            started, host = me.started_at, me.hostname
-            query = (
-                self._runs_query()
-                .where(SqlRun.hostname == host, SqlRun.id != run_id)
-                .where(
-                    or_(
-                        SqlRun.finished_at > started,
-                        and_(SqlRun.finished_at.is_(None), SqlRun.heartbeat_at > started),
-                    )
-                )
-                .order_by(SqlRun.id)
-            )
-            return [run_record(*found) for found in session.execute(query)]
-
-    @staticmethod
-    def _runs_query() -> Select[SqlRun, str, str]:
-        # One joined query instead of two lazy loads per run.
-        return (
-            select(SqlRun, SqlExperiment.name, SqlConfig.config_hash)
-            .join(SqlRun.experiment)
-            .join(SqlRun.config)
-        )
-
-    def mark_crashed(
-        self,
-        stale_after_s: float,
-        *,
-        pid_alive: Callable[[int, datetime], bool] | None = None,
-    ) -> list[int]:
-        """Mark RUNNING runs silent for more than `stale_after_s` as CRASHED; their ids.
-
-        With `pid_alive(pid, started_at)`, runs started on this host are judged by their
-        process instead: one whose process is gone is marked at once, and one whose process
-        is alive never is, however long its heartbeat has been silent.
-        """
-        cutoff = utcnow() - timedelta(seconds=stale_after_s)
-        query = (
-            select(SqlRun)
-            .where(SqlRun.status == RunStatus.RUNNING.value)
-            .order_by(SqlRun.id)
-            # PostgreSQL: a heartbeat arriving now waits for this decision, not races it.
-            .with_for_update()
-        )
-        host = socket.gethostname()
-        with self.session_scope() as session:
-            crashed = []
-            for run in session.scalars(query):
-                stale = run.heartbeat_at < cutoff
-                if pid_alive is not None and run.hostname == host:
-                    # On this host the process table knows better than a heartbeat: a live
-                    # run may be silent for minutes (a store outage, a stopped terminal).
-                    if run.pid == os.getpid() or pid_alive(run.pid, run.started_at):
-                        continue
-                    stale = True
-                if not stale:
-                    continue
-                run.status = RunStatus.CRASHED.value
-                if run.error_message is None:
-                    run.error_message = (
-                        f"no heartbeat since {run.heartbeat_at.isoformat()} from "
-                        f"{run.hostname} pid {run.pid}; the process is presumed dead"
-                    )
-                crashed.append(run.id)
-            return crashed

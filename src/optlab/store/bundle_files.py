@@ -1,0 +1,186 @@
+"""Run bundle files: writing them atomically, reading them line by line (refusing another
+kind of file, a newer format or a damaged line), and exporting a database's runs to one.
+The format is `store.bundle`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from optlab._version import __version__
+from optlab.errors import NotFoundError, RefusedError, StoreError
+from optlab.store.bundle import (
+    BUNDLE_KIND,
+    SCHEMA_VERSION,
+    ExportResult,
+    RunBundle,
+    bundle_from_json,
+    bundle_json,
+)
+from optlab.store.database import masked
+from optlab.store.models import utcnow
+from optlab.store.records import RunRecord, RunStatus
+
+if TYPE_CHECKING:
+    from optlab.store.repository import Store
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    """Write `text` to `path` so that a crash leaves the old file or the new one, never half."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        # The rename itself is durable only once the folder is synced.
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise StoreError(
+            f"cannot write {path}: {exc.strerror or exc}",
+            hint="check that the folder exists, is writable and has free space",
+        ) from exc
+
+
+def write_bundle(path: str | Path, bundles: Sequence[RunBundle], source: str) -> Path:
+    """Write `bundles` to `path` (replaced atomically); `source` is their database URL."""
+    path = Path(path)
+    header = {
+        "kind": BUNDLE_KIND,
+        "schema_version": SCHEMA_VERSION,
+        "created_at": utcnow().isoformat(),
+        "optlab_version": __version__,
+        "source": masked(source),
+    }
+    lines = [json.dumps(header, ensure_ascii=False)]
+    lines += [json.dumps(bundle_json(bundle), ensure_ascii=False) for bundle in bundles]
+    _atomic_write(path, "\n".join(lines) + "\n")
+    return path
+
+
+def _malformed(path: Path, line: int, why: str) -> StoreError:
+    return StoreError(
+        f"{path}:{line}: malformed run bundle: {why}",
+        hint="the file is damaged or truncated; export the runs again",
+    )
+
+
+def _header(path: Path, text: str) -> dict[str, Any]:
+    try:
+        header: dict[str, Any] = json.loads(text)
+    except ValueError as exc:
+        raise _malformed(path, 1, f"the header is not JSON ({exc})") from exc
+    kind = header.get("kind") if isinstance(header, dict) else None
+    if kind != BUNDLE_KIND:
+        raise StoreError(
+            f"{path} is not an optlab run bundle (its first line has kind {kind!r}, "
+            f"not {BUNDLE_KIND!r})",
+            hint="`optlab import` reads files written by `optlab export`",
+        )
+    version = header.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise _malformed(path, 1, f"schema_version {version!r} is not a positive integer")
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"{path} is a run bundle of schema version {version}, written by a newer optlab "
+            f"({header.get('optlab_version', 'unknown version')}); this optlab reads up to "
+            f"version {SCHEMA_VERSION}",
+            hint="upgrade optlab (pip install -U optlab), then import it again",
+        )
+    return header
+
+
+def read_bundle_file(path: str | Path) -> tuple[dict[str, Any], list[RunBundle]]:
+    """The header and the bundles of a bundle file; StoreError names a bad line."""
+    path = Path(path)
+    header: dict[str, Any] | None = None
+    bundles: list[RunBundle] = []
+    number = 0
+    try:
+        with open(path, encoding="utf-8") as handle:
+            # Line by line: a bundle of many long runs need not be in memory twice.
+            for number, line in enumerate(handle, start=1):
+                if header is None:
+                    header = _header(path, line)
+                elif line.strip():
+                    try:
+                        bundles.append(bundle_from_json(json.loads(line)))
+                    except ValueError as exc:
+                        raise _malformed(path, number, str(exc)) from exc
+    except UnicodeDecodeError as exc:
+        raise _malformed(path, number + 1, "not UTF-8 text") from exc
+    except OSError as exc:
+        error = NotFoundError if isinstance(exc, FileNotFoundError) else StoreError
+        raise error(f"cannot read {path}: {exc.strerror or exc}", hint="check the path") from exc
+    if header is None:
+        raise _malformed(path, 1, "the file is empty")
+    return header, bundles
+
+
+def read_bundle(path: str | Path) -> list[RunBundle]:
+    """The runs of a bundle file; refuses another kind of file, a newer schema version, or a
+    malformed line (named by file and line number)."""
+    return read_bundle_file(path)[1]
+
+
+# -- export and import ------------------------------------------------------------------------
+
+
+def select_runs(
+    store: Store, *, experiments: Sequence[str] | None = None, run_ids: Sequence[int] | None = None
+) -> tuple[list[RunRecord], list[RunRecord]]:
+    """(runs to export, runs left out because they are still RUNNING), oldest first.
+
+    `run_ids`: exactly those (a RUNNING one is refused); else the runs of `experiments`;
+    else every run.
+    """
+    if run_ids is not None:
+        runs = [store.get_run(run_id) for run_id in run_ids]
+        running = [run for run in runs if run.status == RunStatus.RUNNING]
+        if running:
+            raise RefusedError(
+                f"run {running[0].id} ({running[0].experiment}) is still RUNNING: its "
+                "measurements are partial",
+                hint="export it once it has finished (or once `optlab run` has marked it CRASHED)",
+            )
+        return runs, []
+    runs = store.list_runs()
+    if experiments is not None:
+        wanted = set(experiments)
+        runs = [run for run in runs if run.experiment in wanted]
+    kept = [run for run in runs if run.status != RunStatus.RUNNING]
+    return kept, [run for run in runs if run.status == RunStatus.RUNNING]
+
+
+def export_file(
+    store: Store,
+    path: str | Path,
+    *,
+    experiments: Sequence[str] | None = None,
+    run_ids: Sequence[int] | None = None,
+) -> ExportResult:
+    """Write the chosen runs (see `select_runs`) to a bundle file."""
+    runs, left_out = select_runs(store, experiments=experiments, run_ids=run_ids)
+    if not runs:
+        raise NotFoundError(
+            f"no runs to export in {store.url}"
+            + (f" ({len(left_out)} still RUNNING)" if left_out else ""),
+            hint="measure one first (`optlab run EXPERIMENT`), or check HEAD, --runs and --db",
+        )
+    bundles = store.export_runs([run.id for run in runs])
+    return ExportResult(write_bundle(path, bundles, store.url), runs, left_out)
+
+
+def read_bundles(paths: Sequence[str | Path]) -> list[RunBundle]:
+    """The runs of several bundle files, every file read (and checked) before any import."""
+    return [bundle for path in paths for bundle in read_bundle(path)]

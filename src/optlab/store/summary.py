@@ -1,0 +1,294 @@
+"""The run summary: what one measured run came to, typed and versioned.
+
+`RunSummary` is what `optlab run --json` prints (`to_json()`, README "Commands"), what a bundle
+carries (`to_bundle()`), and what every reader gets as `RunRecord.summary`. Its three spellings
+are written and parsed here and nowhere else:
+
+- the JSON form (`to_json`, `to_bundle`, `from_json`): every field; `from_json` also reads the
+  unversioned form optlab stored and bundled before `schema_version` existed (version 1).
+- the stored form (`stored_form`, `from_stored`), kept in `runs.summary_json`: only what the
+  database holds nowhere else. The run's id, experiment, status, validity, reasons, counts,
+  QPS, protocol and phase lengths are `runs` columns; the latency of each series is its
+  measure-phase `stage_stats` row (the stored form lists which rows, in which order, are
+  `latency_ms` and which `harness_ms`); the errors by type are `run_errors` rows. Where those
+  rows do not reproduce the summary's figures (a run stored before they were written in the
+  same transaction), the figures stay in the stored form instead, so no number is lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "SUMMARY_SCHEMA_VERSION",
+    "LatencyStats",
+    "MeanMax",
+    "PairedTag",
+    "ParentStep",
+    "ResourceSummary",
+    "RunSummary",
+    "from_stored",
+    "stored_form",
+]
+
+# 1: the unversioned dict (until migration 0006); 2: this model.
+SUMMARY_SCHEMA_VERSION: Final = 2
+
+# Fields of the JSON form that `run --json` leaves out when they are None (they are absent
+# from a run that has no such thing, not null).
+_OPTIONAL = ("accuracy", "target", "service", "paired", "parent")
+# Fields that only the stored form holds; the rest come from columns and measurement rows.
+_STORED = ("notes", "load", "resources", "who", *_OPTIONAL)
+# Run columns, by summary field (`from_stored`'s `facts`).
+FACTS = (
+    "run_id",
+    "experiment",
+    "status",
+    "valid",
+    "provisional",
+    "reasons",
+    "protocol",
+    "requests",
+    "errors",
+    "qps",
+    "warmup_s",
+    "duration_s",
+)
+Sampled = Literal[
+    "cpu_process_pct",
+    "cpu_system_pct",
+    "iowait_pct",
+    "rss_bytes",
+    "mem_used_bytes",
+    "gpu_util_pct",
+    "gpu_mem_used_bytes",
+    "service_cpu_pct",
+    "service_rss_bytes",
+]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class LatencyStats(_Frozen):
+    """One series over the measured phase, in ms; None where nothing completed."""
+
+    p50: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    p999: float | None = None
+    max: float | None = None
+    mean: float | None = None
+    count: int = 0
+
+
+class MeanMax(_Frozen):
+    mean: float
+    max: float
+
+
+class ResourceSummary(_Frozen):
+    """Resource samples of the measured phase; a metric not readable here is None, never 0.
+    `service_*`: the process tree of a service optlab started (None otherwise)."""
+
+    samples: int = 0
+    cpu_process_pct: MeanMax | None = None
+    cpu_system_pct: MeanMax | None = None
+    iowait_pct: MeanMax | None = None
+    rss_bytes: MeanMax | None = None
+    rss_peak_bytes: int | None = None
+    mem_used_bytes: MeanMax | None = None
+    gpu_util_pct: MeanMax | None = None
+    gpu_mem_used_bytes: MeanMax | None = None
+    service_cpu_pct: MeanMax | None = None
+    service_rss_bytes: MeanMax | None = None
+
+    def mean_of(self, name: Sampled) -> float | None:
+        stat: MeanMax | None = getattr(self, name)
+        return None if stat is None else stat.mean
+
+    def max_of(self, name: Sampled) -> float | None:
+        stat: MeanMax | None = getattr(self, name)
+        return None if stat is None else stat.max
+
+
+class ParentStep(_Frozen):
+    """The run against the parent run it was checked against, as judged when it was measured
+    (changes in %). A record of that judgement: the parent's figures as they were then."""
+
+    experiment: str
+    run_id: int
+    variable: str | None = None
+    change: str | None = None
+    qps: float | None = None
+    qps_change_pct: float | None = None
+    p50_ms: float | None = None
+    p95_ms: float | None = None
+    p99_ms: float | None = None
+    p50_change_pct: float | None = None
+    p95_change_pct: float | None = None
+    p99_change_pct: float | None = None
+
+
+class PairedTag(_Frozen):
+    """`run --paired`: which session, which pair, and which side of it this run was."""
+
+    session: str
+    index: int
+    role: Literal["parent", "step"]
+
+
+class RunSummary(_Frozen):
+    """What one run came to. Field order is `run --json`'s key order."""
+
+    schema_version: Literal[2] = SUMMARY_SCHEMA_VERSION
+    run_id: int
+    experiment: str
+    status: str
+    valid: bool | None
+    provisional: bool
+    reasons: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    protocol: str
+    load: str
+    requests: int | None
+    errors: int | None
+    errors_by_type: dict[str, int] = Field(default_factory=dict)
+    qps: float | None
+    warmup_s: float | None
+    duration_s: float | None
+    # The target's series ("total" first, then its own stages), and the harness's own
+    # lateness (send_lag, start_lag), which is never part of a latency.
+    latency_ms: dict[str, LatencyStats] = Field(default_factory=dict)
+    harness_ms: dict[str, LatencyStats] = Field(default_factory=dict)
+    resources: ResourceSummary = Field(default_factory=ResourceSummary)
+    who: str | None = None  # user@host; absent from runs measured before it was recorded
+    # What the target reported about itself, as it reported it (JSON-safe).
+    accuracy: dict[str, Any] | None = None
+    target: Any = None
+    service: Any = None
+    paired: PairedTag | None = None
+    parent: ParentStep | None = None
+
+    # -- what readers need, without digging ---------------------------------------------
+
+    @property
+    def total(self) -> LatencyStats:
+        """End-to-end latency (empty when nothing completed)."""
+        return self.latency_ms.get("total") or LatencyStats()
+
+    @property
+    def total_p50_ms(self) -> float | None:
+        return self.total.p50
+
+    @property
+    def total_p95_ms(self) -> float | None:
+        return self.total.p95
+
+    @property
+    def total_p99_ms(self) -> float | None:
+        return self.total.p99
+
+    @property
+    def total_p999_ms(self) -> float | None:
+        return self.total.p999
+
+    @property
+    def stages(self) -> dict[str, LatencyStats]:
+        """The target's own stages: every latency series but the total."""
+        return {name: stats for name, stats in self.latency_ms.items() if name != "total"}
+
+    @property
+    def accuracy_top1(self) -> Any:
+        return self.accuracy.get("top1") if self.accuracy else None
+
+    def target_figure(self, section: str, key: str) -> Any:
+        """A figure the target reported, e.g. ("batching", "mean_batch_size"); None when it
+        reported no such thing."""
+        found = self.target.get(section) if isinstance(self.target, dict) else None
+        return found.get(key) if isinstance(found, dict) else None
+
+    # -- the JSON form ---------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        """The summary as `optlab run --json` prints it (README): no schema_version, and the
+        optional sections only when the run has them."""
+        value = self.model_dump(mode="json", exclude={"schema_version"})
+        for key in _OPTIONAL:
+            if value[key] is None:
+                del value[key]
+        return value
+
+    def to_bundle(self) -> dict[str, Any]:
+        """Every field, schema_version included: what a run bundle carries."""
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def from_json(cls, value: Any) -> RunSummary:
+        """A summary from its JSON form, versioned or from before versions (version 1, the
+        same fields). Raises ValueError for anything else."""
+        if not isinstance(value, dict):
+            raise ValueError(f"a run summary is a JSON object, not {type(value).__name__}")
+        version = value.get("schema_version", 1)
+        if version not in (1, SUMMARY_SCHEMA_VERSION):
+            raise ValueError(
+                f"run summary schema_version {version!r}: this optlab reads versions 1 to "
+                f"{SUMMARY_SCHEMA_VERSION}"
+            )
+        return cls.model_validate({**value, "schema_version": SUMMARY_SCHEMA_VERSION})
+
+
+# -- the stored form ------------------------------------------------------------------------
+
+
+def stored_form(
+    summary: RunSummary,
+    latency: Mapping[str, LatencyStats],
+    errors_by_type: Mapping[str, int],
+) -> dict[str, Any]:
+    """What `runs.summary_json` holds for `summary`, given the run's measure-phase series
+    (`latency`, by name, from its stage_stats rows) and its error counts by type (its
+    run_errors rows), both as they are stored with it."""
+    value = summary.model_dump(mode="json", include=set(_STORED))
+    for key in _OPTIONAL:
+        if value[key] is None:
+            del value[key]
+    value["schema_version"] = SUMMARY_SCHEMA_VERSION
+    series = {**summary.latency_ms, **summary.harness_ms}
+    overlap = summary.latency_ms.keys() & summary.harness_ms.keys()
+    if series == dict(latency) and not overlap:
+        value["latency_stages"] = list(summary.latency_ms)
+        value["harness_stages"] = list(summary.harness_ms)
+    else:
+        dumped = summary.model_dump(mode="json", include={"latency_ms", "harness_ms"})
+        value |= dumped
+    if summary.errors_by_type != dict(errors_by_type):
+        value["errors_by_type"] = dict(summary.errors_by_type)
+    return value
+
+
+def from_stored(
+    stored: Mapping[str, Any],
+    facts: Mapping[str, Any],
+    latency: Mapping[str, LatencyStats],
+    errors_by_type: Mapping[str, int],
+) -> RunSummary:
+    """The summary of a stored run: `stored` (its `summary_json`), `facts` (its columns, by
+    the summary field names in FACTS), and its measure-phase `latency` and `errors_by_type`
+    (as for `stored_form`)."""
+    if "schema_version" not in stored:  # the unversioned form, complete in itself
+        return RunSummary.from_json(dict(stored))
+    body = {
+        key: value
+        for key, value in stored.items()
+        if key not in ("schema_version", "latency_stages", "harness_stages")
+    }
+    for field, names in (("latency_ms", "latency_stages"), ("harness_ms", "harness_stages")):
+        if field not in body:
+            body[field] = {name: latency[name] for name in stored.get(names, ()) if name in latency}
+    body.setdefault("errors_by_type", dict(errors_by_type))
+    return RunSummary.from_json({**body, **facts, "schema_version": stored["schema_version"]})
