@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from optlab.config.loading import load_experiment, resolve_baseline
+from optlab.config.loading import load_experiment
 from optlab.config.merge import deep_merge
 from optlab.config.models import BaselineFile, StepFile
 from optlab.errors import ConfigError
+from optlab.targets.resolve import resolve_baseline
 from tests.conftest import write
 
 BASELINE = """\

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from optlab.config.loading import load_experiment, resolve_baseline, search_paths
+from optlab.config.loading import load_experiment, search_paths
 from optlab.errors import ConfigError
 from optlab.run.fingerprint import code_section
 from optlab.targets.identity import code_identity
+from optlab.targets.resolve import resolve_baseline
 from tests.conftest import write
 
 MODULE = """\

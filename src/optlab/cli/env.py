@@ -73,9 +73,12 @@ def _rows(fp: dict[str, Any]) -> list[tuple[str, str]]:
     from optlab.targets.service_env import describe_service, service_rows
 
     rows += service_rows(fp.get("service"))
-    kind = (code.get("target") or {}).get("kind")
-    if not fp.get("service") and kind == "http":
-        rows.append(("service environment", str(describe_service(None, kind))))
+    if not fp.get("service"):
+        # A service optlab does not start (http) is out of sight: say so. (A command target's
+        # service always has its section here; in-process targets have no service.)
+        unseen = describe_service(None, (code.get("target") or {}).get("kind"))
+        if unseen is not None:
+            rows.append(("service environment", unseen))
     return rows
 
 

@@ -99,10 +99,10 @@ def describe_error(
     file_path = (*file_prefix, *located.path)
     where = source.where(file_path)
     field = _dotted(file_path)
-    kind = error["type"]
+    error_type = error["type"]
     value = error.get("input")
     fix: str | None = None
-    if kind == "extra_forbidden":
+    if error_type == "extra_forbidden":
         key = str(located.path[-1]) if located.path else "?"
         message = f"unknown key {key!r}"
         guess = _suggest(key, located.siblings)
@@ -110,26 +110,26 @@ def describe_error(
             fix = f"did you mean {guess!r}? (in {_dotted((*file_path[:-1], guess))})"
         elif located.siblings:
             fix = "valid keys here: " + ", ".join(located.siblings)
-    elif kind == "missing":
+    elif error_type == "missing":
         message = "required field is missing"
         fix = f"add {_dotted(file_path)!r} to the file"
-    elif kind in ("literal_error", "union_tag_invalid"):
+    elif error_type in ("literal_error", "union_tag_invalid"):
         options = _expected_literals(error.get("ctx", {}))
-        got = value.get(located_key(error)) if kind == "union_tag_invalid" else value
+        got = value.get(located_key(error)) if error_type == "union_tag_invalid" else value
         message = f"{got!r} is not allowed; expected one of: {', '.join(options)}"
         guess = _suggest(str(got), options)
         fix = f"did you mean {guess!r}?" if guess else f"use one of: {', '.join(options)}"
-    elif kind == "union_tag_not_found":
+    elif error_type == "union_tag_not_found":
         tag = located_key(error)
         message = f"needs {tag!r} to say which variant it is"
         fix = f"add {tag}: ... under {field}"
-    elif kind == "string_pattern_mismatch" and str(error.get("ctx", {}).get("pattern", "")) in (
-        PATTERN_HINTS
+    elif error_type == "string_pattern_mismatch" and (
+        str(error.get("ctx", {}).get("pattern", "")) in PATTERN_HINTS
     ):
         what, rule = PATTERN_HINTS[str(error["ctx"]["pattern"])]
         message = f"{value!r} is not {what}"
         fix = rule
-    elif kind == "finite_number":
+    elif error_type == "finite_number":
         message = f"{value!r} is not a finite number"
         fix = f"give {field} a finite number"
     else:

@@ -14,7 +14,7 @@ import glob
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -28,9 +28,8 @@ from optlab.config.models import (
 from optlab.errors import ConfigError, TargetError
 from optlab.targets.http_client import HttpClient
 from optlab.targets.http_wire import MESSAGE_CHARS, Body, HttpError, HttpSpec
-
-if TYPE_CHECKING:
-    from optlab.targets.templates import Secrets
+from optlab.targets.registry import reference_images
+from optlab.targets.templates import Secrets
 
 __all__ = [
     "HttpRecipe",
@@ -176,12 +175,10 @@ def http_bodies(workload: Workload, folder: Path) -> list[Body]:
     if spec.text is not None:
         return [Body(spec.text.encode(), kind or "text/plain; charset=utf-8")]
     if spec.images is not None:
-        from optlab.reference.classifier import pipeline
-
         images = Workload.model_validate(
             {"load": workload.load.model_dump(), "seed": workload.seed, "inputs": spec.images}
         )
-        return [Body(sample.jpeg, kind or "image/jpeg") for sample in pipeline.inputs(images)]
+        return [Body(jpeg, kind or "image/jpeg") for jpeg in reference_images(images)]
     return [Body(b"", None)]
 
 
@@ -245,8 +242,6 @@ def check_listening(target: HttpTarget, knobs: dict[str, Any], where: str) -> No
     """
     import socket
     from urllib.parse import urlsplit
-
-    from optlab.targets.templates import Secrets
 
     secrets = Secrets()
     url = secrets.fill(target.url, knobs, "target.url")

@@ -79,7 +79,6 @@ class ClientResponseError(Exception):
     """What came back is not a valid HTTP/1.1 response."""
 
 
-
 # -- requests -----------------------------------------------------------------------------------
 
 
@@ -130,4 +129,3 @@ def request_bytes(spec: HttpSpec, bodies: Sequence[Body]) -> list[bytes]:
         head = f"{spec.method} {target} HTTP/1.1\r\n" + "".join(headers.values()) + "\r\n"
         requests.append(head.encode("latin-1") + body.data)
     return requests
-

@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from optlab.errors import ConfigError
 
 
@@ -51,6 +53,18 @@ def import_reference(reference: str, paths: Sequence[Path], what: str) -> Any:
             f"{what}: module {module_name!r} has no attribute {attribute!r}",
             hint="names it defines: " + ", ".join(public[:20]),
         ) from exc
+
+
+def import_knob_model(reference: str, paths: Sequence[Path]) -> type[BaseModel]:
+    """A target's `knobs_model`: the user's pydantic model that validates its knobs."""
+    found = import_reference(reference, paths, "target.knobs_model")
+    if not (isinstance(found, type) and issubclass(found, BaseModel)):
+        raise ConfigError(
+            f"target.knobs_model: {reference!r} is not a pydantic model class",
+            hint="point it at a class that subclasses pydantic.BaseModel, or remove the field "
+            "to take free-form knobs",
+        )
+    return found
 
 
 def module_origin(module_name: str, paths: Sequence[Path]) -> Path | None:

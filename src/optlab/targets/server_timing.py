@@ -68,4 +68,3 @@ def _split_entries(value: str) -> list[str]:
             current.append(char)
     parts.append("".join(current))
     return [p for p in parts if p.strip()]
-

@@ -26,11 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from optlab.errors import ConfigError
+from optlab.targets.registry import find_kind
 from optlab.targets.templates import KNOB_REFERENCE, Secrets
 
 __all__ = [
     "QUERY_TIMEOUT_S",
     "describe_service",
+    "inspect_service",
     "service_environment",
     "service_rows",
 ]
@@ -154,12 +156,21 @@ def _service_environ(
 def service_environment(
     target: Mapping[str, Any], folder: Path, environ: Mapping[str, str] | None = None
 ) -> dict[str, Any] | None:
-    """The fingerprint's `service` section for a command target; None for any other kind.
+    """The fingerprint's `service` section for a target as stored: a command target's service
+    (`inspect_service`); None for a kind whose service optlab does not start.
 
     `folder` is the experiment's folder (the service's working directory unless `target.cwd`
     says otherwise). Never raises: what cannot be inspected is recorded as such.
     """
-    if target.get("kind") != "command" or not target.get("command"):
+    kind = find_kind(target)
+    return kind.service_environment(target, folder, environ) if kind is not None else None
+
+
+def inspect_service(
+    target: Mapping[str, Any], folder: Path, environ: Mapping[str, str] | None = None
+) -> dict[str, Any] | None:
+    """The interpreter and packages (or the executable) of the service `target.command` starts."""
+    if not target.get("command"):
         return None
     base = os.environ if environ is None else environ
     secrets = Secrets(base)
@@ -205,8 +216,9 @@ def service_environment(
 
 
 def describe_service(service: Mapping[str, Any] | None, target_kind: str | None) -> str | None:
-    """One line about the service's environment for reports; None where optlab's own
-    environment is the service's (built-in and python targets run inside optlab)."""
+    """One line about the service's environment for reports (`target_kind`: the experiment
+    file's `kind`); None where optlab's own environment is the service's (built-in and python
+    targets run inside optlab)."""
     if service:
         kind = service.get("kind")
         if kind == "python":
@@ -225,14 +237,8 @@ def describe_service(service: Mapping[str, Any] | None, target_kind: str | None)
             text = f"{service.get('program')}: not inspected"
         error = service.get("error")
         return text + (f" ({error})" if error else "") + "; checked, part of the fingerprint"
-    if target_kind == "http":
-        return (
-            "not checked: optlab does not start an http target's service and cannot see its "
-            "interpreter or packages; its declared code_version is its only identity"
-        )
-    if target_kind == "command":
-        return "not recorded (measured before optlab recorded a service's environment)"
-    return None
+    kind = find_kind({"kind": target_kind}) if target_kind else None
+    return kind.service_note if kind is not None else None
 
 
 def service_rows(service: Mapping[str, Any] | None) -> list[tuple[str, str]]:

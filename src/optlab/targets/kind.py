@@ -1,0 +1,66 @@
+"""What one kind of target is to the rest of optlab.
+
+Each kind (`optlab.targets.kinds.<name>`) says, in one module, how its knobs are checked, what
+its inputs must be, what identifies its code, whether a service environment belongs in the
+fingerprint, and how it is built into a target the load generator drives. The other layers ask
+the kind (`optlab.targets.registry.kind_of`) instead of switching on `target.kind`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel
+
+from optlab.config.models import ResolvedConfig, Target, Workload
+from optlab.config.source import SourceFile
+from optlab.targets.base import LoadedTarget
+from optlab.targets.templates import Secrets
+
+__all__ = ["TargetKind"]
+
+
+class TargetKind(ABC):
+    """One kind of target. The defaults fit a kind without templates, inputs of its own or a
+    service apart from optlab's process; each kind overrides what differs."""
+
+    name: ClassVar[str]
+    # Called from optlab's own threads (one load-generator process, a thread per request in
+    # flight); otherwise measured over the network by asynchronous clients.
+    in_process: ClassVar[bool]
+    # What reports say of the service's environment when the run recorded none; None where the
+    # target runs in optlab's process and optlab's own environment is its environment.
+    service_note: ClassVar[str | None] = None
+
+    def knob_model(self, target: Target, paths: Sequence[Path]) -> type[BaseModel] | None:
+        """The model the knobs are validated against; None takes free-form knobs."""
+        return None
+
+    def check_knobs(self, target: Target, knobs: dict[str, Any]) -> None:
+        """Refuse, at load, knobs the target's other fields cannot use (a template naming a
+        knob the config lacks). ConfigError without a location: the loader adds it."""
+        return None
+
+    def resolve_inputs(self, workload: Workload, source: SourceFile) -> Workload:
+        """`workload.inputs` checked at load (errors name the file and line), with defaults."""
+        return workload
+
+    @abstractmethod
+    def identity(self, target: Mapping[str, Any], paths: Sequence[Path]) -> dict[str, Any]:
+        """A JSON-able identity of the target's code (`target` as stored); equal identities
+        mean the same code."""
+
+    def service_environment(
+        self, target: Mapping[str, Any], folder: Path, environ: Mapping[str, str] | None
+    ) -> dict[str, Any] | None:
+        """The fingerprint's `service` section: None unless optlab starts the service."""
+        return None
+
+    @abstractmethod
+    def build(
+        self, config: ResolvedConfig, paths: Sequence[Path], secrets: Secrets
+    ) -> LoadedTarget:
+        """The target, ready to be driven. `${ENV_VAR}` values it resolves go into `secrets`."""

@@ -1,0 +1,60 @@
+"""`kind: http`: a service already listening at `url`, measured over HTTP.
+
+optlab cannot see its code or its environment: the `code_version` the user declares is its
+whole identity, and reports say that its environment was not checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from optlab.config.models import HttpTarget, ResolvedConfig, Target, Workload
+from optlab.config.source import SourceFile
+from optlab.targets.base import LoadedTarget
+from optlab.targets.kind import TargetKind
+from optlab.targets.network import (
+    check_templates,
+    network_inputs,
+    network_knob_model,
+    network_target,
+)
+from optlab.targets.templates import Secrets
+
+__all__ = ["KIND", "Http"]
+
+
+class Http(TargetKind):
+    name = "http"
+    in_process = False
+    service_note = (
+        "not checked: optlab does not start an http target's service and cannot see its "
+        "interpreter or packages; its declared code_version is its only identity"
+    )
+
+    def knob_model(self, target: Target, paths: Sequence[Path]) -> type[BaseModel] | None:
+        assert isinstance(target, HttpTarget)
+        return network_knob_model(target, paths)
+
+    def check_knobs(self, target: Target, knobs: dict[str, Any]) -> None:
+        assert isinstance(target, HttpTarget)
+        check_templates(target, knobs)
+
+    def resolve_inputs(self, workload: Workload, source: SourceFile) -> Workload:
+        return network_inputs(workload, source)
+
+    def identity(self, target: Mapping[str, Any], paths: Sequence[Path]) -> dict[str, Any]:
+        return {"kind": "http", "declared": target.get("code_version")}
+
+    def build(
+        self, config: ResolvedConfig, paths: Sequence[Path], secrets: Secrets
+    ) -> LoadedTarget:
+        loaded = network_target(config, paths, secrets)
+        loaded.description = f"http {loaded.description}"
+        return loaded
+
+
+KIND = Http()
