@@ -427,6 +427,16 @@ def test_bundle_files_that_cannot_be_read_are_refused(laptop: str, tmp_path: Pat
     damaged.write_text(f"{header}\n{json.dumps(wrong)}\n")
     with pytest.raises(StoreError, match=r"damaged.jsonl:2: .*has parent 'somebody'"):
         read_bundle(damaged)
+    wrong = json.loads(first)
+    wrong["run"]["summary"]["schema_version"] = 3  # a summary from a newer optlab
+    damaged.write_text(f"{header}\n{json.dumps(wrong)}\n")
+    newer = r"damaged.jsonl:2: .*does not fit: run summary schema_version 3"
+    with pytest.raises(StoreError, match=newer):
+        read_bundle(damaged)
+    del wrong["run"]["summary"]["schema_version"], wrong["run"]["summary"]["status"]
+    damaged.write_text(f"{header}\n{json.dumps(wrong)}\n")
+    with pytest.raises(StoreError, match=r"damaged.jsonl:2: .*run.summary does not fit"):
+        read_bundle(damaged)
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(StoreError, match="empty"):
         read_bundle(tmp_path / "empty.jsonl")

@@ -1,8 +1,8 @@
 """The run summary: what one measured run came to, typed and versioned.
 
-`RunSummary` is what `optlab run --json` prints (`to_json()`, README "Commands"), what a bundle
-carries (`to_bundle()`), and what every reader gets as `RunRecord.summary`. Its three spellings
-are written and parsed here and nowhere else:
+`RunSummary` is what `optlab run --json` prints (`to_json()`, docs/run-json.md), what a bundle
+carries (`to_bundle()`, docs/bundles.md), and what every reader gets as `RunRecord.summary`.
+Its spellings are written and parsed here and nowhere else:
 
 - the JSON form (`to_json`, `to_bundle`, `from_json`): every field; `from_json` also reads the
   unversioned form optlab stored and bundled before `schema_version` existed (version 1).
@@ -215,8 +215,8 @@ class RunSummary(_Frozen):
     # -- the JSON form ---------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
-        """The summary as `optlab run --json` prints it (README): no schema_version, and the
-        optional sections only when the run has them."""
+        """The summary as `optlab run --json` prints it (docs/run-json.md): no schema_version,
+        and the optional sections only when the run has them."""
         value = self.model_dump(mode="json", exclude={"schema_version"})
         for key in _OPTIONAL:
             if value[key] is None:
@@ -291,4 +291,5 @@ def from_stored(
         if field not in body:
             body[field] = {name: latency[name] for name in stored.get(names, ()) if name in latency}
     body.setdefault("errors_by_type", dict(errors_by_type))
-    return RunSummary.from_json({**body, **facts, "schema_version": stored["schema_version"]})
+    columns = {key: facts[key] for key in FACTS}  # KeyError: a caller left a column out
+    return RunSummary.from_json({**body, **columns, "schema_version": stored["schema_version"]})
