@@ -1,4 +1,6 @@
-"""Turning what a run collected into stored rows and the `run --json` summary (README)."""
+"""Turning what a run collected into stored rows and the parts of its summary (the latency and
+resource sections of `RunSummary`, docs/run-json.md), as plain JSON values: the summary passes
+through `json_safe` before it becomes a `RunSummary`."""
 
 from __future__ import annotations
 
@@ -7,7 +9,14 @@ import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from optlab.store import GpuSample, ResourceSample, RunErrorCount, StageStatsRow, WindowStats
+from optlab.store import (
+    GpuSample,
+    LatencyStats,
+    ResourceSample,
+    RunErrorCount,
+    StageStatsRow,
+    WindowStats,
+)
 
 if TYPE_CHECKING:
     from optlab.metrics.backlog import LoadTimeline
@@ -15,7 +24,8 @@ if TYPE_CHECKING:
     from optlab.metrics.log import Window
     from optlab.metrics.resources import ResourceReading
 
-SUMMARY_KEYS = ("p50", "p95", "p99", "p999", "max", "mean")
+# The statistics a summary keeps of each series: LatencyStats's, in its order.
+_LATENCY_STATS = tuple(name for name in LatencyStats.model_fields if name != "count")
 PHASES = ("warmup", "measure")
 
 
@@ -47,9 +57,7 @@ def _f(value: float | int | None) -> float | None:
     return None if value is None else float(value)
 
 
-def window_rows(
-    windows: Sequence[Window], load: LoadTimeline | None = None
-) -> list[WindowStats]:
+def window_rows(windows: Sequence[Window], load: LoadTimeline | None = None) -> list[WindowStats]:
     """Stored windows; with `load`, each with what was offered and in flight."""
     rows = []
     for w in windows:
@@ -126,7 +134,7 @@ def latency_summary(histograms: dict[str, LatencyHistogram]) -> dict[str, dict[s
     out: dict[str, dict[str, Any]] = {}
     for stage, histogram in sorted(histograms.items(), key=lambda kv: (kv[0] != "total", kv[0])):
         s = histogram.summary_ms()
-        out[stage] = {key: s[key] for key in SUMMARY_KEYS} | {"count": histogram.count}
+        out[stage] = {key: s[key] for key in _LATENCY_STATS} | {"count": histogram.count}
     return out
 
 
