@@ -20,10 +20,17 @@ from typing import Any
 from pydantic import BaseModel, RootModel
 from pydantic.json_schema import models_json_schema
 
-from optlab.config.knobs import BuiltinKnobs, ImageInputs
-from optlab.config.models import BASELINE_ONLY_KEYS, BaselineFile, HttpInputs, StepFile
-from optlab.reference.synthetic import SyntheticKnobs
+from optlab.config.knobs import ImageInputs
+from optlab.config.models import (
+    BASELINE_ONLY_KEYS,
+    BaselineFile,
+    BuiltinTarget,
+    HttpInputs,
+    StepFile,
+)
 from optlab.reports.table_json import TableDocument
+from optlab.store.summary import RunSummary
+from optlab.targets.registry import kind_of
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "schemas"
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -69,18 +76,28 @@ def _uses(knobs: str | None, inputs: str | None) -> dict[str, Any]:
     return then
 
 
+def builtin_knobs(name: str) -> type[BaseModel]:
+    """The knob model the registry's kind for `kind: builtin, name: NAME` checks knobs with."""
+    target = BuiltinTarget(kind="builtin", name=name)
+    model = kind_of(target).knob_model(target, [])
+    assert model is not None, f"the builtin target {name!r} has no knob model"
+    return model
+
+
 def experiment_schema() -> dict[str, Any]:
     """The file models, with the knobs and inputs each target kind checks at load."""
-    schema, refs = _with_defs(
-        ExperimentFile, (BuiltinKnobs, ImageInputs, SyntheticKnobs, HttpInputs)
-    )
+    classifier, synthetic = builtin_knobs("image-classifier"), builtin_knobs("synthetic")
+    schema, refs = _with_defs(ExperimentFile, (classifier, ImageInputs, synthetic, HttpInputs))
     defs = schema["$defs"]
     defs["BaselineFile"]["allOf"] = [
         {
             "if": _target_is("builtin", "image-classifier"),
-            "then": _uses(refs["BuiltinKnobs"], refs["ImageInputs"]),
+            "then": _uses(refs[classifier.__name__], refs["ImageInputs"]),
         },
-        {"if": _target_is("builtin", "synthetic"), "then": _uses(refs["SyntheticKnobs"], None)},
+        {
+            "if": _target_is("builtin", "synthetic"),
+            "then": _uses(refs[synthetic.__name__], None),
+        },
         {"if": _target_is("command"), "then": _uses(None, refs["HttpInputs"])},
         {"if": _target_is("http"), "then": _uses(None, refs["HttpInputs"])},
     ]
@@ -88,6 +105,13 @@ def experiment_schema() -> dict[str, Any]:
     defs["StepFile"]["properties"]["change"]["propertyNames"] = {
         "not": {"enum": list(BASELINE_ONLY_KEYS)}
     }
+    return schema
+
+
+def run_summary_schema() -> dict[str, Any]:
+    """One line of `optlab run --json` (which leaves `schema_version` out), or a bundle's
+    `run.summary` (which has it)."""
+    schema, _ = _with_defs(RunSummary)
     return schema
 
 
@@ -100,6 +124,7 @@ def schemas() -> dict[str, dict[str, Any]]:
     """File name -> schema, each with its dialect first."""
     found = {
         "experiment.schema.json": experiment_schema(),
+        "run-summary.schema.json": run_summary_schema(),
         "table.schema.json": table_schema(),
     }
     return {name: {"$schema": DIALECT, **schema} for name, schema in found.items()}
