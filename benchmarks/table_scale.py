@@ -22,8 +22,16 @@ import sys
 import time
 from pathlib import Path
 
-from optlab.store import Store
-from optlab.store.records import WindowStats
+from optlab.store import (
+    LatencyStats,
+    MeanMax,
+    ResourceSummary,
+    RunFinal,
+    RunSummary,
+    StageStatsRow,
+    Store,
+    WindowStats,
+)
 
 GOAL_S = 1.0
 STEPS = 10
@@ -81,14 +89,23 @@ def build(path: Path, runs_per_step: int, other_experiments: int, windows: int) 
                     for t in range(windows)
                 ],
             )  # fmt: skip
-            summary = {
-                "latency_ms": {"total": {"p50": p50, "p95": 1.6 * p50, "p99": 2 * p50,
-                                         "p999": 3 * p50}},
-                "resources": {"cpu_process_pct": {"mean": 150.0, "max": 190.0}},
-            }  # fmt: skip
-            store.finish_run(run_id, status="FINISHED", valid=True, reasons=[],
-                             requests=int(qps * 600), errors=0, qps=qps, summary=summary,
-                             warmup_s=30.0, duration_s=600.0)  # fmt: skip
+            requests = int(qps * 600)
+            # As a runner stores it: the total's figures in its stage row, the rest in the summary.
+            store.add_stage_stats(run_id, [
+                StageStatsRow("total", "measure", requests, "", p50_ms=p50, p95_ms=1.6 * p50,
+                              p99_ms=2 * p50, p999_ms=3 * p50)
+            ])  # fmt: skip
+            total = LatencyStats(p50=p50, p95=1.6 * p50, p99=2 * p50, p999=3 * p50, count=requests)
+            summary = RunSummary(
+                run_id=run_id, experiment=name, status="FINISHED", valid=True, provisional=False,
+                protocol="full", load="closed", requests=requests, errors=0, qps=qps,
+                warmup_s=30.0, duration_s=600.0, latency_ms={"total": total},
+                resources=ResourceSummary(cpu_process_pct=MeanMax(mean=150.0, max=190.0)),
+            )  # fmt: skip
+            store.finish_run(run_id, RunFinal(
+                status="FINISHED", valid=True, requests=requests, errors=0, qps=qps,
+                warmup_s=30.0, duration_s=600.0, summary=summary,
+            ))  # fmt: skip
 
     parent = None
     for step in range(STEPS):
