@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up, then run the whole test suite (plus lint and types). Store tests also run on a
 # private PostgreSQL cluster when the PostgreSQL server binaries are on this machine.
+# Arguments go to pytest: `make test-fast` passes -m "not slow".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh

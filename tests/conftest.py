@@ -58,6 +58,16 @@ def write(folder: Path, name: str, text: str) -> Path:
     return path
 
 
+def wait_until(predicate: Callable[[], object], what: str, timeout_s: float = 30) -> None:
+    """Poll until `predicate()` is true: a test waits on the condition it needs, never on a
+    fixed sleep that a busy 2-core machine can outlast. The deadline only bounds a hang."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: still not true after {timeout_s:g} s")
+        time.sleep(0.005)
+
+
 def wait_for_measure(db: Path, timeout_s: float = 60) -> int:
     """The id of the run a subprocess is measuring, once its first measured window is stored."""
     deadline = time.monotonic() + timeout_s

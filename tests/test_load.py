@@ -30,6 +30,7 @@ from optlab.load.schedules import (
 from optlab.metrics.log import Collector
 from optlab.metrics.stages import CURRENT, RequestTiming
 from optlab.reference.synthetic import build, simulate_open_loop
+from tests.conftest import wait_until
 
 Load = ClosedLoad | OpenLoad | ReplayLoad
 
@@ -63,6 +64,11 @@ def measure(
     report = generator.stop(drain_timeout_s=drain_s)
     collector.finish()
     return report, collector, generator
+
+
+def load_threads() -> set[threading.Thread]:
+    """The load generators' threads alive now (a test waits for its own to finish)."""
+    return {t for t in threading.enumerate() if t.name.startswith("optlab-load-")}
 
 
 def summary(collector: Collector, series: str = "total") -> dict[str, Any]:
@@ -327,8 +333,8 @@ def test_stop_drains_requests_in_flight() -> None:
     collector.set_phase("measure", time.perf_counter_ns())
     generator = ThreadLoadGenerator(build({"service_ms": 200.0}), [0], open_(50.0), timeout_s=10.0)
     generator.start(collector)
-    time.sleep(0.1)
-    assert generator.in_flight >= 3
+    # 50/s of 200 ms calls: three are in flight 40 ms in, however late the threads start.
+    wait_until(lambda: generator.in_flight >= 3, "three requests in flight")
     report = generator.stop(drain_timeout_s=2.0)
     assert report.abandoned == 0
     assert report.completed == report.issued >= 3
@@ -340,29 +346,34 @@ def test_stop_reports_requests_stuck_past_the_drain_timeout() -> None:
     release = threading.Event()
     collector = Collector()
     collector.set_phase("measure", time.perf_counter_ns())
+    before = load_threads()
     generator = ThreadLoadGenerator(lambda r: release.wait(10), [0], closed(3), timeout_s=10.0)
     generator.start(collector)
+    workers = load_threads() - before
     try:
-        time.sleep(0.05)
-        assert generator.in_flight == 3
+        wait_until(lambda: generator.in_flight == 3, "the three clients' calls in flight")
         started = time.monotonic()
         report = generator.stop(drain_timeout_s=0.2)
-        assert time.monotonic() - started == pytest.approx(0.2, abs=0.15)
+        # It waited the drain timeout, then gave up on the calls (stuck for 10 s); the upper
+        # bound only has to tell the two apart, so a busy machine cannot fail it.
+        assert 0.2 <= time.monotonic() - started < 5.0
         assert report == StopReport(issued=3, completed=0, abandoned=3, fell_behind=False)
     finally:
         release.set()
-    time.sleep(0.05)
+    # The released calls have returned and their threads are done with them.
+    wait_until(lambda: not any(t.is_alive() for t in workers), "the released clients exited")
     collector.finish()
     assert collector.totals("measure") == (0, 0)  # abandoned requests are not recorded late
 
 
 def test_stop_wakes_an_idle_open_loop_at_once() -> None:
-    generator = ThreadLoadGenerator(lambda r: r, [0], open_(0.5), timeout_s=1.0)
+    # One request every 10 s: the loop sends one, then waits; stop() must not wait with it.
+    generator = ThreadLoadGenerator(lambda r: r, [0], open_(0.1), timeout_s=1.0)
     generator.start(Collector())
-    time.sleep(0.05)
+    wait_until(lambda: generator.issued == 1 and generator.in_flight == 0, "the first send")
     started = time.monotonic()
     report = generator.stop(drain_timeout_s=5.0)
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 4.0  # not the 10 s to the next send, nor the drain's 5
     assert report.abandoned == 0
 
 
@@ -411,7 +422,7 @@ def test_a_failed_start_leaves_no_thread_waiting(monkeypatch: pytest.MonkeyPatch
         generator.start(Collector())
     began = time.monotonic()
     report = generator.stop(drain_timeout_s=5.0)
-    assert time.monotonic() - began < 1.0
+    assert time.monotonic() - began < 4.0  # no thread left to wait the drain's 5 s for
     assert report.issued == 0
     assert all(not thread.is_alive() for thread in generator._threads)
 
@@ -446,6 +457,7 @@ def test_a_call_that_never_returns_is_a_timeout_while_it_hangs(load: Load) -> No
 
 def test_a_run_whose_every_call_hangs_reports_every_client_as_a_timeout() -> None:
     release = threading.Event()
+    before = load_threads()
     try:
         report, collector, _ = measure(
             lambda r: release.wait(30), closed(4), 0.6, timeout_s=0.2, drain_s=0.3
@@ -455,5 +467,6 @@ def test_a_run_whose_every_call_hangs_reports_every_client_as_a_timeout() -> Non
     finally:
         release.set()
     # Released afterwards, the calls are not recorded a second time.
-    time.sleep(0.1)
+    workers = load_threads() - before
+    wait_until(lambda: not any(t.is_alive() for t in workers), "the released clients exited")
     assert collector.totals("measure") == (0, 4)
