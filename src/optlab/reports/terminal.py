@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from optlab.reports.export import as_list, present
+from optlab.reports.export import as_list, plain, present
 from optlab.reports.format import (
     change_text,
     interval,
@@ -206,17 +206,18 @@ def rich_table(frame: pd.DataFrame, title: str | None = None) -> Table:
 
 def _share_out(columns: Sequence[Column], width: int) -> list[int | None]:
     """Each column's width: its own where the table fits; else the free-text columns share
-    what the others leave, each from its longest word up, the one lacking most served first
-    (rich's own sharing can cut a word short while another column has room to spare). None
-    (rich decides) when even the longest words do not fit."""
+    what the others leave, each from its longest word up, the narrowest served first (rich's
+    own sharing can cut a word short while another column has room to spare, and a long
+    change must not squeeze the verdict to a word a line). None (rich decides) when even the
+    longest words do not fit."""
     spare = width - _needed(columns, room=0) - sum(c.least for c in columns if c.wrap)
     if _needed(columns, room=10**6) <= width or spare < 0:
         return [None if spare < 0 else c.width for c in columns]
     given = {c.key: c.least for c in columns if c.wrap}
     wanted = {c.key: c.width for c in columns if c.wrap}
     while spare > 0 and any(given[k] < wanted[k] for k in given):
-        lacking = max(given, key=lambda k: wanted[k] - given[k])
-        given[lacking] += 1
+        narrowest = min((k for k in given if given[k] < wanted[k]), key=lambda k: given[k])
+        given[narrowest] += 1
         spare -= 1
     return [given.get(c.key, c.width) for c in columns]
 
@@ -293,10 +294,8 @@ def _figures(
 
 
 def _significance(row: Any, confidence: Any) -> list[str]:
-    significant = row.get("significant")
-    if not isinstance(significant, bool) and significant is not None:
-        significant = bool(significant)  # numpy's bool
-    if significant is None or not present(confidence):
+    significant = plain(row.get("significant"))  # numpy's bool, or NaN for none
+    if not isinstance(significant, bool) or not present(confidence):
         return []
     level = f"at {float(confidence) * 100:g}% confidence"
     if not significant:
@@ -312,7 +311,7 @@ def detail_lines(frame: pd.DataFrame, shown: Mapping[str, bool], width: int) -> 
     lines: list[str] = []
     for _, row in frame.iterrows():
         if not present(row.get("run_id")):
-            continue  # a missing step's reason is its verdict
+            continue  # why a step is missing is in the notes
         figures = _figures(row, shown, stages, frame.attrs.get("confidence"))
         sections = [(label, items) for label, items in figures if items]
         if not sections:
