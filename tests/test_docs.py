@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from click.testing import Result
 from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
 
 from optlab.chain.catalog import Catalog, file_chain
 from optlab.chain.lineage import resolve_step
@@ -26,6 +27,7 @@ from optlab.config.loading import load_experiment
 from optlab.config.models import BaselineFile
 from optlab.config.source import read_yaml
 from optlab.errors import OptlabError
+from optlab.reports.table_json import ProtocolInfo
 from optlab.targets.resolve import resolve_baseline
 from tests.conftest import REPO, write
 
@@ -60,10 +62,12 @@ def validator(name: str) -> Draft202012Validator:
 
 def problems(name: str, value: Any) -> list[str]:
     """Every way `value` breaks the schema, each with where."""
-    return [
-        f"{'/'.join(map(str, error.absolute_path)) or '(top)'}: {error.message[:300]}"
-        for error in validator(name).iter_errors(value)
-    ]
+    found = []
+    for error in validator(name).iter_errors(value):
+        # Under anyOf/oneOf (baseline or step, each target kind), the deepest error says more.
+        deepest = best_match([error]) or error
+        found.append(f"{'/'.join(map(str, deepest.absolute_path)) or '(top)'}: {deepest.message}")
+    return found
 
 
 def fenced(page: Path) -> list[tuple[str, str, int]]:
@@ -220,6 +224,8 @@ def test_real_output_validates_and_every_documented_exit_code_is_produced(
     assert not problems("table", document), problems("table", document)
     assert [row["experiment"] for row in document["chain"]] == ["docs-baseline", "docs-faster"]
     assert document["chain"][1]["service_p50_ms"] is not None  # a stage column, open in the schema
+    # The protocol object is open to keys older runs lack; the model names every key of today's.
+    assert set(document["protocol"]) == set(ProtocolInfo.model_fields)
 
     gate = invoke("check", "docs-faster", "--min-gain", "qps=100000%")
     produced[gate.exit_code] = "check with a gain no step makes"
