@@ -4,7 +4,8 @@ from __future__ import annotations
 
 
 class OptlabError(Exception):
-    """A problem the user can fix. `hint` says how; `exit_code` is what the CLI returns."""
+    """A problem the user can fix. `hint` says how; `exit_code` is what the CLI returns
+    (docs/exit-codes.md)."""
 
     exit_code = 2
 

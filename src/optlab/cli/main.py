@@ -1,4 +1,5 @@
-"""The `optlab` command group, and the ONE place where errors become messages and exit codes."""
+"""The `optlab` command group, and the ONE place where errors become messages and exit codes
+(docs/exit-codes.md)."""
 
 from __future__ import annotations
 

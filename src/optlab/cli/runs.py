@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 LOG_NAME_MAX = 40
-# `optlab run` measured the head and stored it, but the run is INVALID (README: exit codes).
+# `optlab run` measured the head and stored it, but the run is INVALID (docs/exit-codes.md).
 EXIT_INVALID = 4
 
 

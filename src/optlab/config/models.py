@@ -1,4 +1,4 @@
-"""The experiment file schema (README: "The reference chains") as frozen pydantic models."""
+"""The experiment file schema (docs/experiment-files.md) as frozen pydantic models."""
 
 from __future__ import annotations
 

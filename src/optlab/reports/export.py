@@ -1,4 +1,4 @@
-"""The stacked-gains table as CSV and as JSON (README: "Reading results"), for scripts and CI.
+"""The stacked-gains table as CSV and as JSON (docs/table-json.md), for scripts and CI.
 
 Both take the DataFrame of `reports.table.stacked_table` and nothing else: every number was
 computed there. A column the frame lacks is simply absent (CSV) or null (JSON's fixed keys).
@@ -134,6 +134,6 @@ def document(frame: pd.DataFrame) -> dict[str, Any]:
 
 
 def render_json(frame: pd.DataFrame) -> str:
-    """README "Reading results": `{"schema_version", "protocol", "environment", "chain": [...]}`;
+    """docs/table-json.md: `{"schema_version", "protocol", "environment", "chain": [...]}`;
     NaN is null, keys keep a stable order."""
     return json.dumps(document(frame), indent=2, allow_nan=False, ensure_ascii=False) + "\n"

@@ -1,5 +1,5 @@
 """What one run measured, judged: the verdict and the `run --json` summary, from what the run
-collected (README: "run --json").
+collected (docs/run-json.md).
 
 Pure: `summarize()` reads only its `Collected` input (histograms, windows, resource readings,
 errors, what else used the machine, the protocol) and touches no clock, store or thread, so
