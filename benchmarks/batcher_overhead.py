@@ -300,7 +300,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def code_id() -> str:
-    return source_hashes("targets/builtin/batcher.py")
+    return source_hashes("reference/classifier/batcher.py")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -128,7 +128,9 @@ def pct_ms(hist: LatencyHistogram, q: float) -> float:
 
 
 def code_id() -> str:
-    return source_hashes("load/generator.py", "targets/synthetic.py", "metrics/log.py")
+    return source_hashes(
+        "load/generator.py", "reference/synthetic.py", "metrics/log.py", "metrics/windows.py"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

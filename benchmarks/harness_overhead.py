@@ -154,7 +154,7 @@ def kept_schedule(result: Driven, rate: float) -> bool:
 
 
 def code_id() -> str:
-    return source_hashes("load/generator.py", "metrics/log.py")
+    return source_hashes("load/generator.py", "metrics/log.py", "metrics/windows.py")
 
 
 def verdict(ok: bool) -> str:

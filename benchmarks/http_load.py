@@ -468,8 +468,9 @@ def _reset_first(url: str, run: Callable[[], Result]) -> Callable[[], Result]:
 
 
 def code_id() -> str:
-    return source_hashes("targets/http.py", "targets/http_client.py", "load/aio.py",
-                         "load/processes.py")  # fmt: skip
+    return source_hashes("targets/http.py", "targets/http_client.py", "targets/http_wire.py",
+                         "targets/server_timing.py", "load/aio.py", "load/processes.py",
+                         "load/timerfd.py")  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -164,7 +164,9 @@ def sustained_rate(rate: float, seconds: float, max_in_flight: int | None) -> fl
 
 
 def code_id() -> str:
-    return source_hashes("load/generator.py", "metrics/log.py", "metrics/histogram.py")
+    return source_hashes(
+        "load/generator.py", "metrics/log.py", "metrics/windows.py", "metrics/histogram.py"
+    )
 
 
 def describe(r: ChildResult) -> str:

@@ -111,7 +111,7 @@ def traced_peak_kib(function: Callable[[bytes], Any], payloads: list[bytes]) -> 
 
 
 def code_id() -> str:
-    return source_hashes("targets/builtin/preprocess.py", "targets/builtin/data.py")
+    return source_hashes("reference/classifier/preprocess.py", "reference/classifier/data.py")
 
 
 def versions(torch_threads: int) -> str:
