@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -37,11 +38,16 @@ def test_quick_chain_stores_everything(synth: Path, invoke: Invoke, sqlite_url: 
     assert base["valid"] is True, base["reasons"]
     latency = base["latency_ms"]
     assert isinstance(latency, dict)
-    # lognormal with a 2 ms median: the measured P50 is close to it, and total covers service.
-    assert 1.6 < latency["total"]["p50"] < 3.5
-    assert latency["service"]["p50"] <= latency["total"]["p50"]
+    # lognormal with a 2 ms median: the service's measured P50 is close to it (a busy machine
+    # can only stretch the target's sleeps), total covers service, and optlab's own share
+    # of the median is small.
+    service, total = latency["service"]["p50"], latency["total"]["p50"]
+    assert 1.6 < service < 3.5
+    assert service <= total < service + 0.5
     assert set(latency["total"]) >= {"p50", "p95", "p99", "p999", "max", "mean"}
-    assert base["qps"] > 500  # 4 clients x ~2 ms
+    # 4 clients, each waiting for its answer: QPS is 4 / mean latency (Little's law), however
+    # slow a busy machine makes each request.
+    assert base["qps"] == pytest.approx(4 / (latency["total"]["mean"] / 1000), rel=0.15)
     step = _summary(invoke("run", str(synth / "01-faster-service.yaml"), *FAST, "--json"))
     parent = step["parent"]
     assert isinstance(parent, dict) and parent["run_id"] == base["run_id"]
@@ -225,9 +231,12 @@ def test_warmup_ends_when_stable_or_at_its_limit(synth: Path, sqlite_url: str) -
         max_error_rate=0.001,
         stability_window_s=1.0,
     )
-    steady = _measure_with(synth, sqlite_url, "{service_ms: 2.0}", protocol)
+    # A steady target stabilises at three agreeing 1 s windows, not at its limit; the limit
+    # is far here, so a busy machine that makes a second disagree cannot run into it.
+    steady_protocol = dataclasses.replace(protocol, warmup_max_s=30.0)
+    steady = _measure_with(synth, sqlite_url, "{service_ms: 2.0}", steady_protocol)
     assert steady.stabilised is True
-    assert 3.0 <= steady.warmup_s < 6.0  # three agreeing 1 s windows, not the 8 s limit
+    assert 3.0 <= steady.warmup_s < steady_protocol.warmup_max_s
     # A stall of 0.6 s every 1.3 s makes consecutive seconds disagree: never stable.
     bumpy = _measure_with(
         synth,
