@@ -38,7 +38,7 @@ def demo(chain: str, out: Path, verbose: bool, wide: bool) -> None:
     (seconds, not the full protocol's 10 minutes). The database is new, so the demo never
     touches your results; --db is not used.
     """
-    from optlab.reference.demo import choose_chain, fresh_database, run_demo
+    from optlab.demo import choose_chain, fresh_database, run_demo
     from optlab.reports.terminal import print_table
 
     chosen = choose_chain(chain)
