@@ -277,6 +277,12 @@ class ThreadLoadGenerator:
             if unrecorded:
                 record(end, end - start, 0, 0, timing, error, message)
 
+    # Leader/followers: the one thread holding `leader` takes the next intended time and
+    # waits for it; idle threads queue on the lock. Releasing it at dispatch promotes a
+    # follower, which arms itself for the next time while this thread is inside the target.
+    # A thread back from a fast target usually takes the lock again before a follower has
+    # even woken, so at high rates with a fast target one thread does the work without a
+    # context switch per request. One function: a call per request would cost on the hot path.
     def _open_worker(self, counters: WorkerCounters, log: WorkerLog) -> None:
         call, requests, leader = self._call, self._requests, self._leader
         record, clock, timeout_ns = log.record, time.perf_counter_ns, self._timeout_ns
@@ -285,12 +291,6 @@ class ThreadLoadGenerator:
         schedule = self._schedule
         assert schedule is not None
         while True:
-            # Leader/followers: the one thread holding `leader` takes the next intended time
-            # and waits for it; idle threads queue on the lock. Releasing it at dispatch
-            # promotes a follower, which arms itself for the next time while this thread is
-            # inside the target. A thread back from a fast target usually takes the lock again
-            # before a follower has even woken, so at high rates with a fast target one thread
-            # does the work without a context switch per request.
             leader.acquire()
             try:
                 if not self._running:

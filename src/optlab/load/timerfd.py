@@ -8,7 +8,7 @@ import contextlib
 import os
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
 
 __all__ = ["TimerFd"]
 
@@ -17,7 +17,9 @@ class TimerFd:
     """A CLOCK_MONOTONIC timerfd (Linux) the event loop watches: one wake-up at an absolute
     `perf_counter_ns` deadline, to the microsecond, for the price of two system calls."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int, settime: Any) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, fd: int, settime: Callable[..., int]
+    ) -> None:
         import ctypes
 
         self._loop, self._fd, self._settime = loop, fd, settime

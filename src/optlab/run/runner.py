@@ -100,26 +100,7 @@ def _measure_link(
             code,
             str(parent.path) if parent.path is not None else None,
         )
-    environment_id = store.record_environment(fingerprint, env_hash)
-    git = (fingerprint.get("provenance") or {}).get("git") or {}
-    plan = link.plan
-    run_id = store.create_run(
-        experiment=link.name,
-        protocol_name=protocol.name,
-        protocol=protocol.as_dict(),
-        provisional=protocol.provisional,
-        environment_id=environment_id,
-        code_identity=code,
-        git_commit=git.get("commit"),
-        git_dirty=git.get("dirty"),
-        repeat=bool(plan is not None and plan.repeat),
-    )
-    progress.note(
-        f"run {run_id}: {link.name} ({protocol.name} protocol"
-        f"{', PROVISIONAL' if protocol.provisional else ''}; warmup "
-        f"{'until stable' if protocol.warmup == 'stable' else f'{protocol.warmup_s:g} s'}, "
-        f"measure {protocol.duration_s:g} s)"
-    )
+    run_id = _start_run(store, link, protocol, code, fingerprint, env_hash, progress)
     measured = measure(
         store,
         link,
@@ -141,6 +122,39 @@ def _measure_link(
         pending=measured.pending,
         unstored=measured.unstored,
     )
+
+
+def _start_run(
+    store: Store,
+    link: Link,
+    protocol: EffectiveProtocol,
+    code: dict[str, Any],
+    fingerprint: dict[str, Any],
+    env_hash: str,
+    progress: Progress,
+) -> int:
+    """The run's row, RUNNING from here on: a failure after this leaves it FAILED."""
+    environment_id = store.record_environment(fingerprint, env_hash)
+    git = (fingerprint.get("provenance") or {}).get("git") or {}
+    plan = link.plan
+    run_id = store.create_run(
+        experiment=link.name,
+        protocol_name=protocol.name,
+        protocol=protocol.as_dict(),
+        provisional=protocol.provisional,
+        environment_id=environment_id,
+        code_identity=code,
+        git_commit=git.get("commit"),
+        git_dirty=git.get("dirty"),
+        repeat=bool(plan is not None and plan.repeat),
+    )
+    progress.note(
+        f"run {run_id}: {link.name} ({protocol.name} protocol"
+        f"{', PROVISIONAL' if protocol.provisional else ''}; warmup "
+        f"{'until stable' if protocol.warmup == 'stable' else f'{protocol.warmup_s:g} s'}, "
+        f"measure {protocol.duration_s:g} s)"
+    )
+    return run_id
 
 
 def process_alive(pid: int, started_at: datetime) -> bool:
@@ -185,15 +199,7 @@ def run(
     ``paired = {"session", "index", "role": "parent" | "step"}``, so that the table can compare
     them pair by pair and a slow drift of a shared machine cancels in the differences.
     """
-    if options.repeats < 1:
-        raise OptlabError("--repeats must be at least 1", hint="leave it out to measure once")
-    if paired < 0:
-        raise OptlabError("--paired must be at least 1", hint="leave it out to measure once")
-    if paired and options.repeats > 1:
-        raise OptlabError(
-            "--paired and --repeats both ask for several runs",
-            hint="use --paired N alone: it measures the parent and the step N times each",
-        )
+    _check_counts(options, paired)
     progress = GuardedProgress(progress)
     crashed = store.mark_crashed(STALE_HEARTBEAT_S, pid_alive=process_alive)
     for run_id in crashed:
@@ -206,6 +212,46 @@ def run(
     if service is not None:
         fingerprint["service"] = service
     env_hash = material_hash(fingerprint)
+    todo, tags = _schedule(store, chain, options, fingerprint, paired)
+    outcomes = []
+    for (link, parent), tag in zip(todo, tags, strict=True):
+        outcome = _measure_link(store, link, parent, options, progress, fingerprint, env_hash, tag)
+        outcomes.append(outcome)
+        if on_outcome is not None:
+            on_outcome(outcome)
+        if outcome.status == "KILLED":
+            break
+        usable = outcome.status == "FINISHED" and outcome.summary.valid
+        if not usable and link is not chain[-1]:
+            raise RefusedError(
+                f"{link.name}'s run {outcome.run_id} is {outcome.status}"
+                f"{'' if outcome.summary.valid else ' and INVALID'}; the chain stops here",
+                hint="see its reasons with `optlab log`; fix them and run again",
+            )
+    return outcomes
+
+
+def _check_counts(options: RunOptions, paired: int) -> None:
+    if options.repeats < 1:
+        raise OptlabError("--repeats must be at least 1", hint="leave it out to measure once")
+    if paired < 0:
+        raise OptlabError("--paired must be at least 1", hint="leave it out to measure once")
+    if paired and options.repeats > 1:
+        raise OptlabError(
+            "--paired and --repeats both ask for several runs",
+            hint="use --paired N alone: it measures the parent and the step N times each",
+        )
+
+
+def _schedule(
+    store: Store,
+    chain: list[Link],
+    options: RunOptions,
+    fingerprint: dict[str, Any],
+    paired: int,
+) -> tuple[list[tuple[Link, Link | None]], list[dict[str, Any] | None]]:
+    """The runs to measure in order, each (experiment, its parent), and each one's `paired`
+    tag: ancestors without a usable run first (`chain`), then the head, or A B A B."""
     todo: list[tuple[Link, Link | None]] = []
     if options.chain:
         for index, link in enumerate(chain[:-1]):
@@ -230,19 +276,4 @@ def run(
     else:
         todo += [(chain[-1], head_parent)] * options.repeats
         tags += [None] * options.repeats
-    outcomes = []
-    for (link, parent), tag in zip(todo, tags, strict=True):
-        outcome = _measure_link(store, link, parent, options, progress, fingerprint, env_hash, tag)
-        outcomes.append(outcome)
-        if on_outcome is not None:
-            on_outcome(outcome)
-        if outcome.status == "KILLED":
-            break
-        usable = outcome.status == "FINISHED" and outcome.summary.valid
-        if not usable and link is not chain[-1]:
-            raise RefusedError(
-                f"{link.name}'s run {outcome.run_id} is {outcome.status}"
-                f"{'' if outcome.summary.valid else ' and INVALID'}; the chain stops here",
-                hint="see its reasons with `optlab log`; fix them and run again",
-            )
-    return outcomes
+    return todo, tags

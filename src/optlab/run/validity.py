@@ -77,8 +77,22 @@ class RunFacts:
 
 
 def verdict(facts: RunFacts) -> Verdict:
+    """VALID unless a rule below finds a reason; notes say what to know either way. The
+    reasons and notes come in this order: coverage, pace, stability, integrity, the machine."""
     reasons: list[str] = []
     notes: list[str] = []
+    _coverage(facts, reasons, notes)
+    _pace(facts, reasons, notes)
+    _stability(facts, reasons, notes)
+    _integrity(facts, reasons)
+    if not facts.open_loop:
+        notes.append("closed loop: latency is measured from the actual send (no CO correction)")
+    notes += _neighbour_notes(facts.load)
+    return Verdict(not reasons, tuple(reasons), tuple(notes))
+
+
+def _coverage(facts: RunFacts, reasons: list[str], notes: list[str]) -> None:
+    """Measured long enough, with enough answers, and few enough errors."""
     if facts.interrupted:
         reasons.append(f"interrupted after {facts.measured_s:.1f} s of {facts.requested_s:g} s")
     elif facts.measured_s < facts.requested_s * DURATION_SLACK:
@@ -97,6 +111,10 @@ def verdict(facts: RunFacts) -> Verdict:
         reasons.append(
             f"error rate {facts.errors / total:.2%} is over the limit {facts.max_error_rate:.2%}"
         )
+
+
+def _pace(facts: RunFacts, reasons: list[str], notes: list[str]) -> None:
+    """Who set the pace: the target (saturated), the load generator, or the harness's threads."""
     if saturated(facts):
         reasons.append(_saturation(facts))
     elif facts.send_lag_p99_ms is not None and facts.send_lag_p99_ms > facts.max_send_lag_p99_ms:
@@ -120,6 +138,10 @@ def verdict(facts: RunFacts) -> Verdict:
             )
             + "; that time is the harness's, not the target's"
         )
+
+
+def _stability(facts: RunFacts, reasons: list[str], notes: list[str]) -> None:
+    """The first and second half of the measured phase agree on QPS."""
     first, second = facts.first_half_qps, facts.second_half_qps
     if first is None or second is None:
         notes.append("too short to compare the first and second half: stability not judged")
@@ -133,6 +155,11 @@ def verdict(facts: RunFacts) -> Verdict:
                 + "; measure with --paired or --repeats, or longer, or set "
                 "protocol.stability_pct in a new baseline for a noisy machine"
             )
+
+
+def _integrity(facts: RunFacts, reasons: list[str]) -> None:
+    """The load measured was the one configured, on a machine that ran at full speed, by a
+    model that kept its accuracy."""
     if facts.stuck_clients and facts.clients:
         # A client that never came back sent nothing for the rest of the run: the load was
         # lower than the configured concurrency, and the run measured something else.
@@ -151,10 +178,6 @@ def verdict(facts: RunFacts) -> Verdict:
             f"accuracy: held-out top-1 is {drop:.2f} points below the fp32 reference model's "
             f"(limit {limit:g} points, slo.max_accuracy_drop_pts)"
         )
-    if not facts.open_loop:
-        notes.append("closed loop: latency is measured from the actual send (no CO correction)")
-    notes += _neighbour_notes(facts.load)
-    return Verdict(not reasons, tuple(reasons), tuple(notes))
 
 
 # Open loop: completions this far below the rate asked for, with the backlog growing (or the
