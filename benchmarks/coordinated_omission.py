@@ -38,7 +38,7 @@ from optlab.metrics.log import Collector
 from optlab.metrics.stages import SEND_LAG, TOTAL
 from optlab.reference.synthetic import SyntheticKnobs, SyntheticTarget, simulate_open_loop
 
-RUNNER_TICK_S = 0.25  # optlab.run.runner.TICK_S: how often the runner drains the collector
+RUNNER_TICK_S = 0.25  # optlab.run.phases.TICK_S: how often the runner drains the collector
 RATE = 200.0
 SERVICE_MS = 1.0
 STALL_EVERY_S = 5.0

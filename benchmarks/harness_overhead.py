@@ -37,7 +37,7 @@ from optlab.load.generator import ThreadLoadGenerator
 from optlab.metrics.log import Collector
 from optlab.metrics.stages import SEND_LAG, TOTAL
 
-# The runner drains the collector on every tick (optlab.run.runner.TICK_S = 0.25 s). It is copied,
+# The runner drains the collector on every tick (optlab.run.phases.TICK_S = 0.25 s). It is copied,
 # not imported: importing the runner pulls in the store (SQLAlchemy, alembic) for nothing.
 RUNNER_TICK_S = 0.25
 CLOSED_GOAL_RPS = 200_000

@@ -33,7 +33,7 @@ from typing import Any
 
 from provenance import source_hashes
 
-RUNNER_TICK_S = 0.25  # optlab.run.runner.TICK_S: how often the runner drains the collector
+RUNNER_TICK_S = 0.25  # optlab.run.phases.TICK_S: how often the runner drains the collector
 SAMPLE_S = 1.0  # RSS sampling period
 WARMUP_S = 1.0
 MIB = 2**20
