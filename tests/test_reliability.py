@@ -136,7 +136,10 @@ def test_a_request_that_never_returns_is_a_timeout_not_a_valid_run(
         "def build(knobs):\n    return lambda request: NEVER.wait()\n"
     )
     path = _python_target(tmp_path / "hang", "hanging_target", source)
-    result = invoke("run", str(path), *FAST, "--json")
+    # The calls start with the warmup and time out 0.3 s later: a 0.1 s warmup puts both
+    # timeouts well inside the measured phase (a 0.3 s warmup left it to a race).
+    fast = ("--quick", "--duration", "1.5", "--warmup", "0.1", "--allow-invalid")
+    result = invoke("run", str(path), *fast, "--json")
     summary = _strict_json(result.stdout.strip().splitlines()[-1])
     assert summary["valid"] is False
     assert summary["errors"] == 2 and summary["errors_by_type"] == {"timeout": 2}
