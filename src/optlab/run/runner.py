@@ -16,7 +16,7 @@ import psutil
 
 from optlab.chain.comparability import comparable_run
 from optlab.chain.lineage import Link, prepare
-from optlab.config.models import HttpTarget, ResolvedConfig
+from optlab.config.models import ResolvedConfig
 from optlab.config.protocol import EffectiveProtocol, effective_protocol
 from optlab.env.collect import collect_fingerprint
 from optlab.env.compare import material_hash
@@ -25,6 +25,7 @@ from optlab.run.measurement import RunOptions, measure
 from optlab.run.progress import GuardedProgress, LiveStatus, Progress
 from optlab.store import RunRecord, RunSummary, Store
 from optlab.targets.identity import code_identity
+from optlab.targets.registry import kind_of
 from optlab.targets.service_env import service_environment
 from optlab.targets.templates import check_environment
 
@@ -84,10 +85,7 @@ def _measure_link(
     code = code_identity(config.target.model_dump(mode="json"), paths)
     # A secret the target needs and the environment lacks: refused before a run row exists.
     check_environment(config.target, str(link.path or link.name))
-    if isinstance(config.target, HttpTarget):
-        from optlab.targets.http import check_listening
-
-        check_listening(config.target, config.knobs, str(link.path or link.name))
+    kind_of(config.target).preflight(config, str(link.path or link.name))
     parent_run = None
     if parent is not None:
         # Refuse before anything expensive: no target is built, no row written.

@@ -59,6 +59,11 @@ class TargetKind(ABC):
         """The fingerprint's `service` section: None unless optlab starts the service."""
         return None
 
+    def preflight(self, config: ResolvedConfig, where: str) -> None:
+        """Refuse, before a run row exists, a target that cannot be measured now (an http
+        target with nothing listening at its URL); `where` names the experiment."""
+        return None
+
     @abstractmethod
     def build(
         self, config: ResolvedConfig, paths: Sequence[Path], secrets: Secrets

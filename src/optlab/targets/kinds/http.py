@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from optlab.config.models import HttpTarget, ResolvedConfig, Target, Workload
 from optlab.config.source import SourceFile
 from optlab.targets.base import LoadedTarget
+from optlab.targets.http import check_listening
 from optlab.targets.kind import TargetKind
 from optlab.targets.network import (
     check_templates,
@@ -48,6 +49,10 @@ class Http(TargetKind):
 
     def identity(self, target: Mapping[str, Any], paths: Sequence[Path]) -> dict[str, Any]:
         return {"kind": "http", "declared": target.get("code_version")}
+
+    def preflight(self, config: ResolvedConfig, where: str) -> None:
+        assert isinstance(config.target, HttpTarget)
+        check_listening(config.target, config.knobs, where)
 
     def build(
         self, config: ResolvedConfig, paths: Sequence[Path], secrets: Secrets
