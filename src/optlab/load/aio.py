@@ -43,9 +43,9 @@ __all__ = ["AsyncClient", "AsyncLoadGenerator", "LogSource"]
 # The loop's own timers sleep to the millisecond (epoll's timeout): the last stretch before an
 # intended time is spun with sleep(0), which still serves every ready socket on each turn but
 # keeps a core busy. On Linux a timerfd the loop watches wakes it TAIL_NS before the intended
-# time instead: at 500 requests/s this spent ~0.2 ms of CPU per request where spinning SPIN_NS
+# time instead: at 500 requests/s this spent ~0.2 ms of CPU per request where spinning LOOP_SPIN_NS
 # spent ~1 ms, with the same send-lag median (2-5 µs) on a shared 2-core VM.
-SPIN_NS = 1_500_000
+LOOP_SPIN_NS = 1_500_000
 TAIL_NS = 100_000  # spun after the timerfd's wake-up: its median lateness was ~40-65 µs here
 # A scheduler whose sends are all overdue yields to the loop this often, so responses are read.
 YIELD_EVERY = 16
@@ -242,7 +242,7 @@ class AsyncLoadGenerator:
 
     async def _sleep_until(self, intended: int) -> None:
         """Sleep until `intended` (woken at once by stop): on the timerfd where there is one,
-        else by the loop's timer to ~SPIN_NS before it, then spinning."""
+        else by the loop's timer to ~LOOP_SPIN_NS before it, then spinning."""
         clock = time.perf_counter_ns
         timer = self._timer
         if timer is not None:
@@ -256,7 +256,7 @@ class AsyncLoadGenerator:
             while self._running and clock() < intended:
                 await asyncio.sleep(0)
             return
-        wait = intended - clock() - SPIN_NS
+        wait = intended - clock() - LOOP_SPIN_NS
         if wait > 0:
             loop = asyncio.get_running_loop()
             sleeper = self._sleeper = loop.create_future()

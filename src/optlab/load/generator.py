@@ -26,7 +26,7 @@ from optlab.errors import ConfigError
 from optlab.load.base import LATE_NS, START_LEAD_NS, StopReport
 from optlab.load.counters import WorkerCounters, describe_error, mark_returned, sweep_timeouts
 from optlab.load.schedules import indexed_trace, make_schedule
-from optlab.load.timerslack import tighten_timer_slack
+from optlab.load.timerslack import SPIN_NS, tighten_timer_slack
 from optlab.metrics.stages import CURRENT, RequestTiming
 
 if TYPE_CHECKING:
@@ -34,10 +34,6 @@ if TYPE_CHECKING:
 
 __all__ = ["ThreadLoadGenerator"]
 
-# Sleeping is only accurate to ~50-100 us on Linux (timer slack, wake-up), so the last stretch
-# before an intended time is spun. The spin calls sleep(0), which releases the GIL, so the
-# spinning leader never keeps the target's threads from the GIL for a whole switch interval.
-SPIN_NS = 200_000
 MAX_LOGS = 4
 WATCH_S = 0.1  # how often calls are checked for hanging past the timeout
 

@@ -22,13 +22,12 @@ from pydantic import Field, model_validator
 
 from optlab.config.knobs import StrictModel
 from optlab.config.validation import target_knobs
+from optlab.load.timerslack import sleep_until
 from optlab.metrics.stages import stage
 
 __all__ = ["SyntheticKnobs", "SyntheticTarget", "build", "inputs", "simulate_open_loop"]
 
 DEFAULT_INPUTS = 64
-# time.sleep overshoots by ~50-100 us (timer slack, wake-up); the rest is spun.
-SPIN_NS = 200_000
 
 
 class SyntheticKnobs(StrictModel):
@@ -139,17 +138,7 @@ class SyntheticTarget:
         service = self._service_time()
         start = time.perf_counter_ns() - self._t0
         deadline = self._t0 + finish_time(start, service, self._every_ns, self._stall_ns)
-        _sleep_until(deadline)
-
-
-def _sleep_until(deadline_ns: int) -> None:
-    """Sleep for the bulk, then spin the last SPIN_NS: a 1 ms wait lands within ~50 us."""
-    clock = time.perf_counter_ns
-    remaining = deadline_ns - clock()
-    if remaining > SPIN_NS:
-        time.sleep((remaining - SPIN_NS) / 1e9)
-    while clock() < deadline_ns:
-        time.sleep(0)  # releases the GIL, so spinning never starves the load generator
+        sleep_until(deadline)
 
 
 def build(knobs: dict[str, Any]) -> SyntheticTarget:
