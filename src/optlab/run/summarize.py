@@ -226,7 +226,7 @@ def step_against(
     """This run's change against the parent run it was checked against (relative, in %)."""
     total = parent.summary.total if parent.summary is not None else LatencyStats()
     before = {"p50": total.p50, "p95": total.p95, "p99": total.p99}
-    after = summary.get("latency_ms", {}).get("total", {})
+    after = summary.get("latency_ms", {}).get(TOTAL, {})
 
     def change(old: float | None, new: float | None) -> float | None:
         pct = percent_change(old, new)

@@ -9,6 +9,7 @@ import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from optlab.metrics.stages import TOTAL
 from optlab.store import (
     GpuSample,
     LatencyStats,
@@ -132,7 +133,7 @@ def error_rows(errors: dict[str, tuple[int, str | None]]) -> list[RunErrorCount]
 
 def latency_summary(histograms: dict[str, LatencyHistogram]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
-    for stage, histogram in sorted(histograms.items(), key=lambda kv: (kv[0] != "total", kv[0])):
+    for stage, histogram in sorted(histograms.items(), key=lambda kv: (kv[0] != TOTAL, kv[0])):
         s = histogram.summary_ms()
         out[stage] = {key: s[key] for key in _LATENCY_STATS} | {"count": histogram.count}
     return out
