@@ -17,6 +17,10 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from optlab.reports.chain import resolve_head
+from optlab.reports.table import stacked_table
+from optlab.store import Store
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -27,8 +31,6 @@ __all__ = ["chain_table", "resources", "run_row", "runs", "stages", "timeseries"
 
 @contextmanager
 def _store(db_url: str | None) -> Iterator[Store]:
-    from optlab.store import Store
-
     store = Store.open(db_url or os.environ.get("OPTLAB_DB") or None)
     try:
         yield store
@@ -82,9 +84,6 @@ def runs(db_url: str | None = None, experiment: str | None = None) -> pd.DataFra
 
 def chain_table(db_url: str | None = None, head: str | None = None) -> pd.DataFrame:
     """The stacked-gains table of `head`'s chain (default: the newest chain head)."""
-    from optlab.reports.chain import resolve_head
-    from optlab.reports.table import stacked_table
-
     with _store(db_url) as store:
         return stacked_table(store, resolve_head(store, head))
 

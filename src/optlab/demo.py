@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from optlab.errors import OptlabError, RefusedError
+from optlab.reports.table import stacked_table
+from optlab.run.runner import RunOptions, run
+from optlab.store import Store
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -104,10 +107,6 @@ def run_demo(
     on_outcome: Callable[[RunOutcome], None] | None = None,
 ) -> DemoResult:
     """Measure the whole chain (quick protocol) into `database` and build its table."""
-    from optlab.reports.table import stacked_table
-    from optlab.run.runner import RunOptions, run
-    from optlab.store import Store
-
     started = time.monotonic()
     head_file = experiments_dir() / chain / CHAINS[chain]
     store = Store.open(f"sqlite:///{database.resolve()}")

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from optlab.cli.common import open_store
+from optlab.errors import ConfigError, OptlabError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -99,8 +100,6 @@ def report(ctx: click.Context, head: str | None, path: Path) -> None:
     frame = _frame(store, head)
     text = render_html(frame, collect_report(store, frame))
     if path.parent and not path.parent.exists():
-        from optlab.errors import OptlabError
-
         raise OptlabError(
             f"folder {path.parent} does not exist", hint="create it or pick another path"
         )
@@ -168,7 +167,6 @@ def check(
     HEAD is an experiment's name or its file; it defaults to the newest chain head (as for
     `optlab table`), and the summary names the head it judged.
     """
-    from optlab.errors import ConfigError
     from optlab.reports.gate import evaluate, parse_threshold, render_gate
 
     thresholds = [parse_threshold(t, "max-regression") for t in regressions]

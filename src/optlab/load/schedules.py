@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
+from optlab.config.models import ReplayLoad
 from optlab.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -235,8 +236,6 @@ def make_schedule(
     Every generator process of a run builds the same schedule and takes its share by stride,
     so the merged run sends exactly what one process would have sent.
     """
-    from optlab.config.models import ReplayLoad
-
     if isinstance(load, ReplayLoad):
         if trace is None:
             raise ValueError("a replay schedule needs its trace")

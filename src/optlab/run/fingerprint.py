@@ -7,17 +7,18 @@ from pathlib import Path
 from typing import Any
 
 from optlab._version import __version__
+from optlab.chain.catalog import Catalog, file_chain
 from optlab.config.loading import ExperimentFile, load_experiment, search_paths
 from optlab.config.models import BaselineFile
+from optlab.errors import OptlabError
+from optlab.targets.identity import code_identity
+from optlab.targets.service_env import service_environment
 
 
 def baseline_file(experiment: Path) -> ExperimentFile | None:
     """The file that names the target: the experiment itself when it is a baseline, else its
     chain's baseline found through the files beside it; None when a parent has no file (it is
     known only to the database) or the chain cannot be walked."""
-    from optlab.chain.catalog import Catalog, file_chain
-    from optlab.errors import OptlabError
-
     loaded = load_experiment(experiment)
     if isinstance(loaded.spec, BaselineFile):
         return loaded
@@ -39,7 +40,6 @@ def code_section(experiment: Path | None) -> dict[str, Any]:
     section: dict[str, Any] = {"optlab": __version__}
     if experiment is None:
         return section
-    from optlab.targets.identity import code_identity
 
     loaded = baseline_file(experiment)
     if loaded is not None:
@@ -54,7 +54,6 @@ def service_section(experiment: Path | None) -> tuple[dict[str, Any] | None, str
     starts the service: a command target), and the target's kind (None without a file)."""
     if experiment is None:
         return None, None
-    from optlab.targets.service_env import service_environment
 
     loaded = baseline_file(experiment)
     if loaded is None:

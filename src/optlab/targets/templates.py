@@ -16,6 +16,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from optlab.config.models import CommandTarget, HttpTarget
 from optlab.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -85,8 +86,6 @@ def check_knob_references(templates: Iterable[tuple[str, str]], knobs: Mapping[s
 
 def target_templates(target: CommandTarget | HttpTarget) -> list[tuple[str, str]]:
     """(field, text) of every templated field of a network target."""
-    from optlab.config.models import CommandTarget
-
     found = [("target.url", target.url)]
     found += [(f"target.headers.{k}", v) for k, v in target.headers.items()]
     if isinstance(target, CommandTarget):
@@ -103,8 +102,6 @@ def target_templates(target: CommandTarget | HttpTarget) -> list[tuple[str, str]
 
 def check_environment(target: Any, where: str, environ: Mapping[str, str] | None = None) -> None:
     """Before a run is created: every `${ENV_VAR}` the target names is set."""
-    from optlab.config.models import CommandTarget, HttpTarget
-
     if not isinstance(target, CommandTarget | HttpTarget):
         return
     environ = os.environ if environ is None else environ
