@@ -26,6 +26,7 @@ from optlab.store.models import SqlRun
 from optlab.store.pending import import_pending, save_pending
 from tests import test_store as store_tests
 from tests.conftest import REPO
+from tests.legacy import old_experiment
 from tests.test_store import alembic_cfg, save_baseline, start_run
 
 # The store tests' databases: SQLite, and PostgreSQL (a fresh database) when a URL is given.
@@ -87,21 +88,7 @@ def test_0004_gives_every_existing_run_a_distinct_uid(db_url: str) -> None:
     at = "2024-05-01 12:00:00+00:00"
     engine = make_engine(db_url)
     with engine.begin() as connection:
-        connection.execute(
-            text(
-                "INSERT INTO experiments (name, kind, created_at, updated_at) "
-                "VALUES ('old', 'baseline', :at, :at)"
-            ),
-            {"at": at},
-        )
-        connection.execute(
-            text(
-                "INSERT INTO experiment_configs (experiment_id, config_json, config_hash, "
-                "source_path, source_hash, created_at) VALUES (1, '{}', 'h', 'b.yaml', 's', :at)"
-            ),
-            {"at": at},
-        )
-        connection.execute(text("UPDATE experiments SET current_config_id = 1"))
+        old_experiment(connection, at)
         for _ in range(3):
             connection.execute(
                 text(

@@ -20,7 +20,7 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Connection, create_engine, delete, inspect, select, text, update
+from sqlalchemy import create_engine, delete, inspect, select, text, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 
@@ -45,6 +45,7 @@ from optlab.store import (
 from optlab.store.database import make_engine
 from optlab.store.models import SqlExperiment, SqlRun, SqlStageStats, metadata
 from optlab.store.schema import head_revision
+from tests.legacy import old_experiment
 
 POSTGRES_ENV = "OPTLAB_TEST_POSTGRES_URL"
 HEAD = "0006_versioned_summary"
@@ -643,25 +644,6 @@ V1_SUMMARY: dict[str, Any] = {
 }  # fmt: skip
 
 
-def _old_experiment(connection: Connection, at: str) -> None:
-    """Experiment 1, "old", with config 1, in raw SQL (for a database at an old revision)."""
-    connection.execute(
-        text(
-            "INSERT INTO experiments (name, kind, created_at, updated_at) "
-            "VALUES ('old', 'baseline', :at, :at)"
-        ),
-        {"at": at},
-    )
-    connection.execute(
-        text(
-            "INSERT INTO experiment_configs (experiment_id, config_json, config_hash, "
-            "source_path, source_hash, created_at) VALUES (1, '{}', 'h', 'b.yaml', 's', :at)"
-        ),
-        {"at": at},
-    )
-    connection.execute(text("UPDATE experiments SET current_config_id = 1"))
-
-
 def _old_database(url: str) -> None:
     """Three runs at 0005: one whose rows hold its figures, one imported from another database
     (its summary's run_id is that database's) whose rows do not, and one RUNNING."""
@@ -670,7 +652,7 @@ def _old_database(url: str) -> None:
     imported = {**V1_SUMMARY, "run_id": 41, "errors_by_type": {"HTTP 500": 3}}
     engine = make_engine(url)
     with engine.begin() as connection:
-        _old_experiment(connection, at)
+        old_experiment(connection, at)
         for uid, status, summary in (
             ("a" * 32, "FINISHED", V1_SUMMARY),
             ("b" * 32, "FINISHED", imported),
