@@ -5,8 +5,9 @@ steps could not be stacked (environment drift, another protocol)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from optlab.reports.export import as_list
 from optlab.reports.format import percent
@@ -52,8 +53,6 @@ class Audit:
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
         return asdict(self)
 
 
@@ -103,69 +102,133 @@ def _noise_note(label: str, total: float | None, interval: list[float] | None) -
 def build_audit(store: Store, frame: pd.DataFrame) -> Audit:
     rows = [row for _, row in frame.iterrows()]
     measured = [r for r in rows if _num(r.get("qps")) is not None]
-    base = measured[0] if measured else None
     last = measured[-1] if measured else None
-    total_qps = total_p99 = None
-    if base is not None and last is not None:
-        total_qps = _num(last["qps"]) - _num(base["qps"])  # type: ignore[operator]
-        p99_base, p99_last = _num(base.get("p99_ms")), _num(last.get("p99_ms"))
-        if p99_base is not None and p99_last is not None:
-            total_p99 = p99_last - p99_base
-    last_qps = _num(last.get("qps_cumulative_pct")) if last is not None else None
-    last_p99 = _num(last.get("p99_cumulative_pct")) if last is not None else None
-    qps_interval = _interval(last, "qps") if last is not None else None
-    p99_interval = _interval(last, "p99") if last is not None else None
+    total_qps, total_p99 = _chain_totals(measured)
+    last_qps, qps_interval = _cumulative(last, "qps")
+    last_p99, p99_interval = _cumulative(last, "p99")
     qps_note = _noise_note("QPS", last_qps, qps_interval)
     p99_note = _noise_note("P99", last_p99, p99_interval)
     if qps_note:
         total_qps = None  # no shares of a total that is noise
     if p99_note:
         total_p99 = None
+    return Audit(
+        head=str(frame.attrs.get("head")),
+        protocol=str(frame.attrs.get("protocol_label")),
+        environment=str((frame.attrs.get("environment") or {}).get("summary")),
+        total_qps_pct=last_qps,
+        total_p99_pct=last_p99,
+        steps=_audit_steps(rows, total_qps, total_p99),
+        questionable_runs=_questionable_runs(store, frame["experiment"]),
+        confidence=_num(frame.attrs.get("confidence")),
+        total_qps_interval=qps_interval,
+        total_p99_interval=p99_interval,
+        notes=[note for note in (qps_note, p99_note) if note],
+    )
+
+
+def _chain_totals(measured: list[Any]) -> tuple[float | None, float | None]:
+    """The chain's absolute QPS and P99 changes from its first measured row to its last: the
+    totals the steps' shares are of."""
+    if not measured:
+        return None, None
+    base, last = measured[0], measured[-1]
+    total_qps = _num(last["qps"]) - _num(base["qps"])  # type: ignore[operator]
+    p99_base, p99_last = _num(base.get("p99_ms")), _num(last.get("p99_ms"))
+    if p99_base is None or p99_last is None:
+        return total_qps, None
+    return total_qps, p99_last - p99_base
+
+
+def _cumulative(last: Any, metric: str) -> tuple[float | None, list[float] | None]:
+    """The last measured row's change of a metric against the baseline, and its interval."""
+    if last is None:
+        return None, None
+    return _num(last.get(f"{metric}_cumulative_pct")), _interval(last, metric)
+
+
+class _Shares(NamedTuple):
+    """A step's shares (%) of the chain's totals; None where a side or the total is missing."""
+
+    qps: float | None = None
+    qps_low: float | None = None
+    qps_high: float | None = None
+    p99: float | None = None
+
+
+def _audit_steps(
+    rows: list[Any], total_qps: float | None, total_p99: float | None
+) -> list[AuditStep]:
+    """Every row as a step, its shares taken from the change since the previous measured row."""
     steps: list[AuditStep] = []
     previous: Any = None
     for row in rows:
-        qps_share = low = high = p99_share = None
+        shares = _Shares()
         if previous is not None and _num(row.get("qps")) is not None:
-            before = _num(previous["qps"])
-            if before:
-                step_abs = _num(row["qps"]) - before  # type: ignore[operator]
-                qps_share = _share(step_abs, total_qps)
-                lo, hi = _num(row.get("qps_step_low_pct")), _num(row.get("qps_step_high_pct"))
-                if lo is not None and hi is not None:
-                    low = _share(lo / 100 * before, total_qps)
-                    high = _share(hi / 100 * before, total_qps)
-                    if low is not None and high is not None and low > high:
-                        low, high = high, low
-            p99_before, p99_now = _num(previous.get("p99_ms")), _num(row.get("p99_ms"))
-            if p99_before is not None and p99_now is not None:
-                p99_share = _share(p99_now - p99_before, total_p99)
-        steps.append(
-            AuditStep(
-                experiment=str(row["experiment"]),
-                change=f"{row['variable']}: {row['change']}"
-                if isinstance(row.get("change"), str)
-                else None,
-                hypothesis=row.get("hypothesis")
-                if isinstance(row.get("hypothesis"), str)
-                else None,
-                verdict=row.get("verdict"),
-                outcome=_outcome(row),
-                qps_share_pct=qps_share,
-                qps_share_low_pct=low,
-                qps_share_high_pct=high,
-                p99_share_pct=p99_share,
-                who=row.get("who") if isinstance(row.get("who"), str) else None,
-                when=row.get("started_at") if isinstance(row.get("started_at"), str) else None,
-                commit=row.get("git_commit") if isinstance(row.get("git_commit"), str) else None,
-                flags=list(row.get("flags") or []),
-                missing=row.get("missing") if isinstance(row.get("missing"), str) else None,
-                decided_by=as_list(row.get("decided_by")),
-            )
-        )
+            shares = _shares(row, previous, total_qps, total_p99)
+        steps.append(_audit_step(row, shares))
         if _num(row.get("qps")) is not None:
             previous = row
+    return steps
+
+
+def _shares(row: Any, previous: Any, total_qps: float | None, total_p99: float | None) -> _Shares:
+    qps_share = low = high = p99_share = None
+    before = _num(previous["qps"])
+    if before:
+        qps_share = _share(_num(row["qps"]) - before, total_qps)  # type: ignore[operator]
+        low, high = _share_interval(row, before, total_qps)
+    p99_before, p99_now = _num(previous.get("p99_ms")), _num(row.get("p99_ms"))
+    if p99_before is not None and p99_now is not None:
+        p99_share = _share(p99_now - p99_before, total_p99)
+    return _Shares(qps_share, low, high, p99_share)
+
+
+def _share_interval(
+    row: Any, before: float, total_qps: float | None
+) -> tuple[float | None, float | None]:
+    """The step's QPS change interval as shares of the total, low first (a negative total
+    turns the interval round)."""
+    lo, hi = _num(row.get("qps_step_low_pct")), _num(row.get("qps_step_high_pct"))
+    if lo is None or hi is None:
+        return None, None
+    low = _share(lo / 100 * before, total_qps)
+    high = _share(hi / 100 * before, total_qps)
+    if low is not None and high is not None and low > high:
+        low, high = high, low
+    return low, high
+
+
+def _text(row: Any, column: str) -> str | None:
+    """A free-text cell, or None where the row holds no text (NaN, None)."""
+    value = row.get(column)
+    return value if isinstance(value, str) else None
+
+
+def _audit_step(row: Any, shares: _Shares) -> AuditStep:
+    return AuditStep(
+        experiment=str(row["experiment"]),
+        change=f"{row['variable']}: {row['change']}" if _text(row, "change") is not None else None,
+        hypothesis=_text(row, "hypothesis"),
+        verdict=row.get("verdict"),
+        outcome=_outcome(row),
+        qps_share_pct=shares.qps,
+        qps_share_low_pct=shares.qps_low,
+        qps_share_high_pct=shares.qps_high,
+        p99_share_pct=shares.p99,
+        who=_text(row, "who"),
+        when=_text(row, "started_at"),
+        commit=_text(row, "git_commit"),
+        flags=list(row.get("flags") or []),
+        missing=_text(row, "missing"),
+        decided_by=as_list(row.get("decided_by")),
+    )
+
+
+def _questionable_runs(store: Store, names: Iterable[Any]) -> list[str]:
+    """One line per run of the chain's experiments that is not a finished, valid, full run."""
     questionable = []
-    for name in frame["experiment"]:
+    for name in names:
         for run in store.list_runs(str(name)):
             if run.status != "FINISHED" or not run.valid or run.provisional:
                 marks = [run.status]
@@ -178,19 +241,7 @@ def build_audit(store: Store, frame: pd.DataFrame) -> Audit:
                     f"run {run.id} {run.experiment}: {' '.join(marks)}"
                     + (f" ({why})" if why else "")
                 )
-    return Audit(
-        head=str(frame.attrs.get("head")),
-        protocol=str(frame.attrs.get("protocol_label")),
-        environment=str((frame.attrs.get("environment") or {}).get("summary")),
-        total_qps_pct=last_qps,
-        total_p99_pct=last_p99,
-        steps=steps,
-        questionable_runs=questionable,
-        confidence=_num(frame.attrs.get("confidence")),
-        total_qps_interval=qps_interval,
-        total_p99_interval=p99_interval,
-        notes=[note for note in (qps_note, p99_note) if note],
-    )
+    return questionable
 
 
 def _span(interval: list[float] | None) -> str:
