@@ -9,6 +9,7 @@ with the reason.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,7 +22,7 @@ from optlab.errors import NotFoundError
 from optlab.reports.format import describe_change
 
 if TYPE_CHECKING:
-    from optlab.store import EnvironmentRecord, RunRecord, Store
+    from optlab.store import EnvironmentRecord, ExperimentRecord, RunRecord, Store
 
 
 MAX_REPEATS = 10
@@ -136,65 +137,92 @@ def chain_steps(store: Store, head: str) -> tuple[list[ChainStep], RunRecord | N
     for name in names:
         record = records[name]
         assert record is not None
-        config = record.current_config
-        stored = config.config if config else {}
-        change = None
-        if config is not None and config.change and config.variable:
-            parent = records.get(record.parent) if record.parent else None
-            old = (
-                (parent.current_config.config if parent and parent.current_config else {})
-                .get("knobs", {})
-                .get(config.variable)
-            )
-            change = describe_change(
-                old, stored.get("knobs", {}).get(config.variable), render_value
-            )
-        step = ChainStep(
-            experiment=name,
-            parent=record.parent,
-            variable=config.variable if config else None,
-            change=change,
-            hypothesis=record.hypothesis,
-            slo={k: v for k, v in (stored.get("slo") or {}).items() if v is not None},
-        )
+        step = _chain_step(name, record, records)
         steps.append(step)
-        runs = finished[name]
-        if not runs:
-            step.missing = "no finished run of its current config"
+        runs, step.missing = _comparable(finished[name], reference, reference_env, envs)
+        if step.missing is not None:
             continue
-        if reference is not None:
-            same_protocol = [r for r in runs if r.protocol == reference.protocol]
-            if not same_protocol:
-                wanted = protocol_label(reference.protocol, warmup=True)
-                step.missing = (
-                    f"no finished run under the head's protocol ({wanted}); its runs are "
-                    f"under {protocol_label(runs[0].protocol, warmup=True)}"
-                )
-                continue
-            runs = same_protocol
-            if reference_env is not None:
-                same_env = [
-                    r
-                    for r in runs
-                    if (env := envs.get(r.environment_id)) is not None
-                    and env.material_hash == reference_env.material_hash
-                ]
-                if not same_env:
-                    other = envs.get(runs[0].environment_id)
-                    detail = (
-                        compare_fingerprints(reference_env.fingerprint, other.fingerprint).explain()
-                        if other is not None
-                        else "no environment recorded"
-                    )
-                    first = detail.splitlines()[0] if detail else "material fields differ"
-                    step.missing = (
-                        "measured in a materially different environment from the head run's "
-                        f"(run {runs[0].id}: {first}); re-measure it here"
-                    )
-                    continue
-                runs = same_env
         valid = [r for r in runs if r.valid]
         # Repeats beyond the newest few add little to the run-to-run spread, and each costs
         # a time-series read: the table stays fast on databases with thousands of runs.
         step.runs = valid[:MAX_REPEATS] or runs[:1]
     return steps, reference, reference_env
+
+
+def _chain_step(
+    name: str, record: ExperimentRecord, records: Mapping[str, ExperimentRecord | None]
+) -> ChainStep:
+    """The step an experiment is in the chain, before its runs are chosen."""
+    config = record.current_config
+    stored = config.config if config else {}
+    return ChainStep(
+        experiment=name,
+        parent=record.parent,
+        variable=config.variable if config else None,
+        change=_change(record, records),
+        hypothesis=record.hypothesis,
+        slo={k: v for k, v in (stored.get("slo") or {}).items() if v is not None},
+    )
+
+
+def _change(record: ExperimentRecord, records: Mapping[str, ExperimentRecord | None]) -> str | None:
+    """The step's one knob change against its parent's config; None where it changes none."""
+    config = record.current_config
+    if config is None or not config.change or not config.variable:
+        return None
+    parent = records.get(record.parent) if record.parent else None
+    old = (
+        (parent.current_config.config if parent and parent.current_config else {})
+        .get("knobs", {})
+        .get(config.variable)
+    )
+    return describe_change(old, config.config.get("knobs", {}).get(config.variable), render_value)
+
+
+def _comparable(
+    runs: list[RunRecord],
+    reference: RunRecord | None,
+    reference_env: EnvironmentRecord | None,
+    envs: _Environments,
+) -> tuple[list[RunRecord], str | None]:
+    """A step's finished runs that stack with the head's reference run (the same protocol, a
+    materially identical environment), or none and why not."""
+    if not runs:
+        return [], "no finished run of its current config"
+    if reference is None:
+        return runs, None
+    same_protocol = [r for r in runs if r.protocol == reference.protocol]
+    if not same_protocol:
+        wanted = protocol_label(reference.protocol, warmup=True)
+        return [], (
+            f"no finished run under the head's protocol ({wanted}); its runs are "
+            f"under {protocol_label(runs[0].protocol, warmup=True)}"
+        )
+    if reference_env is None:
+        return same_protocol, None
+    same_env = [
+        r
+        for r in same_protocol
+        if (env := envs.get(r.environment_id)) is not None
+        and env.material_hash == reference_env.material_hash
+    ]
+    if not same_env:
+        return [], _environment_differs(reference_env, same_protocol[0], envs)
+    return same_env, None
+
+
+def _environment_differs(
+    reference_env: EnvironmentRecord, run: RunRecord, envs: _Environments
+) -> str:
+    """Why a step's newest run does not stack: the first material difference from the head's."""
+    other = envs.get(run.environment_id)
+    detail = (
+        compare_fingerprints(reference_env.fingerprint, other.fingerprint).explain()
+        if other is not None
+        else "no environment recorded"
+    )
+    first = detail.splitlines()[0] if detail else "material fields differ"
+    return (
+        "measured in a materially different environment from the head run's "
+        f"(run {run.id}: {first}); re-measure it here"
+    )
