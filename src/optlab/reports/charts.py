@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from html import escape
 
 from optlab.metrics.change import percent_change
@@ -55,6 +56,63 @@ def _fmt(value: float) -> str:
     return f"{value:.2g}" if abs(value) < 1 else f"{value:.1f}"
 
 
+def _open(title: str, width: int, height: int, title_x: int) -> str:
+    """The `<svg>` element's opening tag and the chart's title."""
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{width}" '
+        f'height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-label="{escape(title)}">'
+        f'<text x="{title_x}" y="18" class="title">{escape(title)}</text>'
+    )
+
+
+@dataclass(frozen=True)
+class _Plot:
+    """Where a line chart's plot area sits in the SVG, and the values its edges stand for."""
+
+    left: int
+    top: int
+    width: int
+    height: int
+    x_low: float
+    x_high: float
+    y_low: float
+    y_high: float
+
+    def x(self, value: float) -> float:
+        return self.left + (value - self.x_low) / (self.x_high - self.x_low) * self.width
+
+    def y(self, value: float) -> float:
+        return (
+            self.top + self.height - (value - self.y_low) / (self.y_high - self.y_low) * self.height
+        )
+
+
+def _fit(
+    points: Sequence[tuple[float, float]],
+    left: int,
+    top: int,
+    width: int,
+    height: int,
+    *,
+    y_from_zero: bool,
+) -> _Plot:
+    """A plot area that holds every point, with 5% of room above the highest."""
+    x_low = min(p[0] for p in points)
+    x_high = max(p[0] for p in points)
+    y_low = 0.0 if y_from_zero else min(p[1] for p in points)
+    y_high = max(p[1] for p in points) * 1.05 or 1.0
+    if x_high <= x_low:
+        x_high = x_low + 1
+    if y_high <= y_low:
+        y_high = y_low + 1
+    return _Plot(left, top, width, height, x_low, x_high, y_low, y_high)
+
+
+def _finite(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    return [p for p in points if math.isfinite(p[0]) and math.isfinite(p[1])]
+
+
 def line_chart(
     title: str,
     series: Sequence[Series],
@@ -71,68 +129,22 @@ def line_chart(
     legend_rows = math.ceil(len(series) / 3) if series else 0
     total_height = height + legend_rows * 18 + 8
     plot_w, plot_h = width - left - right, height - top - bottom
-    points = [p for _, pts in series for p in pts if math.isfinite(p[0]) and math.isfinite(p[1])]
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{width}" '
-        f'height="{total_height}" viewBox="0 0 {width} {total_height}" role="img" '
-        f'aria-label="{escape(title)}">',
-        f'<text x="{left}" y="18" class="title">{escape(title)}</text>',
-    ]
+    points = [p for _, pts in series for p in _finite(pts)]
+    out = [_open(title, width, total_height, left)]
     if not points:
         out.append(
             f'<text x="{left + plot_w / 2}" y="{top + plot_h / 2}" text-anchor="middle" '
             f'class="empty">no data</text></svg>'
         )
         return "".join(out)
-    x_low = min(p[0] for p in points)
-    x_high = max(p[0] for p in points)
-    y_low = 0.0 if y_from_zero else min(p[1] for p in points)
-    y_high = max(p[1] for p in points) * 1.05 or 1.0
-    if x_high <= x_low:
-        x_high = x_low + 1
-    if y_high <= y_low:
-        y_high = y_low + 1
-
-    def sx(x: float) -> float:
-        return left + (x - x_low) / (x_high - x_low) * plot_w
-
-    def sy(y: float) -> float:
-        return top + plot_h - (y - y_low) / (y_high - y_low) * plot_h
-
-    for tick in _nice_ticks(y_low, y_high):
-        y = sy(tick)
-        out.append(
-            f'<line x1="{left}" x2="{left + plot_w}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
-        )
-        out.append(f'<text x="{left - 6}" y="{y + 4:.1f}" class="tick" text-anchor="end">')
-        out.append(f"{_fmt(tick)}</text>")
-    ticks = x_ticks if x_ticks is not None else [(t, _fmt(t)) for t in _nice_ticks(x_low, x_high)]
-    for value, label in ticks:
-        if x_low - 1e-9 <= value <= x_high + 1e-6 * (x_high - x_low):
-            x = sx(value)
-            out.append(
-                f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{top + plot_h}" class="grid"/>'
-            )
-            out.append(
-                f'<text x="{x:.1f}" y="{top + plot_h + 16}" class="tick" text-anchor="middle">'
-                f"{escape(label)}</text>"
-            )
-    out.append(f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" class="frame"/>')
-    out.append(
-        f'<text x="{left + plot_w / 2}" y="{top + plot_h + 34}" class="axis" '
-        f'text-anchor="middle">{escape(x_label)}</text>'
-        f'<text x="14" y="{top + plot_h / 2}" class="axis" text-anchor="middle" '
-        f'transform="rotate(-90 14 {top + plot_h / 2})">{escape(y_label)}</text>'
-    )
+    plot = _fit(points, left, top, plot_w, plot_h, y_from_zero=y_from_zero)
+    out += _y_grid(plot)
+    if x_ticks is None:
+        x_ticks = [(t, _fmt(t)) for t in _nice_ticks(plot.x_low, plot.x_high)]
+    out += _x_grid(plot, x_ticks)
+    out.append(_axes(plot, x_label, y_label))
     for index, (label, pts) in enumerate(series):
-        good = [p for p in pts if math.isfinite(p[0]) and math.isfinite(p[1])]
-        path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in good)
-        if len(good) == 1:
-            x, y = good[0]
-            out.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{colour(index)}"/>')
-        elif good:
-            out.append(f'<polyline points="{path}" fill="none" stroke="{colour(index)}" '
-                       f'stroke-width="1.8"/>')  # fmt: skip
+        out.append(_line(plot, _finite(pts), colour(index)))
         lx = left + (index % 3) * (plot_w / 3)
         ly = height + 10 + (index // 3) * 18
         out.append(
@@ -141,6 +153,60 @@ def line_chart(
         )
     out.append("</svg>")
     return "".join(out)
+
+
+def _y_grid(plot: _Plot) -> list[str]:
+    """A grid line and a label at each round value of the y axis."""
+    out = []
+    for tick in _nice_ticks(plot.y_low, plot.y_high):
+        y = plot.y(tick)
+        out.append(
+            f'<line x1="{plot.left}" x2="{plot.left + plot.width}" y1="{y:.1f}" y2="{y:.1f}" '
+            'class="grid"/>'
+        )
+        out.append(f'<text x="{plot.left - 6}" y="{y + 4:.1f}" class="tick" text-anchor="end">')
+        out.append(f"{_fmt(tick)}</text>")
+    return out
+
+
+def _x_grid(plot: _Plot, ticks: Sequence[tuple[float, str]]) -> list[str]:
+    """A grid line and a label at each x tick within the plot."""
+    out = []
+    bottom = plot.top + plot.height
+    for value, label in ticks:
+        if plot.x_low - 1e-9 <= value <= plot.x_high + 1e-6 * (plot.x_high - plot.x_low):
+            x = plot.x(value)
+            out.append(
+                f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{plot.top}" y2="{bottom}" class="grid"/>'
+            )
+            out.append(
+                f'<text x="{x:.1f}" y="{bottom + 16}" class="tick" text-anchor="middle">'
+                f"{escape(label)}</text>"
+            )
+    return out
+
+
+def _axes(plot: _Plot, x_label: str, y_label: str) -> str:
+    """The plot's frame and the two axis labels."""
+    left, top, middle = plot.left, plot.top, plot.top + plot.height / 2
+    return (
+        f'<rect x="{left}" y="{top}" width="{plot.width}" height="{plot.height}" class="frame"/>'
+        f'<text x="{left + plot.width / 2}" y="{top + plot.height + 34}" class="axis" '
+        f'text-anchor="middle">{escape(x_label)}</text>'
+        f'<text x="14" y="{middle}" class="axis" text-anchor="middle" '
+        f'transform="rotate(-90 14 {middle})">{escape(y_label)}</text>'
+    )
+
+
+def _line(plot: _Plot, points: list[tuple[float, float]], stroke: str) -> str:
+    """One series: a polyline, or a dot where it has a single point; nothing where it has none."""
+    if len(points) == 1:
+        x, y = points[0]
+        return f'<circle cx="{plot.x(x):.1f}" cy="{plot.y(y):.1f}" r="3" fill="{stroke}"/>'
+    if not points:
+        return ""
+    path = " ".join(f"{plot.x(x):.1f},{plot.y(y):.1f}" for x, y in points)
+    return f'<polyline points="{path}" fill="none" stroke="{stroke}" stroke-width="1.8"/>'
 
 
 def _clip(text: str, limit: int = 34) -> str:
@@ -164,11 +230,7 @@ def stage_waterfall(
     bar_w = width - label_w - note_w - 10
     legend_y = top + row_h * len(steps) + 18
     height = legend_y + 14
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" role="img" aria-label="{escape(title)}">',
-        f'<text x="4" y="18" class="title">{escape(title)}</text>',
-    ]
+    out = [_open(title, width, height, 4)]
     previous: dict[str, float] | None = None
     for row, (name, values) in enumerate(steps):
         y = top + row * row_h
@@ -185,33 +247,48 @@ def stage_waterfall(
             if value is None or value <= 0:
                 continue
             w = value / longest * bar_w
-            tip = f"{stage}: {value:.3f} ms"
-            out.append(
-                f'<rect x="{x:.1f}" y="{y + 3}" width="{max(w, 0.5):.1f}" height="{row_h - 8}" '
-                f'fill="{stage_colour(stage, stages.index(stage))}"><title>{escape(tip)}</title>'
-                "</rect>"
-            )
+            out.append(_segment(stage, stages.index(stage), value, x, y, w, row_h))
             x += w
         out.append(
             f'<text x="{x + 4:.1f}" y="{y + 15}" class="tick">{sum(values.values()):.2f} ms</text>'
         )
         if previous:
-            moved = [(values.get(s, 0.0) - previous.get(s, 0.0), s) for s in stages]
-            delta, stage = max(moved, key=lambda m: abs(m[0]))
-            change = percent_change(previous.get(stage), values.get(stage, 0.0))
-            pct = f" ({percent(change, 0)})" if change is not None else ""
-            note = f"{stage} {delta:+.2f} ms{pct}" if abs(delta) > 0 else "no stage moved"
+            note = _moved_most(previous, values, stages)
             out.append(
                 f'<text x="{width - note_w + 6}" y="{y + 15}" class="note">{escape(note)}</text>'
             )
         previous = values
-    x = float(label_w)
+    out += _stage_legend(stages, float(label_w), legend_y)
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _segment(stage: str, index: int, value: float, x: float, y: int, w: float, row_h: int) -> str:
+    """One stage's part of a step's bar, with its P50 as the tooltip."""
+    tip = f"{stage}: {value:.3f} ms"
+    return (
+        f'<rect x="{x:.1f}" y="{y + 3}" width="{max(w, 0.5):.1f}" height="{row_h - 8}" '
+        f'fill="{stage_colour(stage, index)}"><title>{escape(tip)}</title></rect>'
+    )
+
+
+def _moved_most(previous: dict[str, float], values: dict[str, float], stages: list[str]) -> str:
+    """The stage whose P50 moved most since the step before, in ms and %."""
+    moved = [(values.get(s, 0.0) - previous.get(s, 0.0), s) for s in stages]
+    delta, stage = max(moved, key=lambda m: abs(m[0]))
+    change = percent_change(previous.get(stage), values.get(stage, 0.0))
+    pct = f" ({percent(change, 0)})" if change is not None else ""
+    return f"{stage} {delta:+.2f} ms{pct}" if abs(delta) > 0 else "no stage moved"
+
+
+def _stage_legend(stages: list[str], x: float, y: int) -> list[str]:
+    """A colour swatch and the name of each stage, in a row from `x`."""
+    out = []
     for index, stage in enumerate(stages):
         out.append(
-            f'<rect x="{x:.1f}" y="{legend_y - 9}" width="12" height="10" '
-            f'fill="{stage_colour(stage, index)}"/><text x="{x + 16:.1f}" y="{legend_y}" '
+            f'<rect x="{x:.1f}" y="{y - 9}" width="12" height="10" '
+            f'fill="{stage_colour(stage, index)}"/><text x="{x + 16:.1f}" y="{y}" '
             f'class="legend">{escape(stage)}</text>'
         )
         x += 24 + 7 * len(stage)
-    out.append("</svg>")
-    return "".join(out)
+    return out
