@@ -61,34 +61,50 @@ def _cell(text: str, numeric: bool = False, cls: str = "") -> str:
     return f'<td class="{classes}">{text}</td>' if classes else f"<td>{text}</td>"
 
 
+# Optional columns after the latency figures, (column, header), each shown when it says something.
+_EXTRAS = (
+    ("error_rate", "errors"),
+    ("cpu_pct", "CPU %"),
+    ("service_cpu_pct", "service CPU %"),
+    ("gpu_util_pct", "GPU %"),
+    ("gpu_mem_peak_mib", "GPU MiB"),
+    ("mean_batch_size", "batch"),
+    ("cache_hit_rate", "cache hit"),
+    ("accuracy_top1", "top-1"),
+)
+_RATES = ("error_rate", "cache_hit_rate", "accuracy_top1")
+
+
+def _shown(frame: pd.DataFrame, column: str) -> bool:
+    """Whether an optional column holds a value worth a column in some row."""
+    if column not in frame:
+        return False
+    values = frame[column].map(plain)
+    if column == "error_rate":  # a column of zeros says nothing a reviewer needs
+        return bool(values.map(lambda v: present(v) and v != 0).any())
+    return bool(values.map(present).any())
+
+
 def _table(frame: pd.DataFrame) -> tuple[str, list[str]]:
     """The stacked table and its numbered notes (already escaped)."""
     stages = stage_columns(frame)
+    extras = [(c, h) for c, h in _EXTRAS if _shown(frame, c)]
+    out = _table_head(stages, [h for _, h in extras])
+    notes: dict[str, int] = {}
+    for row in records(frame):
+        verdict = verdict_of(row)
+        cells = _figure_cells(row, stages, [c for c, _ in extras])
+        cells.insert(2, _verdict_cell(row, _note_marks(row, notes)))
+        css = verdict.replace(" ", "-") if verdict in ("gain", "regressed", "missing") else ""
+        out.append(f'<tr class="{_e(css)}">' + "".join(cells) + "</tr>")
+    out.append("</tbody></table></div>")
+    return "".join(out), [f"{note}" for note in notes]
 
-    def shown(column: str) -> bool:
-        if column not in frame:
-            return False
-        values = frame[column].map(plain)
-        if column == "error_rate":  # a column of zeros says nothing a reviewer needs
-            return bool(values.map(lambda v: present(v) and v != 0).any())
-        return bool(values.map(present).any())
 
-    extras = [
-        (c, h)
-        for c, h in (
-            ("error_rate", "errors"),
-            ("cpu_pct", "CPU %"),
-            ("service_cpu_pct", "service CPU %"),
-            ("gpu_util_pct", "GPU %"),
-            ("gpu_mem_peak_mib", "GPU MiB"),
-            ("mean_batch_size", "batch"),
-            ("cache_hit_rate", "cache hit"),
-            ("accuracy_top1", "top-1"),
-        )
-        if shown(c)
-    ]
+def _table_head(stages: list[str], extras: list[str]) -> list[str]:
+    """The table's opening and its header: the stage P50s grouped under one spanning header."""
     headers = ["step", "change", "verdict", "QPS", "P50 ms", "P95 ms", "P99 ms", "P99.9 ms"]
-    after = [h for _, h in extras] + ["SLO"]
+    after = [*extras, "SLO"]
     out = ['<div class="scroll"><table class="stacked"><thead><tr>']
     span = ' rowspan="2"' if stages else ""
     out += [f"<th{span}>{_e(h)}</th>" for h in headers]
@@ -99,49 +115,51 @@ def _table(frame: pd.DataFrame) -> tuple[str, list[str]]:
         out.append("</tr><tr>")
         out += [f"<th>{_e(stage_name(c))}</th>" for c in stages]
     out.append("</tr></thead><tbody>")
-    notes: dict[str, int] = {}
-    for row in records(frame):
-        verdict = verdict_of(row)
-        cells = [
-            _cell(f"<b>{_e(row.get('experiment'))}</b>", cls="name"),
-            _cell(change_text(row, _e), cls="change"),
-            _cell(number(row.get("qps")) + _delta(row, "qps"), True),
-            _cell(number(row.get("p50_ms"), 2) + _delta(row, "p50"), True),
-            _cell(number(row.get("p95_ms"), 2), True),
-            _cell(number(row.get("p99_ms"), 2) + _delta(row, "p99"), True),
-            _cell(number(row.get("p999_ms"), 2), True),
-        ]
-        cells += [_cell(number(row.get(c), 2), True) for c in stages]
-        for column, _ in extras:
-            value: Any = row.get(column)
-            if column in ("error_rate", "cache_hit_rate", "accuracy_top1"):
-                text = rate(value)
-            else:
-                text = number(value, 1)
-            cells.append(_cell(text, True))
-        slo = row.get("slo_pass")
-        cells.append(
-            _cell(
-                "pass" if slo is True else '<span class="bad">fail</span>' if slo is False else "–"
-            )
-        )
-        marks = []
-        for note in row_notes(row):
-            key = _e(note)
-            if note != PROVISIONAL_NOTE:
-                key = f"<b>{_e(row.get('experiment'))}</b>: {key}"
-            marks.append(notes.setdefault(key, len(notes) + 1))
-        words = [_e(verdict_label(row))]
-        if row.get("valid") is False:
-            words.append('<span class="bad">INVALID</span>')
-        if row.get("provisional"):
-            words.append("PROVISIONAL")
-        refs = "".join(f"<sup>[{n}]</sup>" for n in sorted(set(marks)))
-        cells.insert(2, _cell(" ".join(words) + refs, cls="v"))
-        css = verdict.replace(" ", "-") if verdict in ("gain", "regressed", "missing") else ""
-        out.append(f'<tr class="{_e(css)}">' + "".join(cells) + "</tr>")
-    out.append("</tbody></table></div>")
-    return "".join(out), [f"{note}" for note in notes]
+    return out
+
+
+def _figure_cells(row: dict[str, Any], stages: list[str], extras: list[str]) -> list[str]:
+    """A row's cells but its verdict: the step, its change, its figures and its SLO."""
+    cells = [
+        _cell(f"<b>{_e(row.get('experiment'))}</b>", cls="name"),
+        _cell(change_text(row, _e), cls="change"),
+        _cell(number(row.get("qps")) + _delta(row, "qps"), True),
+        _cell(number(row.get("p50_ms"), 2) + _delta(row, "p50"), True),
+        _cell(number(row.get("p95_ms"), 2), True),
+        _cell(number(row.get("p99_ms"), 2) + _delta(row, "p99"), True),
+        _cell(number(row.get("p999_ms"), 2), True),
+    ]
+    cells += [_cell(number(row.get(c), 2), True) for c in stages]
+    for column in extras:
+        value: Any = row.get(column)
+        cells.append(_cell(rate(value) if column in _RATES else number(value, 1), True))
+    slo = row.get("slo_pass")
+    cells.append(
+        _cell("pass" if slo is True else '<span class="bad">fail</span>' if slo is False else "–")
+    )
+    return cells
+
+
+def _note_marks(row: dict[str, Any], notes: dict[str, int]) -> list[int]:
+    """The numbers of the row's notes, numbering each note not yet in `notes` (text -> number);
+    the PROVISIONAL note is one for every row, the others name their step."""
+    marks = []
+    for note in row_notes(row):
+        key = _e(note)
+        if note != PROVISIONAL_NOTE:
+            key = f"<b>{_e(row.get('experiment'))}</b>: {key}"
+        marks.append(notes.setdefault(key, len(notes) + 1))
+    return marks
+
+
+def _verdict_cell(row: dict[str, Any], marks: list[int]) -> str:
+    words = [_e(verdict_label(row))]
+    if row.get("valid") is False:
+        words.append('<span class="bad">INVALID</span>')
+    if row.get("provisional"):
+        words.append("PROVISIONAL")
+    refs = "".join(f"<sup>[{n}]</sup>" for n in sorted(set(marks)))
+    return _cell(" ".join(words) + refs, cls="v")
 
 
 def _delta(row: dict[str, Any], prefix: str) -> str:
