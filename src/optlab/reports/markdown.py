@@ -7,6 +7,7 @@ why a step has no row. Every user-supplied string is escaped so that it cannot b
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from optlab.reports.export import as_list, present, records
@@ -68,59 +69,86 @@ def row_notes(row: dict[str, Any]) -> list[str]:
 
 def render_markdown(frame: pd.DataFrame) -> str:
     """The table for a PR comment (title, table, **Protocol**, **Environment**, notes)."""
-    rows = records(frame)
     stages = stage_columns(frame)
     show_accuracy = "accuracy_top1" in frame and frame["accuracy_top1"].map(present).any()
-    headers = ["step", "change", "QPS", "Δ step", "Δ cum", "P50 ms", "Δ step", "P99 ms"]
-    headers += ["Δ step", "Δ cum"]
-    headers += [f"{stage_name(c)} P50" for c in stages]
-    if show_accuracy:
-        headers.append("top-1")
-    headers.append("verdict")
+    headers = _headers(stages, show_accuracy)
     align = ["---", "---"] + ["---:"] * (len(headers) - 3) + ["---"]
 
     lines = [f"### optlab stacked gains: {escape(head_name(frame))}", ""]
     lines.append("| " + " | ".join(escape(h) for h in headers) + " |")
     lines.append("|" + "|".join(align) + "|")
     notes: dict[str, int] = {}  # note text -> its number; a shared note is listed once
-    for row in rows:
-        cells = [
-            escape(row.get("experiment")),
-            change_text(row, escape),
-            number(row.get("qps")),
-            step_delta(row, "qps"),
-            percent(row.get("qps_cumulative_pct")),
-            number(row.get("p50_ms"), 2),
-            step_delta(row, "p50"),
-            number(row.get("p99_ms"), 2),
-            step_delta(row, "p99"),
-            percent(row.get("p99_cumulative_pct")),
-        ]
-        cells += [number(row.get(c), 2) for c in stages]
-        if show_accuracy:
-            cells.append(rate(row.get("accuracy_top1")))
-        verdict = verdict_label(row)
-        if row.get("valid") is False:
-            verdict += ", INVALID"
-        if row.get("provisional"):
-            verdict += ", PROVISIONAL"
-        if row.get("slo_pass") is False:
-            verdict += ", SLO ✗"
-        marks: list[int] = []
-        for note in row_notes(row):
-            text = escape(note)
-            if note != PROVISIONAL_NOTE:
-                text = f"{escape(row.get('experiment'))}: {text}"
-            number_of = notes.setdefault(text, len(notes) + 1)
-            marks.append(number_of)
-        refs = " ".join(f"[{n}]" for n in sorted(set(marks)))
-        cells.append(escape(verdict) + (" " + refs if refs else ""))
+    for row in records(frame):
+        cells = _figure_cells(row, stages, show_accuracy)
+        cells.append(_verdict_cell(row, _note_marks(row, notes)))
         lines.append("| " + " | ".join(cells) + " |")
 
     lines.append("")
-    attrs = frame.attrs
+    lines += _context(frame.attrs)
+    if notes:
+        lines.append("")
+        lines += [f"{i}. {note}" for note, i in notes.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _headers(stages: list[str], show_accuracy: bool) -> list[str]:
+    headers = ["step", "change", "QPS", "Δ step", "Δ cum", "P50 ms", "Δ step", "P99 ms"]
+    headers += ["Δ step", "Δ cum"]
+    headers += [f"{stage_name(c)} P50" for c in stages]
+    if show_accuracy:
+        headers.append("top-1")
+    headers.append("verdict")
+    return headers
+
+
+def _figure_cells(row: dict[str, Any], stages: list[str], show_accuracy: bool) -> list[str]:
+    """A row's cells but its verdict: the step, its change and its figures."""
+    cells = [
+        escape(row.get("experiment")),
+        change_text(row, escape),
+        number(row.get("qps")),
+        step_delta(row, "qps"),
+        percent(row.get("qps_cumulative_pct")),
+        number(row.get("p50_ms"), 2),
+        step_delta(row, "p50"),
+        number(row.get("p99_ms"), 2),
+        step_delta(row, "p99"),
+        percent(row.get("p99_cumulative_pct")),
+    ]
+    cells += [number(row.get(c), 2) for c in stages]
+    if show_accuracy:
+        cells.append(rate(row.get("accuracy_top1")))
+    return cells
+
+
+def _note_marks(row: dict[str, Any], notes: dict[str, int]) -> list[int]:
+    """The numbers of the row's notes, numbering each note not yet in `notes` (text -> number);
+    the PROVISIONAL note is one for every row, the others name their step."""
+    marks: list[int] = []
+    for note in row_notes(row):
+        text = escape(note)
+        if note != PROVISIONAL_NOTE:
+            text = f"{escape(row.get('experiment'))}: {text}"
+        marks.append(notes.setdefault(text, len(notes) + 1))
+    return marks
+
+
+def _verdict_cell(row: dict[str, Any], marks: list[int]) -> str:
+    verdict = verdict_label(row)
+    if row.get("valid") is False:
+        verdict += ", INVALID"
+    if row.get("provisional"):
+        verdict += ", PROVISIONAL"
+    if row.get("slo_pass") is False:
+        verdict += ", SLO ✗"
+    refs = " ".join(f"[{n}]" for n in sorted(set(marks)))
+    return escape(verdict) + (" " + refs if refs else "")
+
+
+def _context(attrs: Mapping[str, Any]) -> list[str]:
+    """Under the table: the protocol, the environment (and the service's), what Δ means."""
     protocol = attrs.get("protocol_label") or (attrs.get("protocol") or {}).get("name")
-    lines.append(f"**Protocol:** {escape(protocol or 'not recorded')}")
+    lines = [f"**Protocol:** {escape(protocol or 'not recorded')}"]
     environment = (attrs.get("environment") or {}).get("summary")
     lines.append("")
     lines.append(f"**Environment:** {escape(environment or 'not recorded')}")
@@ -128,14 +156,11 @@ def render_markdown(frame: pd.DataFrame) -> str:
     if service:
         lines.append("")
         lines.append(f"**Service environment:** {escape(service)}")
-    confidence = attrs.get("confidence")
+    confidence: Any = attrs.get("confidence")
     if present(confidence):
         lines.append("")
         lines.append(
             f"Δ step: change against the previous measured step, [interval] at "
             f"{float(confidence) * 100:g}% confidence; Δ cum: change against the baseline."
         )
-    if notes:
-        lines.append("")
-        lines += [f"{i}. {note}" for note, i in notes.items()]
-    return "\n".join(lines) + "\n"
+    return lines
