@@ -81,6 +81,7 @@ def test_decode_reference_shape_and_normalisation() -> None:
     assert lowest <= float(tensor.min()) and float(tensor.max()) <= highest
 
 
+@pytest.mark.slow
 def test_shipped_weights_reach_the_accuracy_bar() -> None:
     pytest.importorskip("torch")
     from optlab.reference.classifier import accuracy

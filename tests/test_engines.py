@@ -126,6 +126,7 @@ RUNS_HERE = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("engine_name", "precision"), RUNS_HERE)
 def test_engine_agrees_with_the_fp32_reference_at_any_batch_size(
     engine_name: str,

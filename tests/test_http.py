@@ -245,6 +245,7 @@ def test_a_step_naming_a_missing_knob_in_a_template_is_refused(
 # -- http target ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_http_closed_loop_records_server_timing_stages(
     tmp_path: Path, invoke: Invoke, toy: int
 ) -> None:
@@ -264,6 +265,7 @@ def test_http_closed_loop_records_server_timing_stages(
     assert latency["total"]["p50"] >= latency["server_total"]["p50"] >= 0.95
 
 
+@pytest.mark.slow
 def test_http_open_loop_keeps_its_rate_and_counts_errors_by_status(
     tmp_path: Path, invoke: Invoke
 ) -> None:
@@ -285,6 +287,7 @@ def test_http_open_loop_keeps_its_rate_and_counts_errors_by_status(
     assert summary["harness_ms"]["send_lag"]["count"] == summary["requests"]  # type: ignore[index]
 
 
+@pytest.mark.slow
 def test_a_service_that_goes_away_mid_run_counts_connection_errors(
     tmp_path: Path, invoke: Invoke
 ) -> None:
@@ -307,6 +310,7 @@ def test_a_service_that_goes_away_mid_run_counts_connection_errors(
     assert isinstance(errors, dict) and "ClientConnectorError" in errors
 
 
+@pytest.mark.slow
 def test_a_hung_service_does_not_hang_the_run(tmp_path: Path, invoke: Invoke) -> None:
     """Requests still in flight at the end are drained for a bounded time, then abandoned."""
     with toy_service("--delay-ms", "60000") as port:  # every request asleep for a minute
@@ -321,6 +325,7 @@ def test_a_hung_service_does_not_hang_the_run(tmp_path: Path, invoke: Invoke) ->
     assert elapsed < 30  # 1 s warmup + 1 s measured + the 5 s drain, not the 60 s requests
 
 
+@pytest.mark.slow
 def test_two_generator_processes_merge_every_request(
     tmp_path: Path, invoke: Invoke, toy: int, sqlite_url: str
 ) -> None:
@@ -375,6 +380,7 @@ def command_experiment(
     )
 
 
+@pytest.mark.slow
 def test_command_target_chain_renders_knobs_and_stops_the_service(
     tmp_path: Path, invoke: Invoke, sqlite_url: str
 ) -> None:
@@ -405,6 +411,7 @@ def test_command_target_chain_renders_knobs_and_stops_the_service(
     assert base.exists()
 
 
+@pytest.mark.slow
 def test_service_metrics_and_accuracy_urls_are_the_targets_hooks(
     tmp_path: Path, invoke: Invoke
 ) -> None:
@@ -451,6 +458,7 @@ def test_service_that_exits_before_ready_fails_with_its_log(tmp_path: Path, invo
     assert "exited with code 3 before it was ready" in reason
 
 
+@pytest.mark.slow
 def test_service_not_ready_in_time_is_stopped(
     tmp_path: Path, invoke: Invoke, sqlite_url: str
 ) -> None:
@@ -470,6 +478,7 @@ def test_service_not_ready_in_time_is_stopped(
     assert not psutil.pid_exists(int(marker.read_text()))
 
 
+@pytest.mark.slow
 def test_killing_the_service_mid_run_fails_the_run_with_its_log_tail(
     tmp_path: Path, sqlite_url: str
 ) -> None:
@@ -502,6 +511,7 @@ def spawn_run(
     )
 
 
+@pytest.mark.slow
 def test_ctrl_c_leaves_no_child_process_behind(tmp_path: Path, sqlite_url: str) -> None:
     port = free_port()
     path = command_experiment(
@@ -535,6 +545,7 @@ def test_ctrl_c_leaves_no_child_process_behind(tmp_path: Path, sqlite_url: str) 
 TOKEN = "tok-8d1f4c2a9e77-never-store-me"
 
 
+@pytest.mark.slow
 def test_a_secret_appears_nowhere_in_the_database_or_any_report(
     tmp_path: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch, invoke: Invoke
 ) -> None:
@@ -589,6 +600,7 @@ def test_a_secret_appears_nowhere_in_the_database_or_any_report(
 # -- the serve chain -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_serve_chain_measured_over_http_shows_the_server_side_stages(
     tmp_path: Path, invoke: Invoke
 ) -> None:

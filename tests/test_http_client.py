@@ -350,6 +350,7 @@ def test_errors_keep_their_former_names() -> None:
     assert classify(TimeoutError())[0] == "timeout"
 
 
+@pytest.mark.slow
 def test_the_open_loop_sends_on_schedule_waking_on_a_timer(monkeypatch: pytest.MonkeyPatch) -> None:
     """The open loop through this client: a constant 200/s for 1 s against a threaded server.
     On Linux the generator sleeps on a timerfd until just before each send (here the whole

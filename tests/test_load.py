@@ -209,6 +209,7 @@ def test_closed_loop_cycles_through_the_requests_and_sets_the_request_timing() -
 # -- open loop ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_open_loop_keeps_its_rate_and_sends_on_time() -> None:
     report, collector, _ = measure(build({"service_ms": 1.0}), open_(100.0), 2.0)
     ok, errors = collector.totals("measure")
@@ -222,11 +223,13 @@ def test_open_loop_keeps_its_rate_and_sends_on_time() -> None:
     assert report.late <= report.issued
 
 
+@pytest.mark.slow
 def test_open_loop_poisson_rate() -> None:
     report, _, _ = measure(lambda r: r, open_(400.0, "poisson"), 1.5)
     assert report.issued == pytest.approx(600, rel=0.15)
 
 
+@pytest.mark.slow
 def test_open_loop_sees_a_stall_that_closed_loop_hides() -> None:
     """Coordinated omission: the same stalling server, measured both ways."""
     knobs = {"service_ms": 1.0, "single_server": True, "stall_every_s": 1.0, "stall_ms": 300.0}
@@ -248,6 +251,7 @@ def test_open_loop_sees_a_stall_that_closed_loop_hides() -> None:
     assert summary(closed_collector)["p99"] < 50.0
 
 
+@pytest.mark.slow
 def test_open_loop_dispatches_on_time_while_the_target_stalls() -> None:
     """Requests due during a 500 ms stall leave on time from idle workers and wait inside."""
     target = build({"service_ms": 1.0, "stall_every_s": 0.7, "stall_ms": 500.0})
@@ -427,6 +431,7 @@ def test_a_failed_start_leaves_no_thread_waiting(monkeypatch: pytest.MonkeyPatch
     assert all(not thread.is_alive() for thread in generator._threads)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("load", [closed(3), open_(200.0)], ids=["closed", "open"])
 def test_a_call_that_never_returns_is_a_timeout_while_it_hangs(load: Load) -> None:
     # One request in 40 hangs until the test releases it: it must be counted as a timeout

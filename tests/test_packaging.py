@@ -48,6 +48,7 @@ def test_wheel_contains_migrations(wheel: Path) -> None:
     assert "optlab/_experiments/gpu/03-preprocess.yaml" in names
 
 
+@pytest.mark.slow
 def test_installed_wheel_upgrades_a_database(wheel: Path, tmp_path: Path) -> None:
     target = tmp_path / "site"
     subprocess.run(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from click.testing import Result
 
 from optlab.metrics.stats import compare
@@ -14,6 +15,7 @@ Invoke = Callable[..., Result]
 FAST = ("--quick", "--duration", "1.5", "--warmup", "0.3")
 
 
+@pytest.mark.slow
 def test_paired_alternates_parent_and_step(synth: Path, invoke: Invoke, sqlite_url: str) -> None:
     assert invoke("run", str(synth / "baseline.yaml"), *FAST).exit_code == 0
     result = invoke("run", str(synth / "01-faster-service.yaml"), *FAST, "--paired", "2")

@@ -300,6 +300,7 @@ def test_html_without_report_data() -> None:
     assert "no data" in text and "not recorded" in text
 
 
+@pytest.mark.slow
 def test_end_to_end_over_a_quick_synthetic_chain(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, invoke: Any, sqlite_url: str
 ) -> None:

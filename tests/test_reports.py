@@ -15,6 +15,9 @@ from optlab.reports.table import COLUMNS, stacked_table
 from optlab.store import Store
 from tests.conftest import REPO, write
 
+# Every test here reads one chain measured for the module (three 3 s runs).
+pytestmark = pytest.mark.slow
+
 Invoke = Callable[..., Result]
 # 3 s: the fewest per-second windows (3) the statistics judge a step from.
 FAST = ("--quick", "--duration", "3", "--warmup", "0.3")
