@@ -11,19 +11,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from optlab.config.protocol import protocol_label
+from optlab.metrics import stats
 from optlab.metrics.change import percent_change
 from optlab.metrics.stats import VERDICT_CONFIDENCE as CONFIDENCE
 from optlab.metrics.stats import Comparison
 from optlab.reports.chain import ChainStep, chain_steps
 from optlab.reports.export import SCHEMA_VERSION, present
+from optlab.targets.service_env import describe_service
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from optlab.store import EnvironmentRecord, RunRecord, Store
+    from optlab.store import EnvironmentRecord, RunRecord, RunSummary, Store
 
 # The reference pipeline's stages, in request order; a user target's own stages follow them.
 KNOWN_STAGES = ("queue", "preprocess", "infer", "postprocess")
@@ -51,6 +54,7 @@ COLUMNS = (
 
 
 def _figures(step: ChainStep) -> dict[str, Any]:
+    """A step's row before any comparison: what it is, and its run's figures and SLO check."""
     row: dict[str, Any] = dict.fromkeys(COLUMNS)
     row |= {
         "experiment": step.experiment,
@@ -68,12 +72,18 @@ def _figures(step: ChainStep) -> dict[str, Any]:
     run = step.run
     if run is None or run.summary is None:
         return row
-    s = run.summary
+    row |= _run_figures(run, run.summary)
+    row["slo_pass"], row["slo_failures"] = _slo_check(step.slo, row, run.qps)
+    return row
+
+
+def _run_figures(run: RunRecord, s: RunSummary) -> dict[str, Any]:
+    """The run's columns: its facts, latency, resource use, stage P50s and target figures."""
     total = s.total
     requests, errors = run.requests or 0, run.errors or 0
     resources = s.resources
     gpu_mem = resources.max_of("gpu_mem_used_bytes")
-    row |= {
+    figures: dict[str, Any] = {
         "run_id": run.id,
         "status": run.status,
         "valid": run.valid,
@@ -94,24 +104,30 @@ def _figures(step: ChainStep) -> dict[str, Any]:
         "started_at": run.started_at.isoformat(),
         "who": s.who or run.hostname,
     }
-    for stage, stats in s.stages.items():
-        row[f"{stage}_p50_ms"] = stats.p50
-    row["accuracy_top1"] = s.accuracy_top1
-    row["infer_ms_per_request"] = s.target_figure("infer", "ms_per_request")
-    row["mean_batch_size"] = s.target_figure("batching", "mean_batch_size")
-    row["cache_hit_rate"] = s.target_figure("cache", "hit_rate")
+    for stage, stage_stats in s.stages.items():
+        figures[f"{stage}_p50_ms"] = stage_stats.p50
+    figures["accuracy_top1"] = s.accuracy_top1
+    figures["infer_ms_per_request"] = s.target_figure("infer", "ms_per_request")
+    figures["mean_batch_size"] = s.target_figure("batching", "mean_batch_size")
+    figures["cache_hit_rate"] = s.target_figure("cache", "hit_rate")
+    return figures
+
+
+def _slo_check(
+    slo: dict[str, Any], row: dict[str, Any], qps: float | None
+) -> tuple[bool | None, list[str]]:
+    """(whether the run met the step's latency and QPS SLOs, or None when it sets none; the
+    ones it failed)."""
     failures = []
-    for key, limit in step.slo.items():
+    for key, limit in slo.items():
         column = SLO_FIELDS.get(key)
         value = row.get(column) if column else None
         if column and value is not None and value > limit:
             failures.append(f"{key.removesuffix('_ms').upper()} {value:.2f} ms > {limit:g} ms")
-        if key == "min_qps" and run.qps is not None and run.qps < limit:
-            failures.append(f"QPS {run.qps:.1f} < {limit:g}")
-    latency_slo = [k for k in step.slo if k in SLO_FIELDS or k == "min_qps"]
-    row["slo_pass"] = (not failures) if latency_slo else None
-    row["slo_failures"] = failures
-    return row
+        if key == "min_qps" and qps is not None and qps < limit:
+            failures.append(f"QPS {qps:.1f} < {limit:g}")
+    latency_slo = [k for k in slo if k in SLO_FIELDS or k == "min_qps"]
+    return (not failures) if latency_slo else None, failures
 
 
 class _Windows:
@@ -161,8 +177,6 @@ def _comparisons(
     before: list[RunRecord], after: list[RunRecord], windows: _Windows, paired: bool
 ) -> list[tuple[str, Comparison]]:
     """(column, comparison) of each headline metric both sides have an estimate of."""
-    from optlab.metrics import stats
-
     found = []
     for column, field, higher, label in HEADLINE:
         parent_estimates = [_estimate(r, column) for r in before]
@@ -200,10 +214,6 @@ def step_verdict(comparisons: Sequence[Comparison]) -> tuple[str, list[str], lis
     """(verdict, the metrics that decided it, flags): "regressed" by the metrics worse beyond
     noise, else "gain" by those better beyond noise, else "within noise", decided by none.
     A metric whose interval spans zero never decides a verdict, whatever else it says."""
-    from dataclasses import replace
-
-    from optlab.metrics import stats
-
     judged = [c if _decides(c) else replace(c, significant=False, better=None) for c in comparisons]
     verdict, flags = stats.step_verdict(judged)
     wanted = {"regressed": False, "gain": True}.get(verdict)
@@ -276,8 +286,6 @@ def _environment_summary(env: EnvironmentRecord | None) -> dict[str, Any]:
 
 def _service_note(store: Store, baseline: str, fingerprint: dict[str, Any]) -> str | None:
     """Whether the service's own environment was checked (command) or could not be (http)."""
-    from optlab.targets.service_env import describe_service
-
     record = store.get_experiment(baseline)
     config = record.current_config.config if record and record.current_config else {}
     kind = (config.get("target") or {}).get("kind")
@@ -286,7 +294,7 @@ def _service_note(store: Store, baseline: str, fingerprint: dict[str, Any]) -> s
 
 def stacked_table(store: Store, head: str) -> pd.DataFrame:
     """One row per step: figures, step and cumulative change in %, significance, verdict."""
-    import pandas as pd
+    import pandas as pd  # lazy: slow to import, and only building the frame needs it
 
     steps, reference, reference_env = chain_steps(store, head)
     windows = _Windows(store, [r for step in steps for r in step.runs if r.valid])
