@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from optlab.metrics.histogram import LatencyHistogram
 from optlab.metrics.stages import HARNESS_SERIES
 from optlab.reports.export import plain
 
@@ -58,8 +59,6 @@ class ReportData:
 
 def cdf_points(encoded: str) -> list[tuple[float, float]]:
     """(percentile, latency ms) pairs of an encoded HdrHistogram; empty when it is empty."""
-    from optlab.metrics.histogram import LatencyHistogram
-
     histogram = LatencyHistogram.decode(encoded)
     if histogram.count == 0:
         return []

@@ -39,7 +39,7 @@ def plain(value: Any) -> Any:
     if hasattr(value, "isoformat"):
         return str(value.isoformat())
     try:
-        import pandas as pd
+        import pandas as pd  # lazy: `import optlab.cli.main` loads this module
 
         if pd.isna(value):
             return None
