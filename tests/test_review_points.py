@@ -178,6 +178,7 @@ def _audit_frame(last_qps: float, cumulative: float, low: float, high: float) ->
     return frame
 
 
+@pytest.mark.slow  # reads the module's measured chain
 @pytest.mark.parametrize(
     ("last_qps", "cumulative", "low", "high", "noise"),
     [
