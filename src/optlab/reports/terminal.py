@@ -33,6 +33,7 @@ from optlab.reports.format import (
     stage_name,
     step_delta,
     verdict_label,
+    verdict_of,
 )
 from optlab.reports.table import stage_columns
 
@@ -115,10 +116,13 @@ def _extra(column: str, value: Any) -> str:
 
 def _mark(row: Any, *, compact: bool = False, titled: bool = False) -> str:
     """The verdict cell. `compact` (the fitted table) leaves out what every row would say:
-    VALID, and PROVISIONAL when the title says the whole table is (`titled`)."""
+    VALID, and PROVISIONAL when the title says the whole table is (`titled`); and it gives the
+    verdict's word alone: the step changes that decided it are beside it, and the detail block
+    names them (a verdict that wraps a word a line is not read)."""
     if not present(row.get("run_id")):
         return "missing" if compact else "missing: " + str(row.get("missing") or "no run")
-    marks = [verdict_label(row) if present(row.get("verdict")) else ""]
+    label = verdict_of(row) if compact else verdict_label(row)
+    marks = [label if present(row.get("verdict")) else ""]
     if not compact or not row.get("valid"):
         marks.append("VALID" if row.get("valid") else "INVALID")
     if row.get("provisional") and not (compact and titled):
