@@ -233,7 +233,7 @@ def test_warmup_ends_when_stable_or_at_its_limit(synth: Path, sqlite_url: str) -
         name="full",
         warmup="stable",
         warmup_s=1.0,
-        warmup_max_s=8.0,
+        warmup_max_s=5.0,
         duration_s=1.0,
         max_error_rate=0.001,
         stability_window_s=1.0,
@@ -244,7 +244,9 @@ def test_warmup_ends_when_stable_or_at_its_limit(synth: Path, sqlite_url: str) -
     steady = _measure_with(synth, sqlite_url, "{service_ms: 2.0}", steady_protocol)
     assert steady.stabilised is True
     assert 3.0 <= steady.warmup_s < steady_protocol.warmup_max_s
-    # A stall of 0.6 s every 1.3 s makes consecutive seconds disagree: never stable.
+    # A stall of 0.6 s every 1.3 s makes consecutive seconds disagree (any three 1 s windows,
+    # wherever they start, differ by 14% or more in QPS alone): never stable. Three windows
+    # are judged by 5 s, so a longer limit would only wait longer for the same answer.
     bumpy = _measure_with(
         synth,
         sqlite_url.replace(".db", "2.db"),
@@ -252,8 +254,8 @@ def test_warmup_ends_when_stable_or_at_its_limit(synth: Path, sqlite_url: str) -
         protocol,
     )
     assert bumpy.stabilised is False
-    assert bumpy.warmup_s >= 8.0
-    assert "warmup did not stabilise within 8 s; measured anyway" in bumpy.summary.notes
+    assert bumpy.warmup_s >= 5.0
+    assert "warmup did not stabilise within 5 s; measured anyway" in bumpy.summary.notes
     assert not any("did not stabilise" in note for note in steady.summary.notes)
 
 
