@@ -27,6 +27,13 @@ def chain_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return folder
 
 
+@pytest.fixture(scope="session")
+def engine_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's one folder for exported and quantised models, never the user's home: the
+    demo, the engine and the pipeline tests build the same artefacts, each built once."""
+    return tmp_path_factory.getbasetemp() / "engines"
+
+
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'optlab.db'}"

@@ -15,10 +15,10 @@ from optlab.store import Store
 
 @pytest.mark.slow
 def test_demo_measures_the_cpu_chain_and_prints_its_table(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine_cache: Path
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("OPTLAB_CACHE_DIR", str(tmp_path / "engines"))
+    monkeypatch.setenv("OPTLAB_CACHE_DIR", str(engine_cache))
     monkeypatch.delenv("OPTLAB_DB", raising=False)
     out = tmp_path / "demo"
     result = CliRunner().invoke(cli, ["demo", "--chain", "cpu", "--out", str(out)])

@@ -52,9 +52,9 @@ def _restore_torch_threads() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One artefact cache for the module: the export and the quantisation are built once."""
-    return tmp_path_factory.mktemp("engine-cache")
+def cache(engine_cache: Path) -> Path:
+    """The session's artefact cache: the export and the quantisation are built once."""
+    return engine_cache
 
 
 @pytest.fixture(scope="module")

@@ -25,9 +25,8 @@ FAST = ("--quick", "--duration", "1.5", "--warmup", "0.3")
 
 
 @pytest.fixture(autouse=True)
-def engine_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Exported and quantised models go to a per-session folder, never the user's home.
-    monkeypatch.setenv("OPTLAB_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "engines"))
+def _engine_cache(engine_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPTLAB_CACHE_DIR", str(engine_cache))
 
 
 def _build(**knobs: Any) -> pipeline.ImageClassifier:
