@@ -1,32 +1,28 @@
-"""The notebook in notebooks/ runs, cell by cell, against a results database the test builds."""
+"""The notebook in notebooks/ runs, cell by cell, against a measured results database."""
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from click.testing import Result
 
 from tests.conftest import REPO
-
-Invoke = Callable[..., Result]
 
 
 @pytest.mark.slow
 def test_explore_results_notebook_runs(
-    tmp_path: Path, invoke: Invoke, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    sqlite_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    synthetic_chain: tuple[Path, Path],
 ) -> None:
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("matplotlib")
-    folder = tmp_path / "synthetic"
-    shutil.copytree(REPO / "experiments" / "examples" / "synthetic", folder)
+    # The session's measured chain (baseline -> faster service, 3 s runs), in a copy.
+    shutil.copy(synthetic_chain[1], sqlite_url.removeprefix("sqlite:///"))
     monkeypatch.chdir(tmp_path)
-    step = folder / "01-faster-service.yaml"
-    result = invoke("run", str(step), "--quick", "--duration", "3", "--warmup", "0.3", "--chain")
-    assert result.exit_code == 0, result.output
     monkeypatch.setenv("OPTLAB_DB", sqlite_url)  # the kernel inherits it
     notebook = nbformat.read(REPO / "notebooks" / "explore_results.ipynb", as_version=4)
     nbclient.NotebookClient(
