@@ -438,7 +438,9 @@ def _save_rounds(url: str, barrier: Any, results: Any) -> None:
 @pytest.mark.slow
 def test_concurrent_first_saves_of_one_experiment(db_url: str) -> None:
     Store.open(db_url).close()  # the schema exists; the race is over the new rows
-    context = multiprocessing.get_context("spawn")
+    # Forked from a server that imported optlab once: spawning, each writer imported it anew.
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
     barrier, results = context.Barrier(WRITERS), context.Queue()
     writers = [
         context.Process(target=_save_rounds, args=(db_url, barrier, results))
