@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from optlab.cli.common import EXPERIMENT_PATH
+from optlab.targets.service_env import describe_service, service_rows
 
 
 def _fmt_bytes(value: Any) -> str:
@@ -17,15 +18,13 @@ def _fmt_bytes(value: Any) -> str:
     return f"{value / 2**30:.1f} GiB"
 
 
-def _rows(fp: dict[str, Any]) -> list[tuple[str, str]]:
+def _machine_rows(fp: dict[str, Any]) -> list[tuple[str, str]]:
+    """Hardware and system software, one (label, value) each."""
     hw, sw = fp.get("hardware", {}), fp.get("software", {})
     cpu = hw.get("cpu", {})
     gpus = hw.get("gpus") or []
-    pkgs = sw.get("packages", {})
     nvidia = sw.get("nvidia") or {}
-    code = fp.get("code", {})
-    git = (fp.get("provenance") or {}).get("git") or {}
-    rows = [
+    return [
         (
             "CPU",
             f"{cpu.get('model')} ({cpu.get('physical_cores')} physical, "
@@ -55,6 +54,14 @@ def _rows(fp: dict[str, Any]) -> list[tuple[str, str]]:
             f"{nvidia.get('cuda_driver_version') or 'none'}",
         ),
     ]
+
+
+def _rows(fp: dict[str, Any]) -> list[tuple[str, str]]:
+    sw = fp.get("software", {})
+    pkgs = sw.get("packages", {})
+    code = fp.get("code", {})
+    git = (fp.get("provenance") or {}).get("git") or {}
+    rows = _machine_rows(fp)
     for name, version in pkgs.items():
         if name == "torch_cuda":
             shown = version or ("none (CPU build)" if pkgs.get("torch") else "n/a")
@@ -70,8 +77,6 @@ def _rows(fp: dict[str, Any]) -> list[tuple[str, str]]:
     )
     if code.get("target"):
         rows.append(("target code", json.dumps(code["target"], sort_keys=True)))
-    from optlab.targets.service_env import describe_service, service_rows
-
     rows += service_rows(fp.get("service"))
     if not fp.get("service"):
         # A service optlab does not start (http) is out of sight: say so. (A command target's
