@@ -1,4 +1,4 @@
-.PHONY: setup demo test test-fast
+.PHONY: setup demo test test-fast schemas
 setup:
 	scripts/setup.sh
 demo:
@@ -9,3 +9,6 @@ test:
 # The edit-test loop: the same checks, without the tests marked slow (end-to-end runs).
 test-fast:
 	scripts/test.sh -m "not slow"
+# docs/schemas/ from the models (tests/test_docs.py fails when they are stale).
+schemas: setup
+	.venv/bin/python scripts/schemas.py
