@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pandas as pd
 
-SCHEMA_VERSION = 1
+TABLE_SCHEMA_VERSION = 1
 
 # Metric name in the JSON `*_delta` objects -> its column prefix in the frame.
 _DELTA_METRICS = (("qps", "qps"), ("p50", "p50"), ("p99", "p99"))
@@ -123,7 +123,7 @@ def document(frame: pd.DataFrame) -> dict[str, Any]:
     describes it, and docs/schemas/table.schema.json is generated from that."""
     attrs = frame.attrs
     return {
-        "schema_version": plain(attrs.get("schema_version", SCHEMA_VERSION)),
+        "schema_version": plain(attrs.get("schema_version", TABLE_SCHEMA_VERSION)),
         "head": plain(attrs.get("head")),
         "protocol": plain(attrs.get("protocol")),
         "protocol_label": plain(attrs.get("protocol_label")),

@@ -20,7 +20,7 @@ from optlab.metrics.change import percent_change
 from optlab.metrics.stats import VERDICT_CONFIDENCE as CONFIDENCE
 from optlab.metrics.stats import Comparison
 from optlab.reports.chain import ChainStep, chain_steps
-from optlab.reports.export import SCHEMA_VERSION, present
+from optlab.reports.export import TABLE_SCHEMA_VERSION, present
 from optlab.targets.service_env import describe_service
 
 if TYPE_CHECKING:
@@ -338,7 +338,7 @@ def stacked_table(store: Store, head: str) -> pd.DataFrame:
         environment["service"] = service
     frame.attrs.update(
         {
-            "schema_version": SCHEMA_VERSION,
+            "schema_version": TABLE_SCHEMA_VERSION,
             "head": head,
             "protocol": reference.protocol if reference else None,
             "protocol_label": protocol_label(reference.protocol if reference else None),
@@ -362,4 +362,4 @@ def stage_columns(frame: pd.DataFrame, *, with_values: bool = False) -> list[str
     return sorted(found, key=lambda c: (_stage_rank(c.removesuffix("_p50_ms")), found.index(c)))
 
 
-__all__: Sequence[str] = ("COLUMNS", "SCHEMA_VERSION", "stacked_table")
+__all__: Sequence[str] = ("COLUMNS", "TABLE_SCHEMA_VERSION", "stacked_table")

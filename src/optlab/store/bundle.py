@@ -38,7 +38,7 @@ from optlab.store.records import (
 from optlab.store.summary import RunSummary
 
 BUNDLE_KIND = "optlab-bundle"
-SCHEMA_VERSION = 1
+BUNDLE_SCHEMA_VERSION = 1
 
 TIMESTAMP_FIELDS = ("started_at", "heartbeat_at", "finished_at")
 _UID = re.compile(r"^[0-9a-f]{32}$")

@@ -15,7 +15,7 @@ from optlab._version import __version__
 from optlab.errors import NotFoundError, RefusedError, StoreError
 from optlab.store.bundle import (
     BUNDLE_KIND,
-    SCHEMA_VERSION,
+    BUNDLE_SCHEMA_VERSION,
     ExportResult,
     RunBundle,
     bundle_from_json,
@@ -57,7 +57,7 @@ def write_bundle(path: str | Path, bundles: Sequence[RunBundle], source: str) ->
     path = Path(path)
     header = {
         "kind": BUNDLE_KIND,
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": BUNDLE_SCHEMA_VERSION,
         "created_at": utcnow().isoformat(),
         "optlab_version": __version__,
         "source": masked(source),
@@ -90,11 +90,11 @@ def _header(path: Path, text: str) -> dict[str, Any]:
     version = header.get("schema_version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise _malformed(path, 1, f"schema_version {version!r} is not a positive integer")
-    if version > SCHEMA_VERSION:
+    if version > BUNDLE_SCHEMA_VERSION:
         raise StoreError(
             f"{path} is a run bundle of schema version {version}, written by a newer optlab "
             f"({header.get('optlab_version', 'unknown version')}); this optlab reads up to "
-            f"version {SCHEMA_VERSION}",
+            f"version {BUNDLE_SCHEMA_VERSION}",
             hint="upgrade optlab (pip install -U optlab), then import it again",
         )
     return header
