@@ -2,7 +2,7 @@
 
 A no-op target is driven open-loop at a fixed rate (constant arrivals, default 10,000
 requests/s) with a Collector drained every runner tick, for a short and a long duration (1 and
-5 minutes; ``--smoke``: 5 s and 10 s; ``--long`` adds 15 minutes). Each duration runs in a
+5 minutes; ``--smoke``: 2 s and 4 s; ``--long`` adds 15 minutes). Each duration runs in a
 fresh subprocess, so the runs share no heap and the second does not inherit the first's
 high-water mark. The child samples its RSS with psutil every second and reports the peak, the
 requests completed, and how much RSS grew per million requests.
@@ -185,7 +185,7 @@ def describe(r: ChildResult) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="5 s and 10 s")
+    parser.add_argument("--smoke", action="store_true", help="2 s and 4 s")
     parser.add_argument("--long", action="store_true", help="add the 15-minute run")
     parser.add_argument("--rate", type=float, default=10_000.0, help="requests/s")
     parser.add_argument("--max-in-flight", type=int, default=None, help="open-loop threads")
@@ -195,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(asdict(child(args.child, args.rate, args.max_in_flight))))
         return 0
 
-    durations = [5.0, 10.0] if args.smoke else [60.0, 300.0]
+    durations = [2.0, 4.0] if args.smoke else [60.0, 300.0]
     if args.long:
         durations.append(900.0)
     load1, _, _ = os.getloadavg()
@@ -204,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{load1:.2f}; code: {code_id()}; open loop, constant arrivals, no-op target, "
         f"collector drained every {RUNNER_TICK_S:g} s, RSS sampled every {SAMPLE_S:g} s"
     )
-    calibrate_s = 2.0 if args.smoke else CALIBRATE_S
+    calibrate_s = 1.0 if args.smoke else CALIBRATE_S
     rate = sustained_rate(args.rate, calibrate_s, args.max_in_flight)
     if rate != args.rate:
         print(f"# rate lowered from {args.rate:,.0f}/s to {rate:,.0f}/s: what this machine kept")

@@ -69,9 +69,9 @@ EXPECTED: dict[str, list[str]] = {
         r"CPU [\d.]+ µs/request",
     ],
     "memory.py": [
-        r"^run +5 s +[\d,]+ requests .*peak [\d.]+ MiB",
-        r"^run +10 s +[\d,]+ requests .*peak [\d.]+ MiB",
-        r"^5 s -> 10 s: peak RSS [-+][\d.]+ MiB .*(PASS|MISS|NOT JUDGED.*)$",
+        r"^run +2 s +[\d,]+ requests .*peak [\d.]+ MiB",
+        r"^run +4 s +[\d,]+ requests .*peak [\d.]+ MiB",
+        r"^2 s -> 4 s: peak RSS [-+][\d.]+ MiB .*(PASS|MISS|NOT JUDGED.*)$",
     ],
 }
 
