@@ -288,13 +288,13 @@ SLOW_TARGET = "import time\n\ndef build(knobs):\n    return lambda request: time
 
 @pytest.mark.slow
 def test_live_line_shows_errors_and_timeouts(tmp_path: Path, sqlite_url: str) -> None:
-    from optlab.cli.runs import _status_line
+    from optlab.cli.runs import status_line
     from optlab.run.measurement import LiveStatus
     from optlab.run.runner import RunOptions, run
 
-    line = _status_line(LiveStatus("x", "measure", 3.0, 5.0, 0.0, None, None, 5.0, None, 12, 12))
+    line = status_line(LiveStatus("x", "measure", 3.0, 5.0, 0.0, None, None, 5.0, None, 12, 12))
     assert "QPS 0.0  P50 - ms  P99 - ms  err 12 (timeout 12)" in line
-    assert "err 0  CPU" in _status_line(LiveStatus("x", "measure", 1, 5, 9.0, 1, 2, 5.0, None))
+    assert "err 0  CPU" in status_line(LiveStatus("x", "measure", 1, 5, 9.0, 1, 2, 5.0, None))
 
     # Every request of this target outlives its 100 ms timeout.
     write(tmp_path, "slow_target.py", SLOW_TARGET)
@@ -321,7 +321,7 @@ def test_live_line_shows_errors_and_timeouts(tmp_path: Path, sqlite_url: str) ->
     measuring = [s for s in recorder.statuses if s.phase == "measure"]
     assert measuring and measuring[-1].timeouts > 0  # before: no such field, "QPS 0.0 P50 -"
     assert all(s.errors >= s.timeouts for s in recorder.statuses)
-    assert f"err {measuring[-1].errors} (timeout {measuring[-1].timeouts})" in _status_line(
+    assert f"err {measuring[-1].errors} (timeout {measuring[-1].timeouts})" in status_line(
         measuring[-1]
     )
 

@@ -49,7 +49,7 @@ class PlainProgress:
         if now - self.last < self.every_s:
             return
         self.last = now
-        click.echo(_status_line(status), err=True)
+        click.echo(status_line(status), err=True)
 
     def note(self, text: str) -> None:
         click.echo(text, err=True)
@@ -58,7 +58,7 @@ class PlainProgress:
         return None
 
 
-def _status_line(s: LiveStatus) -> str:
+def status_line(s: LiveStatus) -> str:
     remaining = max(s.planned_s - s.elapsed_s, 0)
     cpu = "-" if s.cpu_pct is None else f"{s.cpu_pct:.0f}%"
     gpu = "n/a" if s.gpu_pct is None else f"{s.gpu_pct:.0f}%"
@@ -87,7 +87,7 @@ class LiveProgress:
         from rich.text import Text
 
         # Text, not a str: "[experiment]" would be read as rich markup and vanish.
-        self.live.update(Text(_status_line(status)))
+        self.live.update(Text(status_line(status)))
 
     def note(self, text: str) -> None:
         self.console.print(text, markup=False, highlight=False)
