@@ -53,7 +53,7 @@ def test_split_is_disjoint_stratified_and_covers_every_index() -> None:
     assert not set(train) & set(holdout)
     assert sorted(train + holdout) == list(range(data.dataset_size()))
     assert 0.18 < len(holdout) / data.dataset_size() < 0.22
-    labels = data._digits()[1]
+    labels = data.digits()[1]
     assert set(Counter(int(labels[i]) for i in holdout).values()) <= set(range(33, 40))
 
 

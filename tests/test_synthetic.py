@@ -67,12 +67,12 @@ def test_fixed_service_time_is_accurate_and_recorded_as_a_stage() -> None:
 
 def test_lognormal_median_is_the_service_time() -> None:
     target = build({"distribution": "lognormal", "service_ms": 2.0, "sigma": 0.5, "seed": 3})
-    draws = [target._service_time() / MS for _ in range(4000)]
+    draws = [target.service_time() / MS for _ in range(4000)]
     assert statistics.median(draws) == pytest.approx(2.0, rel=0.05)
     assert np.std(np.log(draws)) == pytest.approx(0.5, rel=0.1)
     first = build({"distribution": "lognormal", "service_ms": 2.0, "seed": 9})
     again = build({"distribution": "lognormal", "service_ms": 2.0, "seed": 9})
-    assert [first._service_time() for _ in range(10)] == [again._service_time() for _ in range(10)]
+    assert [first.service_time() for _ in range(10)] == [again.service_time() for _ in range(10)]
 
 
 def test_error_rate() -> None:

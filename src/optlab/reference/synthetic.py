@@ -129,13 +129,15 @@ class SyntheticTarget:
             raise RuntimeError("synthetic error (error_rate)")
         return request
 
-    def _service_time(self) -> int:
+    def service_time(self) -> int:
+        """One request's service time in ns: the fixed one, or a seeded lognormal draw whose
+        median is it."""
         if self.knobs.distribution == "fixed" or self._service_ns == 0:
             return self._service_ns
         return round(self._rng.lognormvariate(self._mu, self.knobs.sigma) * 1e6)
 
     def _serve(self) -> None:
-        service = self._service_time()
+        service = self.service_time()
         start = time.perf_counter_ns() - self._t0
         deadline = self._t0 + finish_time(start, service, self._every_ns, self._stall_ns)
         sleep_until(deadline)

@@ -57,7 +57,8 @@ class Sample:
 
 
 @functools.lru_cache(maxsize=1)
-def _digits() -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+def digits() -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+    """scikit-learn's 1,797 digits: 8x8 images in [0, 1] and their labels, read-only, once."""
     # scikit-learn ships no type information.
     from sklearn.datasets import load_digits  # type: ignore[import-untyped]
 
@@ -70,14 +71,14 @@ def _digits() -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
 
 
 def dataset_size() -> int:
-    return int(_digits()[1].shape[0])
+    return int(digits()[1].shape[0])
 
 
 @functools.lru_cache(maxsize=1)
 def _splits() -> tuple[tuple[int, ...], tuple[int, ...]]:
     # Own stratified split rather than sklearn's train_test_split: its shuffling is an
     # implementation detail that may change between releases; numpy's PCG64 stream is stable.
-    labels = _digits()[1]
+    labels = digits()[1]
     rng = np.random.default_rng(_SPLIT_SEED)
     train: list[int] = []
     holdout: list[int] = []
@@ -206,7 +207,7 @@ def render(index: int, *, size: int = 256, seed: int = 0) -> Sample:
     """Sample `index` of the digits as a `size` x `size` JPEG; identical bytes for equal args."""
     from PIL import Image
 
-    images, labels = _digits()
+    images, labels = digits()
     if not 0 <= index < len(labels):
         raise OptlabError(
             f"sample index {index} is out of range",
