@@ -24,7 +24,11 @@ from optlab.reports.format import (
     verdict_label,
     verdict_of,
 )
-from optlab.reports.markdown import PROVISIONAL_NOTE, head_name, row_notes, stage_columns
+from optlab.reports.markdown import (
+    head_name,
+    note_marks,
+    stage_columns,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -94,7 +98,7 @@ def _table(frame: pd.DataFrame) -> tuple[str, list[str]]:
     for row in records(frame):
         verdict = verdict_of(row)
         cells = _figure_cells(row, stages, [c for c, _ in extras])
-        cells.insert(2, _verdict_cell(row, _note_marks(row, notes)))
+        cells.insert(2, _verdict_cell(row, note_marks(row, notes, _note_html)))
         css = verdict.replace(" ", "-") if verdict in ("gain", "regressed", "missing") else ""
         out.append(f'<tr class="{_e(css)}">' + "".join(cells) + "</tr>")
     out.append("</tbody></table></div>")
@@ -140,16 +144,8 @@ def _figure_cells(row: dict[str, Any], stages: list[str], extras: list[str]) -> 
     return cells
 
 
-def _note_marks(row: dict[str, Any], notes: dict[str, int]) -> list[int]:
-    """The numbers of the row's notes, numbering each note not yet in `notes` (text -> number);
-    the PROVISIONAL note is one for every row, the others name their step."""
-    marks = []
-    for note in row_notes(row):
-        key = _e(note)
-        if note != PROVISIONAL_NOTE:
-            key = f"<b>{_e(row.get('experiment'))}</b>: {key}"
-        marks.append(notes.setdefault(key, len(notes) + 1))
-    return marks
+def _note_html(step: Any, note: str) -> str:
+    return _e(note) if step is None else f"<b>{_e(step)}</b>: {_e(note)}"
 
 
 def _verdict_cell(row: dict[str, Any], marks: list[int]) -> str:

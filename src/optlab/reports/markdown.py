@@ -7,7 +7,7 @@ why a step has no row. Every user-supplied string is escaped so that it cannot b
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from optlab.reports.export import as_list, present, records
@@ -80,7 +80,7 @@ def render_markdown(frame: pd.DataFrame) -> str:
     notes: dict[str, int] = {}  # note text -> its number; a shared note is listed once
     for row in records(frame):
         cells = _figure_cells(row, stages, show_accuracy)
-        cells.append(_verdict_cell(row, _note_marks(row, notes)))
+        cells.append(_verdict_cell(row, note_marks(row, notes, _note_text)))
         lines.append("| " + " | ".join(cells) + " |")
 
     lines.append("")
@@ -121,16 +121,21 @@ def _figure_cells(row: dict[str, Any], stages: list[str], show_accuracy: bool) -
     return cells
 
 
-def _note_marks(row: dict[str, Any], notes: dict[str, int]) -> list[int]:
-    """The numbers of the row's notes, numbering each note not yet in `notes` (text -> number);
-    the PROVISIONAL note is one for every row, the others name their step."""
+def note_marks(
+    row: dict[str, Any], notes: dict[str, int], text: Callable[[Any, str], str]
+) -> list[int]:
+    """The numbers of the row's notes, numbering each note not yet in `notes` (its text ->
+    number). The PROVISIONAL note is one for every row; the others name their step:
+    `text(step or None, note)` writes a note in the renderer's markup."""
     marks: list[int] = []
     for note in row_notes(row):
-        text = escape(note)
-        if note != PROVISIONAL_NOTE:
-            text = f"{escape(row.get('experiment'))}: {text}"
-        marks.append(notes.setdefault(text, len(notes) + 1))
+        step = None if note == PROVISIONAL_NOTE else row.get("experiment")
+        marks.append(notes.setdefault(text(step, note), len(notes) + 1))
     return marks
+
+
+def _note_text(step: Any, note: str) -> str:
+    return escape(note) if step is None else f"{escape(step)}: {escape(note)}"
 
 
 def _verdict_cell(row: dict[str, Any], marks: list[int]) -> str:
