@@ -45,7 +45,7 @@ def test_paired_alternates_parent_and_step(synth: Path, invoke: Invoke, sqlite_u
         return [w.p50_ms for w in store.get_windows(run_id, "measure") if w.p50_ms is not None]
 
     def total_p50(run: object) -> float:
-        return float(run.summary.total_p50_ms)  # type: ignore[attr-defined]
+        return float(run.summary.total.p50)  # type: ignore[attr-defined]
 
     step = compare(
         "p50",

@@ -548,7 +548,7 @@ def test_run_lifecycle(store: Store) -> None:
     assert done.reasons == ("duration 5 s is under the 600 s minimum",)
     assert (done.qps, done.warmup_s, done.duration_s) == (240.5, 1.5, 5.0)
     assert done.summary == summary and done.error_message is None
-    assert done.summary.total_p99_ms == 9.4 and done.summary.errors_by_type == {"timeout": 3}
+    assert done.summary.total.p99 == 9.4 and done.summary.errors_by_type == {"timeout": 3}
     assert done.finished_at is not None and done.finished_at >= done.started_at
 
     failed_id = start_run(store, provisional=False, protocol_name="full", repeat=True)
@@ -708,7 +708,7 @@ def test_0006_versions_old_summaries_and_stores_each_figure_once(db_url: str) ->
         assert not {"latency_ms", "errors_by_type", "run_id", "qps", "warmup_s"} & set(stored)
         # The imported run: its own id now; the figures its rows lack stay in its summary.
         assert second.summary is not None and second.summary.run_id == second.id == 2
-        assert second.summary.total_p99_ms == 9.4
+        assert second.summary.total.p99 == 9.4
         assert second.summary.errors_by_type == {"HTTP 500": 3}
         assert {"latency_ms", "errors_by_type"} <= set(stored_summary(store, second.id))
         assert running.summary is None

@@ -55,7 +55,7 @@ def demo(chain: str, out: Path, verbose: bool, wide: bool) -> None:
             verdict = "VALID" if s.valid else "INVALID"
             progress.note(
                 f"  {s.experiment}: {s.status} {verdict}, QPS {s.qps or 0:.1f}, "
-                f"P99 {s.total_p99_ms or 0:.2f} ms"
+                f"P99 {s.total.p99 or 0:.2f} ms"
             )
 
     try:

@@ -326,7 +326,7 @@ def log(ctx: click.Context, experiment: str | None, as_json: bool) -> None:
             name = name[: LOG_NAME_MAX - 1] + "…"
         click.echo(
             f"{r.id:>4}  {name:<{width}}{r.status:<10}{verdict:<22}{_ms(r.qps):>10}"
-            f"{_ms(r.summary.total_p99_ms if r.summary else None):>10}  "
+            f"{_ms(r.summary.total.p99 if r.summary else None):>10}  "
             f"{r.started_at:%Y-%m-%d %H:%M:%S}"
         )
         for reason in r.reasons:

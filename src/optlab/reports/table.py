@@ -149,7 +149,7 @@ def _estimate(run: RunRecord, column: str) -> float | None:
     if column == "qps":
         return run.qps
     s = run.summary
-    value = None if s is None else {"p50_ms": s.total_p50_ms, "p99_ms": s.total_p99_ms}.get(column)
+    value = None if s is None else {"p50_ms": s.total.p50, "p99_ms": s.total.p99}.get(column)
     return None if value is None else float(value)
 
 

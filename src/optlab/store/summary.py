@@ -182,22 +182,6 @@ class RunSummary(_Frozen):
         return self.latency_ms.get("total") or LatencyStats()
 
     @property
-    def total_p50_ms(self) -> float | None:
-        return self.total.p50
-
-    @property
-    def total_p95_ms(self) -> float | None:
-        return self.total.p95
-
-    @property
-    def total_p99_ms(self) -> float | None:
-        return self.total.p99
-
-    @property
-    def total_p999_ms(self) -> float | None:
-        return self.total.p999
-
-    @property
     def stages(self) -> dict[str, LatencyStats]:
         """The target's own stages: every latency series but the total."""
         return {name: stats for name, stats in self.latency_ms.items() if name != "total"}
