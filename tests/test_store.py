@@ -48,7 +48,7 @@ from optlab.store.schema import head_revision
 from tests.legacy import old_experiment
 
 POSTGRES_ENV = "OPTLAB_TEST_POSTGRES_URL"
-HEAD = "0006_versioned_summary"
+HEAD = "0007_sweeps"
 MEASUREMENT_TABLES = {"stage_stats", "run_windows", "resource_samples", "run_errors"}
 CORE_TABLES = {"experiments", "experiment_configs", "environments", "runs"}
 
@@ -383,6 +383,7 @@ def test_migrations_dir_is_the_repository_folder() -> None:
         "0004_run_uid.py",
         "0005_load_and_noise.py",
         "0006_versioned_summary.py",
+        "0007_sweeps.py",
     }
 
 

@@ -72,13 +72,14 @@ def cli(ctx: click.Context, db_url: str | None) -> None:
 
 
 def _register() -> None:
-    from optlab.cli import bundles, db, demo, env, experiments, reports, runs, serve
+    from optlab.cli import bundles, db, demo, env, experiments, reports, runs, serve, sweep
 
     cli.add_command(env.env)
     cli.add_command(experiments.diff)
     cli.add_command(experiments.split)
     cli.add_command(runs.run)
     cli.add_command(runs.log)
+    cli.add_command(sweep.sweep)
     cli.add_command(db.db)
     cli.add_command(demo.demo)
     cli.add_command(serve.serve)

@@ -23,13 +23,23 @@ from optlab.env.compare import material_hash
 from optlab.errors import OptlabError, RefusedError
 from optlab.run.measurement import RunOptions, measure
 from optlab.run.progress import GuardedProgress, LiveStatus, Progress
-from optlab.store import RunRecord, RunSummary, Store
+from optlab.store import RunRecord, RunSummary, Store, SweepLevelTag
 from optlab.targets.identity import code_identity
 from optlab.targets.registry import kind_of
 from optlab.targets.service_env import service_environment
 from optlab.targets.templates import check_environment
 
-__all__ = ["LiveStatus", "Progress", "RunOptions", "RunOutcome", "run"]
+__all__ = [
+    "Context",
+    "LiveStatus",
+    "Progress",
+    "RunOptions",
+    "RunOutcome",
+    "link_code",
+    "measure_level",
+    "open_context",
+    "run",
+]
 
 STALE_HEARTBEAT_S = 60.0
 PID_CLOCK_SLACK_S = 2.0  # process start times are read from /proc in clock ticks
@@ -70,6 +80,72 @@ def _config_and_protocol(
     return config, protocol
 
 
+@dataclass(frozen=True)
+class Context:
+    """What every measurement of one command shares: the chain (baseline first, plans
+    checked), this machine's fingerprint and its material hash."""
+
+    chain: list[Link]
+    fingerprint: dict[str, Any]
+    env_hash: str
+
+
+def open_context(path: Path, store: Store, progress: Progress) -> Context:
+    """Runs left RUNNING by dead processes marked CRASHED, the chain prepared (the
+    one-variable rule), the environment fingerprinted (a command target's interpreter too)."""
+    crashed = store.mark_crashed(STALE_HEARTBEAT_S, pid_alive=process_alive)
+    for run_id in crashed:
+        progress.note(f"run {run_id} was left RUNNING by a process that is gone: marked CRASHED")
+    prepared = prepare(path, store)
+    fingerprint = collect_fingerprint(data_dir=Path.cwd(), repo_dir=path.resolve().parent)
+    chain = prepared.chain
+    # A command target's service runs in an interpreter of its own: part of the environment.
+    service = service_environment(chain[0].stored.config.get("target", {}), _paths(chain[0])[0])
+    if service is not None:
+        fingerprint["service"] = service
+    return Context(chain, fingerprint, material_hash(fingerprint))
+
+
+def link_code(link: Link) -> dict[str, Any]:
+    """The code identity of `link`'s target as it is on disk now."""
+    config = ResolvedConfig.model_validate(link.stored.config)
+    return code_identity(config.target.model_dump(mode="json"), _paths(link))
+
+
+def _preflight(link: Link, config: ResolvedConfig) -> None:
+    # A secret the target needs and the environment lacks: refused before a run row exists.
+    check_environment(config.target, str(link.path or link.name))
+    kind_of(config.target).preflight(config, str(link.path or link.name))
+
+
+def measure_level(
+    store: Store,
+    link: Link,
+    config: ResolvedConfig,
+    protocol: EffectiveProtocol,
+    options: RunOptions,
+    progress: Progress,
+    context: Context,
+    level: SweepLevelTag,
+) -> RunOutcome:
+    """One level of a sweep: `link` measured under `config` (its load set by the sweep) and
+    `protocol`, stored as a run tagged with `level`."""
+    _preflight(link, config)
+    code = link_code(link)
+    run_id = _start_run(
+        store, link, protocol, code, context.fingerprint, context.env_hash, progress, level
+    )
+    measured = measure(store, link, config, protocol, run_id, progress, options, _paths(link))
+    return RunOutcome(
+        run_id,
+        link.name,
+        measured.status,
+        measured.summary,
+        pending=measured.pending,
+        unstored=measured.unstored,
+    )
+
+
 def _measure_link(
     store: Store,
     link: Link,
@@ -83,9 +159,7 @@ def _measure_link(
     config, protocol = _config_and_protocol(link, options)
     paths = _paths(link)
     code = code_identity(config.target.model_dump(mode="json"), paths)
-    # A secret the target needs and the environment lacks: refused before a run row exists.
-    check_environment(config.target, str(link.path or link.name))
-    kind_of(config.target).preflight(config, str(link.path or link.name))
+    _preflight(link, config)
     parent_run = None
     if parent is not None:
         # Refuse before anything expensive: no target is built, no row written.
@@ -130,6 +204,7 @@ def _start_run(
     fingerprint: dict[str, Any],
     env_hash: str,
     progress: Progress,
+    level: SweepLevelTag | None = None,
 ) -> int:
     """The run's row, RUNNING from here on: a failure after this leaves it FAILED."""
     environment_id = store.record_environment(fingerprint, env_hash)
@@ -145,6 +220,7 @@ def _start_run(
         git_commit=git.get("commit"),
         git_dirty=git.get("dirty"),
         repeat=bool(plan is not None and plan.repeat),
+        level=level,
     )
     progress.note(
         f"run {run_id}: {link.name} ({protocol.name} protocol"
@@ -199,17 +275,8 @@ def run(
     """
     _check_counts(options, paired)
     progress = GuardedProgress(progress)
-    crashed = store.mark_crashed(STALE_HEARTBEAT_S, pid_alive=process_alive)
-    for run_id in crashed:
-        progress.note(f"run {run_id} was left RUNNING by a process that is gone: marked CRASHED")
-    prepared = prepare(path, store)
-    fingerprint = collect_fingerprint(data_dir=Path.cwd(), repo_dir=path.resolve().parent)
-    chain = prepared.chain
-    # A command target's service runs in an interpreter of its own: part of the environment.
-    service = service_environment(chain[0].stored.config.get("target", {}), _paths(chain[0])[0])
-    if service is not None:
-        fingerprint["service"] = service
-    env_hash = material_hash(fingerprint)
+    context = open_context(path, store, progress)
+    chain, fingerprint, env_hash = context.chain, context.fingerprint, context.env_hash
     todo, tags = _schedule(store, chain, options, fingerprint, paired)
     outcomes = []
     for (link, parent), tag in zip(todo, tags, strict=True):

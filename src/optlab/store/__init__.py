@@ -18,6 +18,9 @@ from optlab.store.records import (
     SchemaStatus,
     StageStatsRow,
     StoredConfig,
+    SweepLevelRecord,
+    SweepLevelTag,
+    SweepRecord,
     WindowStats,
 )
 from optlab.store.repository import Store
@@ -52,6 +55,9 @@ __all__ = [
     "StageStatsRow",
     "Store",
     "StoredConfig",
+    "SweepLevelRecord",
+    "SweepLevelTag",
+    "SweepRecord",
     "WindowStats",
     "current",
     "default_url",

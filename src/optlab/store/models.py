@@ -352,3 +352,68 @@ class SqlRunError(Base):
     error_type: Mapped[str] = mapped_column(StorableString(200))
     count: Mapped[int] = mapped_column(BigInteger)
     example: Mapped[str | None] = mapped_column(StorableText)
+
+
+SWEEP_MODES = ("open", "closed")
+
+
+class SqlSweep(Base):
+    """One `optlab sweep`: its experiment and stored config, the SLO, how it searched, what it
+    found. Its levels are runs (`sweep_levels`), so every level keeps its histograms,
+    windows, resources and stages."""
+
+    __tablename__ = "sweeps"
+    __table_args__ = (
+        CheckConstraint(_in_list("status", RUN_STATUSES), name="status"),
+        CheckConstraint(_in_list("mode", SWEEP_MODES), name="mode"),
+        Index(None, "experiment_id", "status"),
+        UniqueConstraint("uid"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    uid: Mapped[str] = mapped_column(StorableString(32), default=new_uid)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id"))
+    config_id: Mapped[int] = mapped_column(ForeignKey("experiment_configs.id"))
+    environment_id: Mapped[int | None] = mapped_column(ForeignKey("environments.id"))
+    status: Mapped[str] = mapped_column(StorableString(16))
+    mode: Mapped[str] = mapped_column(StorableString(16))
+    slo_percentile: Mapped[str] = mapped_column(StorableString(16))
+    slo_ms: Mapped[float] = mapped_column(Double)
+    # The protocol each level follows before its own duration factor (the comparison key).
+    protocol_json: Mapped[dict[str, Any]] = mapped_column(JSONText)
+    # The strategy's settings: rates, tolerance, budget.
+    strategy_json: Mapped[dict[str, Any]] = mapped_column(JSONText)
+    code_identity_json: Mapped[dict[str, Any]] = mapped_column(JSONText)
+    hostname: Mapped[str] = mapped_column(StorableString(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    capacity_qps: Mapped[float | None] = mapped_column(Double)
+    result_json: Mapped[dict[str, Any] | None] = mapped_column(JSONText)
+    measured_s: Mapped[float | None] = mapped_column(Double)
+    error_message: Mapped[str | None] = mapped_column(StorableText)
+
+    experiment: Mapped[SqlExperiment] = relationship()
+    config: Mapped[SqlConfig] = relationship()
+
+
+class SqlSweepLevel(Base):
+    """A level of a sweep: the run that measured it, at what load. A run measured by an
+    earlier sweep may be a level of a later one too (reused: same config, protocol,
+    environment and code)."""
+
+    __tablename__ = "sweep_levels"
+    __table_args__ = (
+        UniqueConstraint("sweep_id", "position"),
+        CheckConstraint(_in_list("mode", SWEEP_MODES), name="mode"),
+        Index(None, "run_id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"))
+    position: Mapped[int] = mapped_column(Integer)
+    run_id: Mapped[int] = _run_fk()
+    mode: Mapped[str] = mapped_column(StorableString(16))
+    load: Mapped[float] = mapped_column(Double)  # requests/s (open) or clients (closed)
+    purpose: Mapped[str] = mapped_column(StorableString(32))
+    reused: Mapped[bool] = mapped_column(Boolean)

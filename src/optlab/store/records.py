@@ -205,3 +205,51 @@ class SchemaStatus:
     revision: str | None  # None: an empty database
     head: str
     up_to_date: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SweepLevelTag:
+    """What makes a new run a sweep level: `Store.create_run(level=...)` writes both rows in
+    one transaction, so the run is never seen as an ordinary run of its experiment."""
+
+    sweep_id: int
+    position: int
+    mode: str  # open | closed
+    load: float  # requests/s (open) or clients (closed)
+    purpose: str
+
+
+@dataclass(frozen=True, slots=True)
+class SweepLevelRecord:
+    position: int
+    run_id: int
+    mode: str
+    load: float
+    purpose: str
+    reused: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SweepRecord:
+    id: int
+    uid: str
+    experiment: str
+    config_id: int
+    config_hash: str
+    environment_id: int | None
+    status: str
+    mode: str
+    slo_percentile: str
+    slo_ms: float
+    protocol: dict[str, Any]
+    strategy: dict[str, Any]
+    code_identity: dict[str, Any]
+    hostname: str
+    pid: int
+    started_at: datetime
+    finished_at: datetime | None
+    capacity_qps: float | None
+    result: dict[str, Any] | None
+    measured_s: float | None
+    error_message: str | None
+    levels: tuple[SweepLevelRecord, ...]

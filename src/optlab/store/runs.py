@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, and_, or_, select
+from sqlalchemy import Select, and_, exists, or_, select
 from sqlalchemy.orm import Session
 
 from optlab.errors import NotFoundError
@@ -31,10 +31,18 @@ from optlab.store.models import (
     SqlRun,
     SqlRunError,
     SqlStageStats,
+    SqlSweepLevel,
     new_uid,
     utcnow,
 )
-from optlab.store.records import RunErrorCount, RunFinal, RunRecord, RunStatus, StageStatsRow
+from optlab.store.records import (
+    RunErrorCount,
+    RunFinal,
+    RunRecord,
+    RunStatus,
+    StageStatsRow,
+    SweepLevelTag,
+)
 from optlab.store.summary import LatencyStats
 
 # Runs whose summaries are read in one query each for their series and their errors; a
@@ -150,8 +158,10 @@ class RunsMixin:
         git_commit: str | None,
         git_dirty: bool | None,
         repeat: bool = False,
+        level: SweepLevelTag | None = None,
     ) -> int:
-        """Start a RUNNING run of the experiment's current config by this process."""
+        """Start a RUNNING run of the experiment's current config by this process; with
+        `level`, as that level of a sweep (both rows in one transaction)."""
         with self.session_scope() as session:
             row = experiment_row(session, experiment)
             if row.current_config_id is None:
@@ -178,6 +188,18 @@ class RunsMixin:
             )
             session.add(run)
             session.flush()
+            if level is not None:
+                session.add(
+                    SqlSweepLevel(
+                        sweep_id=level.sweep_id,
+                        position=level.position,
+                        run_id=run.id,
+                        mode=level.mode,
+                        load=level.load,
+                        purpose=level.purpose,
+                        reused=False,
+                    )
+                )
             return run.id
 
     def heartbeat(self, run_id: int) -> None:
@@ -199,6 +221,11 @@ class RunsMixin:
                 [RunErrorCount(e.error_type, e.count) for e in errors],
             )
 
+    def level_run_ids(self) -> set[int]:
+        """Ids of the runs that are sweep levels."""
+        with self.session_scope() as session:
+            return set(session.scalars(select(SqlSweepLevel.run_id)))
+
     def get_run(self, run_id: int) -> RunRecord:
         with self.session_scope() as session:
             found = session.execute(runs_query().where(SqlRun.id == run_id)).one_or_none()
@@ -206,9 +233,12 @@ class RunsMixin:
                 raise NotFoundError(f"run {run_id} does not exist")
             return run_records(session, [found])[0]
 
-    def list_runs(self, experiment: str | None = None) -> list[RunRecord]:
-        """Runs oldest first, of one experiment or of all."""
+    def list_runs(self, experiment: str | None = None, *, levels: bool = False) -> list[RunRecord]:
+        """Runs oldest first, of one experiment or of all. A sweep's levels measure other
+        loads than the experiment's own, so they are left out unless `levels`."""
         query = runs_query().order_by(SqlRun.id)
+        if not levels:
+            query = query.where(~exists().where(SqlSweepLevel.run_id == SqlRun.id))
         if experiment is not None:
             query = query.where(SqlExperiment.name == experiment)
         with self.session_scope() as session:

@@ -1,0 +1,208 @@
+"""A stored sweep as `--json` (docs/sweep-json.md), a terminal table of its levels, and
+markdown.
+
+Everything is read back from the store (the sweep row, its level runs and their windows), so
+`optlab sweep` prints what was stored, and a sweep shown later prints the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from optlab.config.protocol import protocol_label
+from optlab.store import Store, SweepRecord
+from optlab.sweep.levels import level_of
+from optlab.sweep.slo import Slo
+from optlab.sweep.strategy import Level, Mode, Settings, judge
+
+__all__ = [
+    "SWEEP_SCHEMA_VERSION",
+    "LevelRow",
+    "SweepView",
+    "load_sweep",
+    "render_sweep",
+    "render_sweep_markdown",
+    "sweep_json",
+]
+
+SWEEP_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class LevelRow:
+    position: int
+    purpose: str
+    reused: bool
+    level: Level
+    limit: str | None  # None: met the SLO and the target kept up
+
+    @property
+    def meets_slo(self) -> bool:
+        return self.limit is None
+
+
+@dataclass(frozen=True)
+class SweepView:
+    record: SweepRecord
+    slo: Slo
+    levels: tuple[LevelRow, ...]
+
+    @property
+    def result(self) -> dict[str, Any]:
+        return self.record.result or {}
+
+
+def load_sweep(store: Store, sweep_id: int) -> SweepView:
+    record = store.get_sweep(sweep_id)
+    slo = Slo(record.slo_percentile, record.slo_ms)
+    settings = Settings(
+        mode="closed" if record.mode == "closed" else "open",
+        slo=slo,
+        max_error_rate=float(record.protocol.get("max_error_rate", 0.01)),
+    )
+    rows = []
+    for lv in record.levels:
+        run = store.get_run(lv.run_id)
+        mode: Mode = "closed" if lv.mode == "closed" else "open"
+        level = level_of(run, store.get_windows(run.id, "measure"), mode, lv.load, slo)
+        rows.append(LevelRow(lv.position, lv.purpose, lv.reused, level, judge(level, settings)))
+    return SweepView(record, slo, tuple(rows))
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def sweep_json(view: SweepView) -> dict[str, Any]:
+    """The `optlab sweep --json` object (docs/sweep-json.md)."""
+    r, result = view.record, view.result
+    interval = result.get("capacity_interval")
+    return {
+        "schema_version": SWEEP_SCHEMA_VERSION,
+        "sweep_id": r.id,
+        "experiment": r.experiment,
+        "status": r.status,
+        "slo": {"percentile": view.slo.percentile, "ms": view.slo.ms},
+        "mode": r.mode,
+        "capacity_qps": _round(result.get("capacity_qps")),
+        "capacity_interval": [_round(v) for v in interval] if interval else None,
+        "knee_qps": _round(result.get("knee_qps")),
+        "knee_clients": result.get("knee_clients"),
+        "limited_by": result.get("limited_by"),
+        "message": result.get("message"),
+        "method": result.get("method"),
+        "notes": list(result.get("notes") or []),
+        "protocol": protocol_label(r.protocol),
+        "levels": [
+            {
+                "run_id": row.level.run_id,
+                "offered_qps": _round(row.level.offered_qps),
+                "concurrency": int(row.level.load) if row.level.mode == "closed" else None,
+                "achieved_qps": _round(row.level.achieved_qps),
+                "p50_ms": _round(row.level.p50_ms),
+                "p99_ms": _round(row.level.p99_ms),
+                "error_rate": _round(row.level.error_rate, 6),
+                "valid": row.level.valid,
+                "meets_slo": row.meets_slo,
+                "limit": row.limit,
+                "purpose": row.purpose,
+                "reused": row.reused,
+            }
+            for row in view.levels
+        ],
+        "measured_s": _round(r.measured_s, 1),
+        "error": r.error_message,
+    }
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.2f}"
+
+
+def _qps(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def _load(row: LevelRow) -> str:
+    lv = row.level
+    return f"{int(lv.load)} cl" if lv.mode == "closed" else f"{lv.load:,.1f}/s"
+
+
+def _verdict(row: LevelRow) -> str:
+    if row.limit is None:
+        return "meets"
+    return {"slo": "over SLO", "invalid": "INVALID"}.get(row.limit, row.limit)
+
+
+_HEADERS = ("#", "load", "achieved/s", "P50 ms", "P99 ms", "err %", "run", "verdict")
+
+
+def _rows(view: SweepView) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    for row in view.levels:
+        lv = row.level
+        rows.append(
+            (
+                str(row.position),
+                _load(row),
+                _qps(lv.achieved_qps),
+                _ms(lv.p50_ms),
+                _ms(lv.p99_ms),
+                f"{lv.error_rate * 100:.2f}",
+                f"{lv.run_id}{'*' if row.reused else ''}",
+                _verdict(row) + ("" if lv.valid or row.limit == "invalid" else " (INVALID)"),
+            )
+        )
+    return rows
+
+
+def _headline(view: SweepView) -> list[str]:
+    r, result = view.record, view.result
+    lines = [
+        f"sweep {r.id} {r.experiment}: {r.status}, {r.mode} loop, {view.slo.label}, "
+        f"{protocol_label(r.protocol)}; {r.measured_s or 0:.0f} s measured",
+        str(result.get("message") or "no result"),
+    ]
+    if result.get("knee_qps") is not None:
+        clients = result.get("knee_clients")
+        lines.append(
+            f"knee at {result['knee_qps']:,.1f}/s"
+            + (f" ({clients} clients)" if clients else "")
+            + " (Kneedle on latency against throughput)"
+        )
+    lines.extend(f"note: {note}" for note in result.get("notes") or [])
+    if r.error_message:
+        lines.append(f"error: {r.error_message}")
+    return lines
+
+
+def render_sweep(view: SweepView) -> str:
+    """The levels as a plain table (under 100 columns) below the sweep's answer."""
+    rows = _rows(view)
+    widths = [
+        max(len(h), *(len(row[i]) for row in rows)) if rows else len(h)
+        for i, h in enumerate(_HEADERS)
+    ]
+    right = {1, 2, 3, 4, 5, 6}
+
+    def line(cells: tuple[str, ...]) -> str:
+        return "  ".join(
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(cells)
+        ).rstrip()
+
+    out = _headline(view) + ["", line(_HEADERS)]
+    out += [line(row) for row in rows]
+    if any(row.reused for row in view.levels):
+        out.append("* reused from an earlier sweep (same config, protocol, environment, code)")
+    return "\n".join(out)
+
+
+def render_sweep_markdown(view: SweepView) -> str:
+    """GitHub markdown: the answer, then the levels."""
+    out = [f"### Sweep {view.record.id}: {view.record.experiment}", ""]
+    out += [f"- {line}" for line in _headline(view)[1:]]
+    out += ["", "| " + " | ".join(_HEADERS) + " |", "|" + "---|" * len(_HEADERS)]
+    out += ["| " + " | ".join(row) + " |" for row in _rows(view)]
+    return "\n".join(out) + "\n"

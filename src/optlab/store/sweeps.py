@@ -1,0 +1,192 @@
+"""Sweeps in the database: created RUNNING, a level added per measured (or reused) run,
+finished once with the result; read back with their levels.
+
+`Store` methods (a mixin, like `RunsMixin`); they rely only on its `session_scope`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from optlab.errors import NotFoundError
+from optlab.store.models import (
+    SqlConfig,
+    SqlExperiment,
+    SqlSweep,
+    SqlSweepLevel,
+    new_uid,
+    utcnow,
+)
+from optlab.store.records import RunStatus, SweepLevelRecord, SweepRecord
+from optlab.store.runs import experiment_row
+
+__all__ = ["SweepsMixin"]
+
+
+def _record(session: Session, row: SqlSweep, experiment: str, config_hash: str) -> SweepRecord:
+    levels = session.scalars(
+        select(SqlSweepLevel)
+        .where(SqlSweepLevel.sweep_id == row.id)
+        .order_by(SqlSweepLevel.position)
+    )
+    return SweepRecord(
+        id=row.id,
+        uid=row.uid,
+        experiment=experiment,
+        config_id=row.config_id,
+        config_hash=config_hash,
+        environment_id=row.environment_id,
+        status=row.status,
+        mode=row.mode,
+        slo_percentile=row.slo_percentile,
+        slo_ms=row.slo_ms,
+        protocol=row.protocol_json,
+        strategy=row.strategy_json,
+        code_identity=row.code_identity_json,
+        hostname=row.hostname,
+        pid=row.pid,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        capacity_qps=row.capacity_qps,
+        result=row.result_json,
+        measured_s=row.measured_s,
+        error_message=row.error_message,
+        levels=tuple(
+            SweepLevelRecord(lv.position, lv.run_id, lv.mode, lv.load, lv.purpose, lv.reused)
+            for lv in levels
+        ),
+    )
+
+
+def _query() -> Any:
+    return (
+        select(SqlSweep, SqlExperiment.name, SqlConfig.config_hash)
+        .join(SqlSweep.experiment)
+        .join(SqlSweep.config)
+    )
+
+
+class SweepsMixin:
+    """Sweep lifecycle methods of `Store`."""
+
+    def session_scope(self) -> AbstractContextManager[Session]:
+        raise NotImplementedError
+
+    def create_sweep(
+        self,
+        *,
+        experiment: str,
+        mode: str,
+        slo_percentile: str,
+        slo_ms: float,
+        protocol: dict[str, Any],
+        strategy: dict[str, Any],
+        environment_id: int | None,
+        code_identity: dict[str, Any],
+    ) -> int:
+        """A RUNNING sweep of the experiment's current config by this process."""
+        with self.session_scope() as session:
+            row = experiment_row(session, experiment)
+            if row.current_config_id is None:
+                raise NotFoundError(f"experiment {experiment!r} has no stored config")
+            sweep = SqlSweep(
+                uid=new_uid(),
+                experiment_id=row.id,
+                config_id=row.current_config_id,
+                environment_id=environment_id,
+                status=RunStatus.RUNNING.value,
+                mode=mode,
+                slo_percentile=slo_percentile,
+                slo_ms=slo_ms,
+                protocol_json=protocol,
+                strategy_json=strategy,
+                code_identity_json=code_identity,
+                hostname=socket.gethostname(),
+                pid=os.getpid(),
+                started_at=utcnow(),
+            )
+            session.add(sweep)
+            session.flush()
+            return sweep.id
+
+    def add_sweep_level(
+        self, sweep_id: int, position: int, run_id: int, mode: str, load: float, purpose: str
+    ) -> None:
+        """A run measured by an earlier sweep, reused as a level of this one."""
+        with self.session_scope() as session:
+            session.add(
+                SqlSweepLevel(
+                    sweep_id=sweep_id,
+                    position=position,
+                    run_id=run_id,
+                    mode=mode,
+                    load=load,
+                    purpose=purpose,
+                    reused=True,
+                )
+            )
+
+    def finish_sweep(
+        self,
+        sweep_id: int,
+        *,
+        status: str,
+        result: dict[str, Any] | None,
+        capacity_qps: float | None,
+        measured_s: float,
+        error: str | None = None,
+    ) -> None:
+        with self.session_scope() as session:
+            sweep = session.get(SqlSweep, sweep_id)
+            if sweep is None:
+                raise NotFoundError(f"sweep {sweep_id} does not exist")
+            sweep.status = status
+            sweep.result_json = result
+            sweep.capacity_qps = capacity_qps
+            sweep.measured_s = measured_s
+            sweep.error_message = error
+            sweep.finished_at = utcnow()
+
+    def get_sweep(self, sweep_id: int) -> SweepRecord:
+        with self.session_scope() as session:
+            found = session.execute(_query().where(SqlSweep.id == sweep_id)).one_or_none()
+            if found is None:
+                raise NotFoundError(
+                    f"sweep {sweep_id} does not exist",
+                    hint="list the sweeps with `optlab sweeps`",
+                )
+            return _record(session, *found)
+
+    def list_sweeps(self, experiment: str | None = None) -> list[SweepRecord]:
+        """Sweeps oldest first, of one experiment or of all."""
+        query = _query().order_by(SqlSweep.id)
+        if experiment is not None:
+            query = query.where(SqlExperiment.name == experiment)
+        with self.session_scope() as session:
+            return [_record(session, *found) for found in session.execute(query).all()]
+
+    def mark_sweeps_crashed(self, pid_alive: Callable[[int, datetime], bool]) -> list[int]:
+        """RUNNING sweeps of this host whose process is gone become CRASHED (their finished
+        levels stay, and a later sweep reuses them)."""
+        host = socket.gethostname()
+        query = select(SqlSweep).where(SqlSweep.status == RunStatus.RUNNING.value)
+        with self.session_scope() as session:
+            crashed = []
+            for sweep in session.scalars(query):
+                if sweep.hostname != host or sweep.pid == os.getpid():
+                    continue
+                if pid_alive(sweep.pid, sweep.started_at):
+                    continue
+                sweep.status = RunStatus.CRASHED.value
+                sweep.finished_at = utcnow()
+                sweep.error_message = f"pid {sweep.pid} on {host} is gone"
+                crashed.append(sweep.id)
+            return crashed

@@ -1,0 +1,349 @@
+"""`optlab sweep`: measure level after level as the strategy asks, store each level as a run
+of the sweep, and the sweep's result.
+
+Each level is a normal run (warmup, measurement, validity verdict, histograms, windows,
+resources) of the experiment with its load set by the sweep. A level that an earlier sweep of
+the same config measured under the same protocol, environment and code is reused instead of
+measured again. Ctrl-C ends the level in progress KILLED (as `optlab run` does), keeps the
+finished levels, and marks the sweep KILLED with what they say.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from optlab.chain.lineage import Link
+from optlab.config.models import ClosedLoad, OpenLoad, ResolvedConfig
+from optlab.config.protocol import EffectiveProtocol, effective_protocol
+from optlab.env.compare import compare_fingerprints
+from optlab.errors import OptlabError
+from optlab.run.measurement import RunOptions
+from optlab.run.progress import GuardedProgress, Progress
+from optlab.run.runner import Context, link_code, measure_level, open_context, process_alive
+from optlab.run.validity import P99_MIN_QUERIES
+from optlab.store import RunRecord, Store, SweepLevelTag
+from optlab.sweep.levels import level_of
+from optlab.sweep.slo import Slo
+from optlab.sweep.strategy import Level, Mode, Probe, Result, Settings, conclude, next_probe
+
+__all__ = ["SweepOptions", "SweepOutcome", "sweep"]
+
+# A level gets this many more requests than the P99 bound needs, so that one it measures at
+# the planned rate is not INVALID for a handful of queries.
+QUERY_MARGIN = 1.1
+FULL_MAX_LEVEL_S = 900.0
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    slo: Slo
+    mode: Mode = "open"
+    quick: bool = False
+    level_duration_s: float | None = None
+    min_rate: float | None = None
+    max_rate: float | None = None
+    tolerance: float = 0.05
+    budget_s: float | None = None
+    chain: bool = False
+
+    def settings(self, max_error_rate: float) -> Settings:
+        return Settings(
+            mode=self.mode,
+            slo=self.slo,
+            min_rate=self.min_rate,
+            max_rate=self.max_rate,
+            tolerance=self.tolerance,
+            budget_s=self.budget_s,
+            max_error_rate=max_error_rate,
+        )
+
+    def strategy(self) -> dict[str, Any]:
+        """What is stored as the sweep's strategy: how it searched."""
+        return {
+            "min_rate": self.min_rate,
+            "max_rate": self.max_rate,
+            "tolerance": self.tolerance,
+            "budget_s": self.budget_s,
+            "level_duration_s": self.level_duration_s,
+        }
+
+
+@dataclass
+class SweepOutcome:
+    sweep_id: int
+    experiment: str
+    status: str  # FINISHED, KILLED, FAILED
+    mode: Mode
+    slo: Slo
+    result: Result
+    levels: list[Level]
+    runs: list[int]  # each level's run id, in order
+    reused: list[bool]
+    measured_s: float
+    error: str | None = None
+
+
+def check_options(options: SweepOptions) -> None:
+    low, high = options.min_rate, options.max_rate
+    unit = "requests/s" if options.mode == "open" else "clients"
+    for name, value in (("--min-rate", low), ("--max-rate", high)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise OptlabError(f"{name} {value:g} must be a positive number of {unit}")
+    if low is not None and high is not None and high < low:
+        raise OptlabError(
+            f"--max-rate {high:g} is below --min-rate {low:g}",
+            hint="give a range that goes up: --min-rate LOW --max-rate HIGH",
+        )
+    if not 0 < options.tolerance < 1:
+        raise OptlabError(
+            f"--tolerance {options.tolerance:.0%} must be between 0% and 100%",
+            hint="the default, 5%, stops when the bracket is within 5% of the capacity",
+        )
+    if options.budget_s is not None and options.budget_s <= 0:
+        raise OptlabError("--budget-s must be positive", hint="leave it out for no limit")
+
+
+def base_protocol(config: ResolvedConfig, options: SweepOptions) -> EffectiveProtocol:
+    """The protocol every level follows before its duration is sized."""
+    return effective_protocol(
+        config.protocol, quick=options.quick, duration_s=options.level_duration_s
+    )
+
+
+def _level_protocol(
+    base: EffectiveProtocol, probe: Probe, expected_qps: float | None
+) -> EffectiveProtocol:
+    """`base` with the measured phase sized for the probe: its duration factor, and long
+    enough that the rate expected gives the queries a P99 needs."""
+    duration = base.duration_s * probe.duration_factor
+    if expected_qps:
+        duration = max(duration, QUERY_MARGIN * P99_MIN_QUERIES / expected_qps)
+    cap = FULL_MAX_LEVEL_S if base.name == "full" else max(base.duration_s * 12, 60.0)
+    duration = min(round(duration, 3), max(cap, base.duration_s))
+    return dataclasses.replace(base, duration_s=duration)
+
+
+def _expected_qps(probe: Probe, levels: list[Level]) -> float | None:
+    """The rate a level will see: the probe's own in the open loop; in the closed loop, the
+    nearest measured client count's throughput scaled by the clients (none for the first)."""
+    if probe.mode == "open":
+        return probe.load
+    measured = [lv for lv in levels if lv.mode == "closed" and lv.achieved_qps]
+    if not measured:
+        return None
+    nearest = min(measured, key=lambda lv: abs(lv.load - probe.load))
+    return (nearest.achieved_qps or 0.0) * min(probe.load / nearest.load, 1.0)
+
+
+def level_config(config: ResolvedConfig, probe: Probe) -> ResolvedConfig:
+    """The experiment's config with the sweep's load: `probe.load` clients, or that rate
+    with the experiment's arrival process and in-flight limit when it has an open loop."""
+    current = config.workload.load
+    load: ClosedLoad | OpenLoad
+    if probe.mode == "closed":
+        load = ClosedLoad(mode="closed", concurrency=int(probe.load), processes=current.processes)
+    else:
+        extra: dict[str, Any] = {}
+        if isinstance(current, OpenLoad):
+            extra = {"arrival": current.arrival, "max_in_flight": current.max_in_flight}
+        load = OpenLoad(mode="open", rate=probe.load, processes=current.processes, **extra)
+    workload = config.workload.model_copy(update={"load": load})
+    return config.model_copy(update={"workload": workload})
+
+
+class _Sweep:
+    """One experiment's sweep: the loop of probes, reuse, storing."""
+
+    def __init__(
+        self,
+        store: Store,
+        link: Link,
+        options: SweepOptions,
+        progress: Progress,
+        context: Context,
+        on_level: Callable[[SweepOutcome], None] | None,
+    ) -> None:
+        self.store, self.link, self.options, self.progress = store, link, options, progress
+        self.context = context
+        self.on_level = on_level
+        self.config = ResolvedConfig.model_validate(link.stored.config)
+        self.base = base_protocol(self.config, options)
+        self.settings = options.settings(self.base.max_error_rate)
+        self.code = link_code(link)
+        environment_id = store.record_environment(context.fingerprint, context.env_hash)
+        self.sweep_id = store.create_sweep(
+            experiment=link.name,
+            mode=options.mode,
+            slo_percentile=options.slo.percentile,
+            slo_ms=options.slo.ms,
+            protocol=self.base.as_dict(),
+            strategy=options.strategy(),
+            environment_id=environment_id,
+            code_identity=self.code,
+        )
+        self.outcome = SweepOutcome(
+            self.sweep_id,
+            link.name,
+            "RUNNING",
+            options.mode,
+            options.slo,
+            conclude([], self.settings),
+            [],
+            [],
+            [],
+            0.0,
+        )
+        self.reusable = self._reusable()
+
+    def _reusable(self) -> dict[tuple[str, float, str], RunRecord]:
+        """Finished, valid levels of earlier sweeps of this config that this sweep may use:
+        same protocol (duration included), environment and code."""
+        found: dict[tuple[str, float, str], RunRecord] = {}
+        for sweep in self.store.list_sweeps(self.link.name):
+            if sweep.config_hash != self.link.stored.config_hash:
+                continue
+            for lv in sweep.levels:
+                run = self.store.get_run(lv.run_id)
+                if run.status != "FINISHED" or not run.valid or run.code_identity != self.code:
+                    continue
+                if run.environment_id is None:
+                    continue
+                env = self.store.get_environment(run.environment_id)
+                if not compare_fingerprints(env.fingerprint, self.context.fingerprint).comparable:
+                    continue
+                key = (lv.mode, round(lv.load, 6), _protocol_key(run.protocol))
+                found.setdefault(key, run)
+        return found
+
+    def run(self) -> SweepOutcome:
+        try:
+            while (probe := next_probe(self.outcome.levels, self.settings)) is not None:
+                status = self._level(probe)
+                if status == "KILLED":
+                    return self._finish("KILLED")
+        except KeyboardInterrupt:
+            self._finish("KILLED")
+            raise
+        except Exception as exc:
+            self._finish("FAILED", error=f"{type(exc).__name__}: {exc}")
+            raise
+        failed = [lv for lv in self.outcome.levels if lv.failed is not None]
+        if failed and len(failed) == len(self.outcome.levels):
+            return self._finish("FAILED", error=failed[-1].failed)
+        return self._finish("FINISHED")
+
+    def _level(self, probe: Probe) -> str:
+        position = len(self.outcome.levels)
+        protocol = _level_protocol(self.base, probe, _expected_qps(probe, self.outcome.levels))
+        key = (probe.mode, round(probe.load, 6), _protocol_key(protocol.as_dict()))
+        reused = self.reusable.get(key)
+        if reused is not None:
+            self.store.add_sweep_level(
+                self.sweep_id, position, reused.id, probe.mode, probe.load, probe.purpose
+            )
+            self.progress.note(
+                f"sweep {self.sweep_id} level {position}: {_describe(probe)} ({probe.purpose}): "
+                f"reusing run {reused.id}"
+            )
+            return self._add(probe, reused, True)
+        self.progress.note(
+            f"sweep {self.sweep_id} level {position}: {_describe(probe)} ({probe.purpose})"
+        )
+        tag = SweepLevelTag(self.sweep_id, position, probe.mode, probe.load, probe.purpose)
+        outcome = measure_level(
+            self.store,
+            self.link,
+            level_config(self.config, probe),
+            protocol,
+            RunOptions(quick=self.options.quick),
+            self.progress,
+            self.context,
+            tag,
+        )
+        if outcome.status == "KILLED":
+            return "KILLED"
+        return self._add(probe, self.store.get_run(outcome.run_id), False)
+
+    def _add(self, probe: Probe, record: RunRecord, reused: bool) -> str:
+        windows = self.store.get_windows(record.id, "measure")
+        level = level_of(record, windows, probe.mode, probe.load, self.options.slo)
+        out = self.outcome
+        out.levels.append(level)
+        out.runs.append(record.id)
+        out.reused.append(reused)
+        out.measured_s += 0.0 if reused else level.measured_s
+        out.result = conclude(out.levels, self.settings)
+        if self.on_level is not None:
+            self.on_level(out)
+        return record.status
+
+    def _finish(self, status: str, error: str | None = None) -> SweepOutcome:
+        out = self.outcome
+        out.status = status
+        out.error = error
+        out.result = conclude(out.levels, self.settings)
+        self.store.finish_sweep(
+            self.sweep_id,
+            status=status,
+            result=result_json(out.result),
+            capacity_qps=out.result.capacity_qps,
+            measured_s=out.measured_s,
+            error=error,
+        )
+        return out
+
+
+def result_json(result: Result) -> dict[str, Any]:
+    """A sweep's result as stored."""
+    return {
+        "capacity_qps": result.capacity_qps,
+        "capacity_interval": list(result.interval) if result.interval else None,
+        "knee_qps": result.knee_qps,
+        "knee_clients": result.knee_clients,
+        "limited_by": result.limited_by,
+        "message": result.message,
+        "method": result.method,
+        "notes": list(result.notes),
+    }
+
+
+def _protocol_key(protocol: dict[str, Any]) -> str:
+    keep = {k: v for k, v in sorted(protocol.items()) if k != "provisional"}
+    return repr(keep)
+
+
+def _describe(probe: Probe) -> str:
+    if probe.mode == "closed":
+        return f"{int(probe.load)} client{'s' if probe.load != 1 else ''}"
+    return f"{probe.load:,.1f} requests/s"
+
+
+def sweep(
+    path: Any,
+    store: Store,
+    options: SweepOptions,
+    progress: Progress,
+    on_level: Callable[[SweepOutcome], None] | None = None,
+    on_sweep: Callable[[SweepOutcome], None] | None = None,
+) -> list[SweepOutcome]:
+    """Sweep the experiment at `path` (with `options.chain`, every experiment of its chain,
+    baseline first); each sweep is stored as it goes."""
+    check_options(options)
+    progress = GuardedProgress(progress)
+    for sweep_id in store.mark_sweeps_crashed(process_alive):
+        progress.note(f"sweep {sweep_id} was left RUNNING by a process that is gone: CRASHED")
+    context = open_context(path, store, progress)
+    links = context.chain if options.chain else [context.chain[-1]]
+    outcomes = []
+    for link in links:
+        outcome = _Sweep(store, link, options, progress, context, on_level).run()
+        outcomes.append(outcome)
+        if on_sweep is not None:
+            on_sweep(outcome)
+        if outcome.status == "KILLED":
+            break
+    return outcomes
