@@ -28,6 +28,7 @@ from optlab.config.models import (
     HttpInputs,
     StepFile,
 )
+from optlab.reports.sweep_json import SweepDocument
 from optlab.reports.table_json import TableDocument
 from optlab.store.summary import RunSummary
 from optlab.targets.registry import kind_of
@@ -120,12 +121,18 @@ def table_schema() -> dict[str, Any]:
     return schema
 
 
+def sweep_schema() -> dict[str, Any]:
+    schema, _ = _with_defs(SweepDocument)
+    return schema
+
+
 def schemas() -> dict[str, dict[str, Any]]:
     """File name -> schema, each with its dialect first."""
     found = {
         "experiment.schema.json": experiment_schema(),
         "run-summary.schema.json": run_summary_schema(),
         "table.schema.json": table_schema(),
+        "sweep.schema.json": sweep_schema(),
     }
     return {name: {"$schema": DIALECT, **schema} for name, schema in found.items()}
 

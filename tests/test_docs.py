@@ -39,6 +39,7 @@ EXAMPLES = {
     ("experiment-files.md", "yaml"): "experiment",
     ("run-json.md", "json"): "run-summary",
     ("table-json.md", "json"): "table",
+    ("sweep-json.md", "json"): "sweep",
 }
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 
