@@ -1,5 +1,10 @@
 """A synthetic service with a known service time: the ground truth for tests and benchmarks.
 
+With ``servers`` (or ``single_server``) set it is an exact FCFS c-server queue: under Poisson
+arrivals an M/M/c, M/D/c or M/G/c queue (exponential, fixed, lognormal service) whose sojourn
+law and capacity :mod:`optlab.reference.queueing` computes. Without, every caller is served at
+once: no queue.
+
 Stalls freeze the server: service time only accrues outside the stall windows
 ``[k * stall_every, k * stall_every + stall)`` for k = 1, 2, ... (seconds from construction),
 so a request in service or waiting when a stall begins is held until it ends, like a
@@ -9,6 +14,7 @@ queue with the same stalls gives, which is what an honest open-loop measurement 
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 import threading
@@ -33,10 +39,21 @@ DEFAULT_INPUTS = 64
 class SyntheticKnobs(StrictModel):
     """Knobs of the synthetic target."""
 
-    distribution: Literal["fixed", "lognormal"] = "fixed"
-    service_ms: float = Field(1.0, ge=0, le=60_000, description="fixed time, or the median")
+    distribution: Literal["fixed", "lognormal", "exponential"] = "fixed"
+    service_ms: float = Field(
+        1.0,
+        ge=0,
+        le=60_000,
+        description="fixed time, the lognormal median, or the exponential mean",
+    )
     sigma: float = Field(0.5, ge=0, le=5, description="lognormal shape")
-    single_server: bool = Field(False, description="one request at a time: requests queue")
+    single_server: bool = Field(False, description="one request at a time: servers: 1")
+    servers: int | None = Field(
+        None,
+        ge=1,
+        le=4096,
+        description="FCFS servers: requests queue when all are busy; null: no queue at all",
+    )
     stall_every_s: float | None = Field(None, gt=0, description="a stall every this many s")
     stall_ms: float = Field(0.0, ge=0, description="how long each stall freezes the server")
     error_rate: float = Field(0.0, ge=0, le=1, description="fraction raising RuntimeError")
@@ -50,6 +67,20 @@ class SyntheticKnobs(StrictModel):
                 f"({self.stall_every_s:g} s): the server would never run"
             )
         return self
+
+    @model_validator(mode="after")
+    def _one_server_count(self) -> SyntheticKnobs:
+        if self.single_server and self.servers not in (None, 1):
+            raise ValueError(
+                f"single_server: true means servers: 1, but servers is {self.servers}: "
+                "set one of the two knobs"
+            )
+        return self
+
+    @property
+    def queue_servers(self) -> int | None:
+        """How many FCFS servers the target has; None: unlimited, nobody queues."""
+        return 1 if self.single_server else self.servers
 
 
 def _stalled_before(t: int, every: int, stall: int) -> int:
@@ -94,7 +125,16 @@ def simulate_open_loop(
 
 
 class SyntheticTarget:
-    """callable(request) -> request after the configured service time; thread-safe."""
+    """callable(request) -> request after the configured service time; thread-safe.
+
+    With a finite number of servers, each call is scheduled on arrival, under one short lock:
+    it takes the server that frees first (a heap of their free times), begins when that server
+    frees or at once, and is done when its service (stall-aware) runs out. The caller then
+    sleeps to those instants. Threads waiting on a Lock or Semaphore are woken in no set order,
+    so a queue built from one would serve out of order; scheduling at arrival makes the queue
+    FCFS whatever order the threads are woken in, and a late wake-up delays only its own
+    request, never the ones behind it.
+    """
 
     def __init__(self, knobs: SyntheticKnobs) -> None:
         self.knobs = knobs
@@ -106,7 +146,10 @@ class SyntheticTarget:
         # gauss()'s cached state), so one generator serves every thread.
         self._rng = random.Random(knobs.seed)
         self._mu = math.log(knobs.service_ms) if knobs.service_ms > 0 else -math.inf
-        self._lock = threading.Lock() if knobs.single_server else None
+        servers = knobs.queue_servers
+        # The servers' free times, ns from t0; None: unlimited servers, nobody queues.
+        self._free: list[int] | None = None if servers is None else [0] * servers
+        self._lock = threading.Lock()
 
     @property
     def t0_ns(self) -> int:
@@ -114,27 +157,40 @@ class SyntheticTarget:
         return self._t0
 
     def __call__(self, request: Any) -> Any:
-        if self._lock is None:
+        if self._free is None:
             with stage("service"):
                 self._serve()
         else:
+            begin, done = self._schedule()
             with stage("queue"):
-                self._lock.acquire()
-            try:
-                with stage("service"):
-                    self._serve()
-            finally:
-                self._lock.release()
+                sleep_until(self._t0 + begin)
+            with stage("service"):
+                sleep_until(self._t0 + done)
         if self.knobs.error_rate and self._rng.random() < self.knobs.error_rate:
             raise RuntimeError("synthetic error (error_rate)")
         return request
 
     def service_time(self) -> int:
-        """One request's service time in ns: the fixed one, or a seeded lognormal draw whose
-        median is it."""
+        """One request's service time in ns: the fixed one, or a seeded draw: lognormal with
+        ``service_ms`` as its median, or exponential with it as its mean."""
         if self.knobs.distribution == "fixed" or self._service_ns == 0:
             return self._service_ns
+        if self.knobs.distribution == "exponential":
+            return round(self._rng.expovariate(1.0) * self._service_ns)
         return round(self._rng.lognormvariate(self._mu, self.knobs.sigma) * 1e6)
+
+    def _schedule(self) -> tuple[int, int]:
+        """This arrival's (begin, done) in ns from t0 on the server that frees first."""
+        free = self._free
+        assert free is not None
+        with self._lock:
+            # Arrival, the service draw and the heap update under one lock: arrivals are
+            # ordered by when they took it, and the seeded draws go out in that order.
+            arrival = time.perf_counter_ns() - self._t0
+            begin = max(arrival, free[0])
+            done = finish_time(begin, self.service_time(), self._every_ns, self._stall_ns)
+            heapq.heapreplace(free, done)
+        return begin, done
 
     def _serve(self) -> None:
         service = self.service_time()
