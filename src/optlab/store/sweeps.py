@@ -134,6 +134,18 @@ class SweepsMixin:
                 )
             )
 
+    def relabel_level(self, sweep_id: int, position: int, purpose: str) -> None:
+        """Say after the fact why a level was measured (a level too short to count)."""
+        with self.session_scope() as session:
+            row = session.scalar(
+                select(SqlSweepLevel).where(
+                    SqlSweepLevel.sweep_id == sweep_id, SqlSweepLevel.position == position
+                )
+            )
+            if row is None:
+                raise NotFoundError(f"sweep {sweep_id} has no level {position}")
+            row.purpose = purpose
+
     def finish_sweep(
         self,
         sweep_id: int,

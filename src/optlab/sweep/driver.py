@@ -35,6 +35,7 @@ __all__ = ["SweepOptions", "SweepOutcome", "sweep"]
 # A level gets this many more requests than the P99 bound needs, so that one it measures at
 # the planned rate is not INVALID for a handful of queries.
 QUERY_MARGIN = 1.1
+SIZING = "sizing"  # a level too short to count, measured again at the length its rate needs
 FULL_MAX_LEVEL_S = 900.0
 
 
@@ -127,6 +128,17 @@ def _level_protocol(
     return dataclasses.replace(base, duration_s=duration)
 
 
+def _too_short(record: RunRecord, protocol: EffectiveProtocol) -> bool:
+    """Finished with too few queries for P99 at a rate that a longer level would give
+    enough (and that the protocol's cap allows)."""
+    if record.status != "FINISHED" or not record.qps or record.valid:
+        return False
+    if (record.requests or 0) >= P99_MIN_QUERIES:
+        return False
+    needed = QUERY_MARGIN * P99_MIN_QUERIES / record.qps
+    return needed > protocol.duration_s * 1.01
+
+
 def _expected_qps(probe: Probe, levels: list[Level]) -> float | None:
     """The rate a level will see: the probe's own in the open loop; in the closed loop, the
     nearest measured client count's throughput scaled by the clients (none for the first)."""
@@ -198,6 +210,7 @@ class _Sweep:
             0.0,
         )
         self.reusable = self._reusable()
+        self.position = 0  # the next stored level's (sizing levels included)
 
     def _reusable(self) -> dict[tuple[str, float, str], RunRecord]:
         """Finished, valid levels of earlier sweeps of this config that this sweep may use:
@@ -233,12 +246,60 @@ class _Sweep:
             raise
         failed = [lv for lv in self.outcome.levels if lv.failed is not None]
         if failed and len(failed) == len(self.outcome.levels):
-            return self._finish("FAILED", error=failed[-1].failed)
+            return self._finish(
+                "FAILED", error=f"the target failed at every level: {failed[-1].failed}"
+            )
+        self._parent_note()
         return self._finish("FINISHED")
 
+    def _parent_note(self) -> None:
+        """A step swept alone, whose parent has no sweep to compare with: say so now, not when
+        the table has a hole."""
+        plan = self.link.plan
+        chain = self.context.chain
+        index = next((i for i, link in enumerate(chain) if link is self.link), 0)
+        if self.options.chain or plan is None or index == 0:
+            return
+        parent = chain[index - 1]
+        slo, mode = self.options.slo, self.options.mode
+        for sweep in self.store.list_sweeps(parent.name):
+            if (
+                sweep.status == "FINISHED"
+                and sweep.mode == mode
+                and (sweep.slo_percentile, sweep.slo_ms) == (slo.percentile, slo.ms)
+                and _protocol_key(sweep.protocol) == _protocol_key(self.base.as_dict())
+            ):
+                return
+        self.progress.note(
+            f"note: parent {parent.name!r} has no finished {mode}-loop sweep under {slo.label} "
+            f"and this protocol, so the stacked table cannot compare {self.link.name}'s capacity "
+            f"with it; sweep the chain with `optlab sweep {self.link.path or self.link.name} "
+            f"--chain --slo {slo.key}`"
+        )
+
     def _level(self, probe: Probe) -> str:
-        position = len(self.outcome.levels)
         protocol = _level_protocol(self.base, probe, _expected_qps(probe, self.outcome.levels))
+        status, record = self._measure(probe, protocol)
+        if record is not None and _too_short(record, protocol):
+            # The first closed level has no rate to size it by: now it has one. The short run
+            # stays stored (as a "sizing" level), and the level is measured again, long enough.
+            assert record.qps is not None
+            self.store.relabel_level(self.sweep_id, self.position - 1, SIZING)
+            self.outcome.measured_s += (record.warmup_s or 0.0) + (record.duration_s or 0.0)
+            self.progress.note(
+                f"sweep {self.sweep_id}: {record.requests} queries at {record.qps:,.1f}/s are too "
+                f"few for P99 ({P99_MIN_QUERIES}); measuring {_describe(probe)} again, longer"
+            )
+            protocol = _level_protocol(self.base, probe, record.qps)
+            status, record = self._measure(probe, protocol)
+        if record is None:
+            return status
+        return self._add(probe, record, status == "reused")
+
+    def _measure(self, probe: Probe, protocol: EffectiveProtocol) -> tuple[str, RunRecord | None]:
+        """The level's run: reused, or measured now and stored at the next position."""
+        position = self.position
+        self.position += 1
         key = (probe.mode, round(probe.load, 6), _protocol_key(protocol.as_dict()))
         reused = self.reusable.get(key)
         if reused is not None:
@@ -249,7 +310,7 @@ class _Sweep:
                 f"sweep {self.sweep_id} level {position}: {_describe(probe)} ({probe.purpose}): "
                 f"reusing run {reused.id}"
             )
-            return self._add(probe, reused, True)
+            return "reused", reused
         self.progress.note(
             f"sweep {self.sweep_id} level {position}: {_describe(probe)} ({probe.purpose})"
         )
@@ -265,8 +326,8 @@ class _Sweep:
             tag,
         )
         if outcome.status == "KILLED":
-            return "KILLED"
-        return self._add(probe, self.store.get_run(outcome.run_id), False)
+            return "KILLED", None
+        return outcome.status, self.store.get_run(outcome.run_id)
 
     def _add(self, probe: Probe, record: RunRecord, reused: bool) -> str:
         windows = self.store.get_windows(record.id, "measure")

@@ -92,6 +92,10 @@ def level_of(
     failed = None
     if record.status == "FAILED":
         failed = record.error_message or "the run FAILED"
+    elif errors and not completed:
+        kinds = summary.errors_by_type if summary is not None else {}
+        top = max(kinds.items(), key=lambda kv: kv[1])[0] if kinds else "errors"
+        failed = f"every request failed ({errors} x {top})"
     return Level(
         mode=mode,
         load=load,

@@ -1,0 +1,238 @@
+"""`optlab sweep` end to end: real levels measured on the synthetic target, stored, reused,
+interrupted, and every bad input refused with the accepted forms."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import Result
+
+from optlab.store import Store
+from tests.conftest import REPO, write
+
+Invoke = Callable[..., Result]
+
+# One server with a fixed service time: its capacity is bounded by 1 / service time, and
+# constant arrivals keep the halves of a short level equal (the stability rule).
+SERVER = """\
+name: {name}
+description: one server, fixed {ms} ms
+target: {{kind: builtin, name: synthetic}}
+knobs:
+  distribution: fixed
+  service_ms: {ms}
+  single_server: true
+workload:
+  load: {{mode: open, rate: 50, arrival: constant}}
+protocol: {{name: quick}}
+"""
+
+FAILING = """\
+name: broken
+description: a target whose every call raises
+target: {kind: python, factory: "sweep_broken:build"}
+knobs: {}
+workload:
+  load: {mode: open, rate: 50}
+protocol: {name: quick}
+"""
+
+
+def _json(result: Result) -> dict[str, Any]:
+    line = result.stdout.strip().splitlines()[-1]
+    document: dict[str, Any] = json.loads(line)
+    return document
+
+
+def _server(folder: Path, name: str = "server", ms: float = 2.0) -> Path:
+    return write(folder, f"{name}.yaml", SERVER.format(name=name, ms=ms))
+
+
+@pytest.mark.parametrize(
+    ("slo", "said"),
+    [
+        ("p98=5", "'p98' is not a percentile"),
+        ("p99=fast", "is not a latency objective"),
+        ("latency=5ms", "'latency' is not a percentile"),
+        ("p99=5parsecs", "unknown unit"),
+        ("p99=0ms", "must be a positive time"),
+    ],
+)
+def test_a_bad_slo_is_refused_with_the_accepted_forms(
+    slo: str, said: str, invoke: Invoke, tmp_path: Path
+) -> None:
+    path = _server(tmp_path)
+    result = invoke("sweep", str(path), "--slo", slo, "--quick")
+    assert result.exit_code == 2, result.output
+    assert said in result.stderr
+    assert "accepted forms: p50|p95|p99|p99.9" in result.stderr
+    assert result.stdout == ""
+
+
+def test_a_range_that_goes_down_is_refused(invoke: Invoke, tmp_path: Path) -> None:
+    path = _server(tmp_path)
+    args = ("--slo", "p99=20ms", "--quick", "--min-rate", "100", "--max-rate", "50")
+    result = invoke("sweep", str(path), *args)
+    assert result.exit_code == 2
+    assert "--max-rate 50 is below --min-rate 100" in result.stderr
+    assert "hint: give a range that goes up" in result.stderr
+
+
+def test_an_slo_no_rate_meets_finishes_without_a_capacity(
+    invoke: Invoke, tmp_path: Path, sqlite_url: str
+) -> None:
+    path = _server(tmp_path, "slow", ms=10)
+    args = ("--slo", "p99=5ms", "--quick", "--level-duration", "2", "--json")
+    result = invoke("sweep", str(path), *args)
+    assert result.exit_code == 0, result.output
+    document = _json(result)
+    assert document["capacity_qps"] is None and document["capacity_interval"] is None
+    assert document["status"] == "FINISHED" and document["limited_by"] == "slo"
+    assert document["message"].startswith("no rate meets P99 ≤ 5 ms: at ")
+    level = document["levels"][0]
+    assert level["p99_ms"] >= 10 and level["meets_slo"] is False
+    assert "no rate meets P99 ≤ 5 ms" in result.stderr  # the table of levels, on stderr
+    stored = Store.open(sqlite_url).get_sweep(document["sweep_id"])
+    assert stored.status == "FINISHED" and stored.capacity_qps is None
+
+
+def test_a_target_that_fails_at_every_level_fails_the_sweep(
+    invoke: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(
+        tmp_path,
+        "sweep_broken.py",
+        "def build(knobs):\n    def call(request):\n        raise ValueError('model file is"
+        " corrupt')\n    return call\n\ndef inputs(workload):\n    return [1, 2, 3]\n",
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = write(tmp_path, "broken.yaml", FAILING)
+    args = ("--slo", "p99=50ms", "--quick", "--level-duration", "1", "--json")
+    result = invoke("sweep", str(path), *args)
+    assert result.exit_code == 1, result.output
+    document = _json(result)
+    assert document["status"] == "FAILED" and document["capacity_qps"] is None
+    assert "the target failed at every level" in document["error"]
+    assert "ValueError" in document["error"]
+
+
+def test_a_sweep_is_stored_and_its_levels_are_reused(
+    invoke: Invoke, tmp_path: Path, sqlite_url: str
+) -> None:
+    path = _server(tmp_path, ms=2)
+    args = ("--slo", "p99=40ms", "--quick", "--level-duration", "1")
+    args += ("--min-rate", "100", "--max-rate", "200")
+    first = invoke("sweep", str(path), *args, "--json")
+    assert first.exit_code == 0, first.output
+    document = _json(first)
+    assert [lv["offered_qps"] for lv in document["levels"]] == [100.0, 200.0]
+    assert all(lv["meets_slo"] and lv["valid"] for lv in document["levels"]), document
+    assert document["capacity_qps"] == 200.0 and document["limited_by"] is None
+    assert document["measured_s"] > 5
+    store = Store.open(sqlite_url)
+    runs = [lv["run_id"] for lv in document["levels"]]
+    # Levels are runs with their own measurements, left out of the experiment's own runs.
+    assert all(store.get_windows(run_id, "measure") for run_id in runs)
+    assert store.list_runs("server") == []
+    assert {r.id for r in store.list_runs("server", levels=True)} == set(runs)
+
+    again = invoke("sweep", str(path), *args, "--json")
+    assert again.exit_code == 0, again.output
+    second = _json(again)
+    assert second["sweep_id"] != document["sweep_id"]
+    assert [lv["run_id"] for lv in second["levels"]] == runs
+    assert all(lv["reused"] for lv in second["levels"])
+    assert second["measured_s"] == 0 and second["capacity_qps"] == 200.0
+    assert "reusing run" in again.stderr
+
+    # Another protocol (longer levels) is not the same measurement: nothing is reused.
+    longer = invoke(
+        "sweep",
+        str(path),
+        *args[:-4],
+        "--level-duration",
+        "1.5",
+        "--max-rate",
+        "100",
+        "--min-rate",
+        "100",
+        "--json",
+    )
+    assert longer.exit_code == 0, longer.output
+    assert not any(lv["reused"] for lv in _json(longer)["levels"])
+
+
+def test_closed_mode_sweeps_clients_and_names_saturation(invoke: Invoke, tmp_path: Path) -> None:
+    path = _server(tmp_path, ms=5)
+    args = ("--slo", "p99=60ms", "--quick", "--level-duration", "1", "--mode", "closed")
+    result = invoke("sweep", str(path), *args, "--max-rate", "4", "--json")
+    assert result.exit_code == 0, result.output
+    document = _json(result)
+    assert document["mode"] == "closed"
+    counted = [lv for lv in document["levels"] if lv["purpose"] != "sizing"]
+    assert [lv["concurrency"] for lv in counted][:2] == [1, 2]
+    # 1 client for 1 s gives 200 queries, too few for P99: measured again, long enough.
+    sizing = [lv for lv in document["levels"] if lv["purpose"] == "sizing"]
+    assert [lv["concurrency"] for lv in sizing] == [1] and not sizing[0]["valid"]
+    assert all(lv["valid"] for lv in counted), counted
+    # One server at 5 ms serves 200/s whatever the clients: twice the clients buy nothing.
+    assert document["limited_by"] == "saturation"
+    assert 150 <= document["capacity_qps"] <= 210
+
+
+def _spawn_sweep(path: Path, db: Path, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    command = [sys.executable, "-m", "optlab", "--db", f"sqlite:///{db}", "sweep", str(path)]
+    return subprocess.Popen(
+        [*command, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _measuring_level(db: Path, position: int) -> bool:
+    if not db.exists():
+        return False
+    try:
+        with sqlite3.connect(db, timeout=5) as con:
+            row = con.execute(
+                "select 1 from sweep_levels l join runs r on r.id = l.run_id "
+                "join run_windows w on w.run_id = r.id where l.position = ? "
+                "and r.status = 'RUNNING' and w.phase = 'measure' limit 1",
+                (position,),
+            ).fetchone()
+    except sqlite3.OperationalError:
+        return False
+    return row is not None
+
+
+def test_ctrl_c_keeps_the_finished_levels_and_marks_the_sweep_killed(tmp_path: Path) -> None:
+    path = _server(tmp_path, ms=2)
+    db = tmp_path / "sweep.db"
+    proc = _spawn_sweep(
+        path, db, "--slo", "p99=40ms", "--quick", "--level-duration", "30", "--min-rate", "100"
+    )
+    # Level 0 measures 30 s... too long to wait for: interrupt it instead, then a second one.
+    deadline = time.monotonic() + 60
+    while not _measuring_level(db, 0):
+        assert time.monotonic() < deadline, "level 0 never reached its measurement"
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    store = Store.open(f"sqlite:///{db}")
+    (sweep,) = store.list_sweeps()
+    assert sweep.status == "KILLED"
+    (level,) = sweep.levels
+    run = store.get_run(level.run_id)
+    assert run.status == "KILLED" and run.requests  # the partial level is kept, as a run is
+    assert sweep.result is not None and sweep.result["capacity_qps"] is None
