@@ -145,6 +145,12 @@ def test_a_sweep_is_stored_and_its_levels_are_reused(
     assert all(store.get_windows(run_id, "measure") for run_id in runs)
     assert store.list_runs("server") == []
     assert {r.id for r in store.list_runs("server", levels=True)} == set(runs)
+    listed = invoke("log", "--json")
+    tags = [json.loads(line)["sweep"] for line in listed.stdout.splitlines()]
+    assert [(t["sweep_id"], t["level"], t["load"]) for t in tags] == [
+        (document["sweep_id"], 0, 100.0),
+        (document["sweep_id"], 1, 200.0),
+    ]
 
     again = invoke("sweep", str(path), *args, "--json")
     assert again.exit_code == 0, again.output

@@ -300,12 +300,22 @@ def run(
 def log(ctx: click.Context, experiment: str | None, as_json: bool) -> None:
     """List runs (oldest first) with status, validity, protocol and headline numbers."""
     store = open_store(ctx, read_only=True)
-    runs = store.list_runs(experiment)
+    runs = store.list_runs(experiment, levels=True)
+    levels = store.level_tags()
     if as_json:
         from optlab.api import run_row
 
         for r in runs:
-            click.echo(json.dumps(run_row(r), default=_iso))
+            tag = levels.get(r.id)
+            sweep = None
+            if tag is not None:
+                sweep = {
+                    "sweep_id": tag.sweep_id,
+                    "level": tag.position,
+                    "mode": tag.mode,
+                    "load": tag.load,
+                }
+            click.echo(json.dumps({**run_row(r), "sweep": sweep}, default=_iso))
         return
     if not runs:
         click.echo("no runs yet" + (f" for {experiment}" if experiment else ""))
@@ -329,6 +339,10 @@ def log(ctx: click.Context, experiment: str | None, as_json: bool) -> None:
             f"{_ms(r.summary.total.p99 if r.summary else None):>10}  "
             f"{r.started_at:%Y-%m-%d %H:%M:%S}"
         )
+        tag = levels.get(r.id)
+        if tag is not None:
+            load = f"{int(tag.load)} clients" if tag.mode == "closed" else f"{tag.load:,.1f}/s"
+            click.echo(f"{'':6}sweep {tag.sweep_id} level {tag.position}: {load} ({tag.purpose})")
         for reason in r.reasons:
             click.echo(f"{'':6}{reason}")
         kinds = _error_types(r.summary.errors_by_type if r.summary else {})

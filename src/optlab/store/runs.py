@@ -221,10 +221,17 @@ class RunsMixin:
                 [RunErrorCount(e.error_type, e.count) for e in errors],
             )
 
-    def level_run_ids(self) -> set[int]:
-        """Ids of the runs that are sweep levels."""
+    def level_tags(self) -> dict[int, SweepLevelTag]:
+        """Run id -> the sweep level that measured it (the first sweep's, for a level later
+        sweeps reused)."""
+        query = select(SqlSweepLevel).order_by(SqlSweepLevel.sweep_id.desc())
         with self.session_scope() as session:
-            return set(session.scalars(select(SqlSweepLevel.run_id)))
+            return {
+                row.run_id: SweepLevelTag(
+                    row.sweep_id, row.position, row.mode, row.load, row.purpose
+                )
+                for row in session.scalars(query)
+            }
 
     def get_run(self, run_id: int) -> RunRecord:
         with self.session_scope() as session:
