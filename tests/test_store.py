@@ -976,3 +976,78 @@ def test_a_run_whose_process_is_alive_on_this_host_is_never_marked_crashed(store
         sleeper.kill()
         sleeper.wait()
     assert store.mark_crashed(stale_after_s=60, pid_alive=process_alive) == [alive]
+
+
+# -- sweeps ---------------------------------------------------------------------------
+
+
+def test_a_sweep_and_its_levels_round_trip_and_levels_stay_out_of_run_lists(
+    store: Store,
+) -> None:
+    from optlab.store import RunFinal, SweepLevelTag
+
+    save_baseline(store)
+    ordinary = start_run(store)
+    sweep_id = store.create_sweep(
+        experiment="baseline",
+        mode="open",
+        slo_percentile="p99",
+        slo_ms=60.0,
+        protocol={"name": "quick", "duration_s": 5},
+        strategy={"tolerance": 0.05},
+        environment_id=None,
+        code_identity={"target": "x"},
+    )
+    first = start_run(store, level=SweepLevelTag(sweep_id, 0, "open", 50.0, "growth"))
+    second = start_run(store, level=SweepLevelTag(sweep_id, 1, "open", 100.0, "growth"))
+    store.finish_run(first, RunFinal(status="FINISHED", valid=True))
+    store.relabel_level(sweep_id, 1, "sizing")
+    result = {"capacity_qps": 75.0, "limited_by": "slo"}
+    store.finish_sweep(
+        sweep_id, status="FINISHED", result=result, capacity_qps=75.0, measured_s=12.5
+    )
+    # A later sweep reuses the first level.
+    later = store.create_sweep(
+        experiment="baseline",
+        mode="open",
+        slo_percentile="p99",
+        slo_ms=60.0,
+        protocol={"name": "quick", "duration_s": 5},
+        strategy={},
+        environment_id=None,
+        code_identity={"target": "x"},
+    )
+    store.add_sweep_level(later, 0, first, "open", 50.0, "growth")
+
+    sweep = store.get_sweep(sweep_id)
+    assert (sweep.status, sweep.capacity_qps, sweep.result, sweep.measured_s) == (
+        "FINISHED",
+        75.0,
+        result,
+        12.5,
+    )
+    assert [(lv.position, lv.run_id, lv.load, lv.purpose, lv.reused) for lv in sweep.levels] == [
+        (0, first, 50.0, "growth", False),
+        (1, second, 100.0, "sizing", False),
+    ]
+    assert [lv.reused for lv in store.get_sweep(later).levels] == [True]
+    assert [s.id for s in store.list_sweeps("baseline")] == [sweep_id, later]
+    assert [r.id for r in store.list_runs()] == [ordinary]
+    assert [r.id for r in store.list_runs("baseline", levels=True)] == [ordinary, first, second]
+    assert store.level_tags()[first].sweep_id == sweep_id  # the sweep that measured it
+
+
+def test_a_sweep_of_an_unknown_experiment_or_id_is_refused(store: Store) -> None:
+    with pytest.raises(NotFoundError):
+        store.get_sweep(42)
+    with pytest.raises(NotFoundError):
+        store.create_sweep(
+            experiment="nope",
+            mode="open",
+            slo_percentile="p99",
+            slo_ms=60.0,
+            protocol={},
+            strategy={},
+            environment_id=None,
+            code_identity={},
+        )
