@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from click.testing import Result
 
+import optlab.api as api
 from optlab.store import Store
 from tests.conftest import REPO, write
 
@@ -160,6 +161,10 @@ def test_a_sweep_is_stored_and_its_levels_are_reused(
     assert all(lv["reused"] for lv in second["levels"])
     assert second["measured_s"] == 0 and second["capacity_qps"] == 200.0
     assert "reusing run" in again.stderr
+    frame = api.sweeps(sqlite_url, "server")
+    assert list(frame["sweep_id"]) == [document["sweep_id"], second["sweep_id"]]
+    assert list(frame["capacity_qps"]) == [200.0, 200.0]
+    assert list(api.sweep_levels(sqlite_url, second["sweep_id"])["run_id"]) == runs
 
     # Another protocol (longer levels) is not the same measurement: nothing is reused.
     longer = invoke(

@@ -26,7 +26,16 @@ if TYPE_CHECKING:
 
     from optlab.store import RunRecord, Store
 
-__all__ = ["chain_table", "resources", "run_row", "runs", "stages", "timeseries"]
+__all__ = [
+    "chain_table",
+    "resources",
+    "run_row",
+    "runs",
+    "stages",
+    "sweep_levels",
+    "sweeps",
+    "timeseries",
+]
 
 
 @contextmanager
@@ -125,3 +134,46 @@ def stages(db_url: str | None, run_id: int, phase: str | None = "measure") -> pd
         store.get_run(run_id)
         rows = store.get_stage_stats(run_id, phase)
     return pd.DataFrame([asdict(r) for r in rows])
+
+
+def sweeps(db_url: str | None = None, experiment: str | None = None) -> pd.DataFrame:
+    """One row per sweep (oldest first): experiment, SLO, mode, status, capacity with its
+    interval, knee, what limited it, levels and measured seconds."""
+    import pandas as pd
+
+    with _store(db_url) as store:
+        found = store.list_sweeps(experiment)
+    rows = []
+    for s in found:
+        result = s.result or {}
+        interval = result.get("capacity_interval") or (None, None)
+        rows.append(
+            {
+                "sweep_id": s.id,
+                "experiment": s.experiment,
+                "status": s.status,
+                "mode": s.mode,
+                "slo": f"{s.slo_percentile}={s.slo_ms:g}ms",
+                "capacity_qps": s.capacity_qps,
+                "capacity_low": interval[0],
+                "capacity_high": interval[1],
+                "knee_qps": result.get("knee_qps"),
+                "limited_by": result.get("limited_by"),
+                "levels": len(s.levels),
+                "measured_s": s.measured_s,
+                "started_at": pd.Timestamp(s.started_at),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def sweep_levels(db_url: str | None, sweep_id: int) -> pd.DataFrame:
+    """The levels of a sweep in the order measured: what `optlab sweep --json` lists
+    (docs/sweep-json.md), one row each."""
+    import pandas as pd
+
+    from optlab.reports.sweep import load_sweep, sweep_json
+
+    with _store(db_url) as store:
+        document = sweep_json(load_sweep(store, sweep_id))
+    return pd.DataFrame(document["levels"])
