@@ -247,3 +247,16 @@ def test_ctrl_c_keeps_the_finished_levels_and_marks_the_sweep_killed(tmp_path: P
     run = store.get_run(level.run_id)
     assert run.status == "KILLED" and run.requests  # the partial level is kept, as a run is
     assert sweep.result is not None and sweep.result["capacity_qps"] is None
+
+
+def test_a_plainly_saturated_level_stops_early(invoke: Invoke, tmp_path: Path) -> None:
+    path = _server(tmp_path, "slow", ms=10)  # one server at 10 ms: 100/s at most
+    args = ("--slo", "p99=500ms", "--quick", "--level-duration", "20")
+    result = invoke("sweep", str(path), *args, "--min-rate", "400", "--max-rate", "400", "--json")
+    assert result.exit_code == 0, result.output
+    document = _json(result)
+    (level,) = document["levels"]
+    assert level["limit"] == "saturation" and not level["valid"]
+    assert document["capacity_qps"] is None and document["limited_by"] == "saturation"
+    assert document["measured_s"] < 15, "the 20 s level should have stopped within seconds"
+    assert "stopping early: saturated" in result.stderr

@@ -9,7 +9,15 @@ import pytest
 from optlab.config.models import Protocol
 from optlab.config.protocol import effective_protocol
 from optlab.errors import ConfigError
-from optlab.run.validity import LoadFacts, RunFacts, halves, is_stable, machine_facts, verdict
+from optlab.run.validity import (
+    LoadFacts,
+    RunFacts,
+    halves,
+    is_stable,
+    machine_facts,
+    plainly_saturated,
+    verdict,
+)
 
 GOOD = RunFacts(
     requested_s=600,
@@ -216,3 +224,33 @@ def test_stability_pct_is_a_protocol_field_that_sets_the_tolerance() -> None:
     assert "stability_pct" not in Protocol().model_dump(mode="json")
     with pytest.raises(ValueError, match="stability_pct"):
         Protocol(stability_pct=0)
+
+
+# -- a sweep level stopped early -------------------------------------------------------
+
+
+def test_a_backlog_rising_every_second_is_plainly_saturated() -> None:
+    # 200/s offered: rising every second by 20 (0.1 s of arrivals) is not yet plain ...
+    assert plainly_saturated([0, 20, 40, 60, 80], 200.0, 512) is None
+    # ... by 120 over 3 s (0.6 s of arrivals) it is.
+    found = plainly_saturated([5, 40, 80, 125], 200.0, 512)
+    assert found is not None and "5 -> 125 in 3 s" in found
+    # A backlog that fell once in the last 3 s is a busy queue, not a saturated one.
+    assert plainly_saturated([5, 60, 50, 125], 200.0, 512) is None
+    # Pegged at the in-flight limit: the generator cannot send more.
+    pegged = plainly_saturated([512, 512, 512, 512], 200.0, 512)
+    assert pegged is not None and "the limit" in pegged
+    assert plainly_saturated([1, 2, 3], 200.0, 512) is None  # too short to say
+
+
+def test_a_level_stopped_early_is_invalid_with_the_reason() -> None:
+    facts = replace(
+        GOOD,
+        measured_s=3.2,
+        requested_s=20,
+        stopped_early="saturated: the backlog in flight rose every second",
+    )
+    judged = verdict(facts)
+    assert not judged.valid
+    assert any(r.startswith("stopped after 3.2 s of 20 s: saturated") for r in judged.reasons)
+    assert not any("shorter than" in r for r in judged.reasons)

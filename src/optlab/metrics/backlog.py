@@ -41,9 +41,7 @@ class LoadTimeline:
         if self._ns[i] == ns or i == 0:
             return float(self._issued[i])
         t0, t1 = self._ns[i - 1], self._ns[i]
-        return self._issued[i - 1] + (self._issued[i] - self._issued[i - 1]) * (ns - t0) / (
-            t1 - t0
-        )
+        return self._issued[i - 1] + (self._issued[i] - self._issued[i - 1]) * (ns - t0) / (t1 - t0)
 
     def window(self, phase: str, t_s: int, span_s: float) -> tuple[int | None, int | None]:
         """(requests offered in the window, requests in flight at its end); None unknown."""
@@ -66,6 +64,18 @@ class LoadTimeline:
         if not values:
             return None, None, None
         return values[0], values[-1], max(values)
+
+    def in_flight_every(self, start_ns: int, step_ns: int) -> list[int]:
+        """The in-flight count at start, start + step, ... up to the last mark (each the last
+        mark at or before that time)."""
+        found = []
+        t = start_ns
+        while self._ns and t <= self._ns[-1]:
+            i = bisect.bisect_right(self._ns, t) - 1
+            if i >= 0:
+                found.append(self._in_flight[i])
+            t += step_ns
+        return found
 
     def phase_start(self, phase: str) -> int | None:
         return self._phases.get(phase)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from optlab.chain.lineage import Link
-from optlab.config.models import ResolvedConfig
+from optlab.config.models import OpenLoad, ResolvedConfig
 from optlab.config.protocol import EffectiveProtocol
 from optlab.errors import OptlabError
 from optlab.load.base import LoadGenerator, StopReport
@@ -30,7 +30,7 @@ from optlab.run.recorder import Recorder, RunEnd, retryable, store_retry_s
 from optlab.run.select import generator_for
 from optlab.run.summarize import Collected, Summarized, step_against, summarize, who
 from optlab.run.summary import error_rows, resource_rows, stage_rows, window_rows
-from optlab.run.validity import Verdict, machine_facts
+from optlab.run.validity import Verdict, machine_facts, plainly_saturated
 from optlab.store import RunRecord, RunSummary, Store
 from optlab.targets.base import LoadedTarget
 from optlab.targets.registry import kind_of, load_target
@@ -60,6 +60,8 @@ class RunOptions:
     chain: bool = False
     repeats: int = 1
     drain_timeout_s: float = 5.0
+    # A sweep's open-loop level ends early once it is plainly saturated (validity.py).
+    stop_when_saturated: bool = False
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,10 @@ class _Run:
         # `${ENV_VAR}` values resolved for this run: every text stored about it is redacted.
         self.secrets = Secrets()
         self.hooks = TargetHooks(link.name, self.secrets, progress)
+        load = config.workload.load
+        if options.stop_when_saturated and isinstance(load, OpenLoad):
+            rate, limit = load.rate, load.max_in_flight
+            self.loop.early_stop = lambda: plainly_saturated(self._in_flight_now(), rate, limit)
 
     def execute(
         self, paths: list[Path], parent: RunRecord | None, paired: Mapping[str, Any] | None
@@ -205,6 +211,7 @@ class _Run:
             errors=collector.error_counts("measure"),
             error=outcome.error,
             interrupted=outcome.interrupted,
+            stopped_early=loop.stopped_early,
             stabilised=loop.stabilised,
             abandoned=outcome.report.abandoned if outcome.report is not None else 0,
             readings=loop.readings,
@@ -228,6 +235,11 @@ class _Run:
             who=who(),
             secrets=self.secrets,
         )
+
+    def _in_flight_now(self) -> list[int]:
+        """The measured phase's in-flight count once a second, so far."""
+        start = self.loop.load.phase_start("measure")
+        return [] if start is None else self.loop.load.in_flight_every(start, 1_000_000_000)
 
     def _in_flight(self) -> tuple[int | None, ...]:
         """Requests in flight over the measured phase: at its start, at its end, at most."""

@@ -104,6 +104,9 @@ class PhaseLoop:
         self.target: LoadedTarget | None = None
         self.generator: LoadGenerator | None = None
         self._last_window: Window | None = None
+        # Asked every tick of the measured phase: a reason to stop now, or None.
+        self.early_stop: Callable[[], str | None] | None = None
+        self.stopped_early: str | None = None
 
     def start(self, target: LoadedTarget, generator: LoadGenerator) -> None:
         """Enter the warmup and start the load."""
@@ -217,6 +220,11 @@ class PhaseLoop:
         try:
             while self.measured_s < self.protocol.duration_s:
                 self.measured_s = self._tick("measure", started, self.protocol.duration_s)
+                if self.early_stop is not None and self.measured_s < self.protocol.duration_s:
+                    self.stopped_early = self.early_stop()
+                    if self.stopped_early is not None:
+                        self.progress.note(f"[{self.name}] stopping early: {self.stopped_early}")
+                        break
         finally:
             self.measured_s = time.monotonic() - started
             self.set_phase("drain")

@@ -51,6 +51,7 @@ class Collected:
     )  # kind: count, example
     error: str | None = None  # why the run failed or stopped
     interrupted: bool = False
+    stopped_early: str | None = None  # why the measured phase ended before its time
     stabilised: bool | None = None  # a "stable" warmup: whether it stabilised
     abandoned: int = 0  # requests still in flight after the drain
     readings: Sequence[ResourceReading] = ()
@@ -146,6 +147,7 @@ def run_facts(c: Collected) -> RunFacts:
         stability_tolerance=p.stability_tolerance,
         throttled=c.throttled,
         interrupted=c.interrupted,
+        stopped_early=c.stopped_early,
         open_loop=open_loop,
         accuracy_drop_pts=_num((c.accuracy or {}).get("drop_pts")),
         max_accuracy_drop_pts=c.max_accuracy_drop_pts,

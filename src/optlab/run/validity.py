@@ -74,6 +74,9 @@ class RunFacts:
     # and the load generator's contend for the GIL.
     in_process: bool = True
     load: LoadFacts = field(default_factory=lambda: LoadFacts())
+    # The measurement was ended before its time because the target was plainly saturated
+    # (`plainly_saturated`): why.
+    stopped_early: str | None = None
 
 
 def verdict(facts: RunFacts) -> Verdict:
@@ -95,6 +98,11 @@ def _coverage(facts: RunFacts, reasons: list[str], notes: list[str]) -> None:
     """Measured long enough, with enough answers, and few enough errors."""
     if facts.interrupted:
         reasons.append(f"interrupted after {facts.measured_s:.1f} s of {facts.requested_s:g} s")
+    elif facts.stopped_early is not None:
+        reasons.append(
+            f"stopped after {facts.measured_s:.1f} s of {facts.requested_s:g} s: "
+            f"{facts.stopped_early}"
+        )
     elif facts.measured_s < facts.requested_s * DURATION_SLACK:
         reasons.append(f"measured {facts.measured_s:.1f} s, shorter than {facts.requested_s:g} s")
     if facts.completed < P99_MIN_QUERIES:
@@ -199,8 +207,8 @@ def saturated(facts: RunFacts) -> bool:
         return False
     start, end, peak = facts.in_flight_start, facts.in_flight_end, facts.in_flight_max
     growing = start is not None and end is not None and end - start >= BACKLOG_GROWTH_MIN
-    full = peak is not None and facts.in_flight_limit is not None and (
-        peak >= facts.in_flight_limit
+    full = (
+        peak is not None and facts.in_flight_limit is not None and (peak >= facts.in_flight_limit)
     )
     return growing or full
 
@@ -349,3 +357,36 @@ def machine_facts(
         neighbours=tuple(neighbours),
         concurrent_runs=tuple(concurrent_runs),
     )
+
+
+# A sweep's level stops early when the backlog keeps growing: measuring the rest of it would
+# only confirm that the target cannot sustain the rate.
+SATURATION_WATCH_S = 3  # seconds of in-flight counts, one per second, that must all rise
+SATURATION_RISE_S = 0.5  # ... by at least this many seconds' worth of arrivals in all
+
+
+def plainly_saturated(in_flight: Sequence[int], rate: float, limit: int | None) -> str | None:
+    """Why an open-loop level is plainly saturated, from its in-flight count once a second
+    (oldest first); None when it is not (yet).
+
+    Plainly: over the last `SATURATION_WATCH_S` seconds the count rose every second, by at
+    least half a second of arrivals and `BACKLOG_GROWTH_MIN` requests in all (completions
+    run below about 85% of the rate); or it stayed at the in-flight limit, where the
+    generator cannot send more and requests wait to leave.
+    """
+    if len(in_flight) < SATURATION_WATCH_S + 1 or rate <= 0:
+        return None
+    recent = list(in_flight[-(SATURATION_WATCH_S + 1) :])
+    if limit is not None and all(count >= limit for count in recent):
+        return (
+            f"saturated: {limit} requests in flight (the limit) for {SATURATION_WATCH_S} s; "
+            "the target cannot sustain this rate"
+        )
+    rising = all(later > earlier for earlier, later in zip(recent, recent[1:], strict=False))
+    rise = recent[-1] - recent[0]
+    if rising and rise >= max(BACKLOG_GROWTH_MIN, SATURATION_RISE_S * rate):
+        return (
+            f"saturated: the backlog in flight rose every second, {recent[0]} -> {recent[-1]} "
+            f"in {SATURATION_WATCH_S} s at {rate:,.1f}/s; the target cannot sustain this rate"
+        )
+    return None

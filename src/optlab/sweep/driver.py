@@ -320,7 +320,7 @@ class _Sweep:
             self.link,
             level_config(self.config, probe),
             protocol,
-            RunOptions(quick=self.options.quick),
+            RunOptions(quick=self.options.quick, stop_when_saturated=True),
             self.progress,
             self.context,
             tag,

@@ -19,6 +19,7 @@ __all__ = ["LITTLE_TOLERANCE", "level_of", "littles_law_gap"]
 LITTLE_TOLERANCE = 0.05
 LITTLE_SIGMAS = 3.0
 GENERATOR_REASON = "the load generator fell behind"
+NOT_STEADY = ("the target is saturated", "stopped after", "unstable")
 
 
 def littles_law_gap(
@@ -60,6 +61,9 @@ def _generator(record: RunRecord, windows: Sequence[WindowStats], mode: Mode) ->
             return reason
     summary = record.summary
     if mode != "open" or summary is None:
+        return None
+    if any(reason.startswith(NOT_STEADY) for reason in record.reasons):
+        # Little's law holds for a steady queue; a backlog that grows breaks it by itself.
         return None
     total = summary.total
     found = littles_law_gap(windows, record.qps, total.mean)
