@@ -212,10 +212,9 @@ def test_simulated_capacity_of_mm2_matches_erlang_c() -> None:
     # 4 standard deviations.
     simulated = simulated_capacity(2, "exponential", 0.01, 0.0, 0.1, seed=11)
     assert simulated == pytest.approx(exact, abs=4.5)
-    # At the simulated capacity, the simulated P99 is the SLO (same stream, same seed).
-    assert simulated_quantile(0.99, 2, simulated, "exponential", 0.01, 0.0, seed=5) == (
-        pytest.approx(0.1, rel=0.1)
-    )
+    # At the exact capacity the simulated P99 is the SLO: over 12 seeds it spread 2.5 ms.
+    at_capacity = simulated_quantile(0.99, 2, exact, "exponential", 0.01, 0.0, seed=5)
+    assert at_capacity == pytest.approx(0.1, abs=4 * 0.0025)
     with pytest.raises(ValueError, match="unstable"):
         simulated_quantile(0.99, 2, 200.0, "exponential", 0.01, 0.0)
 

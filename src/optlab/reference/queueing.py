@@ -13,8 +13,9 @@ Exact, for exponential service (M/M/c):
 * :func:`mmc_sojourn_sf`: FCFS sojourn T = W + S. A waiting arrival's wait is Exp(θ = cμ - λ),
   independent of its own service S ~ Exp(μ), so
   ``P(T > t) = (1 - C) e^{-μt} + C P(W' + S > t)``, the second term the tail of a
-  hypoexponential (Kleinrock, *Queueing Systems* vol. 1, 1975, §3.5 and exercise 3.x on the
-  M/M/m waiting-time distribution).
+  hypoexponential. The M/M/m queue and its waiting probability are in Kleinrock, *Queueing
+  Systems* vol. 1 (1975), §3.5; the exponential law of a waiting arrival's FCFS wait follows
+  from it (all c servers busy, departures at rate cμ).
 
 Simulated, for the others (M/D/c, M/G/c with lognormal service): :func:`simulate_sojourn` runs
 the Kiefer–Wolfowitz recursion (each arrival takes the server that frees first) over a long
@@ -27,10 +28,11 @@ Simulation error, measured on two servers with 10 ms mean service and an SLO of 
 (M/M/2's exact capacity is 151.60/s): with the defaults (2,000 s of arrivals after a 100 s
 warm-up), ``simulated_capacity`` with exponential service over 20 seeds had a mean of 151.25/s
 and a standard deviation of 1.1/s (0.7%); over 6 seeds of 20,000 s, a mean of 151.59/s. Fixed
-service (M/D/2, ~176/s) and lognormal σ = 0.3 (~165/s) spread 1.0/s over 10 seeds. The P99 of
-a queue is autocorrelated, so the error is several times a naive sqrt(q(1-q)/n) bound; it
-shrinks as 1/sqrt(duration_s). The cost grows with rate x duration_s: about 0.25 s per million
-arrivals per evaluation; one capacity search took ~0.8 s here.
+service (M/D/2, ~176/s) and lognormal σ = 0.3 (~165/s) spread 1.0/s over 10 seeds. Sojourn
+times are autocorrelated (a busy period delays many requests), so formulas for independent
+draws understate this error; it shrinks as 1/sqrt(duration_s). The cost grows with
+rate x duration_s: about 0.25 s per million arrivals per evaluation; one capacity search took
+~0.8 s here.
 """
 
 from __future__ import annotations
