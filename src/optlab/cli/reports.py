@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 
@@ -17,13 +18,25 @@ if TYPE_CHECKING:
     from optlab.store import Store
 
 EXIT_GATE_FAILED = 3
+FC = TypeVar("FC", bound=Callable[..., object])
 
 
-def _frame(store: Store, head: str | None) -> pd.DataFrame:
+def _frame(store: Store, head: str | None, slo: str | None = None) -> pd.DataFrame:
     from optlab.reports.chain import resolve_head
     from optlab.reports.table import stacked_table
+    from optlab.sweep.slo import parse_slo
 
-    return stacked_table(store, resolve_head(store, head))
+    return stacked_table(store, resolve_head(store, head), parse_slo(slo) if slo else None)
+
+
+def _slo_option() -> Callable[[FC], FC]:
+    return click.option(
+        "--slo",
+        "slo",
+        metavar="pNN=TIME",
+        help="The SLO capacity is judged by (p99=60ms); default: that of the head's newest "
+        "finished sweep. Each step's newest comparable sweep under it stands for the step.",
+    )
 
 
 @click.command()
@@ -40,8 +53,9 @@ def _frame(store: Store, head: str | None) -> pd.DataFrame:
     is_flag=True,
     help="On a terminal, every column in the table, however wide (rich format).",
 )
+@_slo_option()
 @click.pass_context
-def table(ctx: click.Context, head: str | None, fmt: str, wide: bool) -> None:
+def table(ctx: click.Context, head: str | None, fmt: str, wide: bool, slo: str | None) -> None:
     """The stacked-gains table of HEAD's chain, one row per step.
 
     HEAD is an experiment's name or its file; it defaults to the newest chain head.
@@ -49,9 +63,12 @@ def table(ctx: click.Context, head: str | None, fmt: str, wide: bool) -> None:
     On a terminal the rich table fits its width: step, change, QPS and P99 with their step
     change, and the verdict always, other columns while there is room, and what it leaves
     out in a detail block under it. Piped, or with --wide, every column at full width.
+
+    Where the chain was swept (`optlab sweep`), capacity under the SLO is a column too, with
+    its change per step and against the baseline, and why a step has none.
     """
     store = open_store(ctx, read_only=True)
-    frame = _frame(store, head)
+    frame = _frame(store, head, slo)
     if fmt == "rich":
         from optlab.reports.terminal import print_table
 
@@ -87,17 +104,19 @@ def table(ctx: click.Context, head: str | None, fmt: str, wide: bool) -> None:
     required=True,
     help="Where to write the self-contained HTML report.",
 )
+@_slo_option()
 @click.pass_context
-def report(ctx: click.Context, head: str | None, path: Path) -> None:
+def report(ctx: click.Context, head: str | None, path: Path, slo: str | None) -> None:
     """Write a self-contained HTML report of HEAD's chain: the table, latency CDFs, stage
-    waterfalls, time series and the environment.
+    waterfalls, time series and the environment; for a swept chain, capacity and latency
+    against throughput.
 
     HEAD is an experiment's name or its file; it defaults to the newest chain head.
     """
     from optlab.reports.html import collect_report, render_html
 
     store = open_store(ctx, read_only=True)
-    frame = _frame(store, head)
+    frame = _frame(store, head, slo)
     text = render_html(frame, collect_report(store, frame))
     if path.parent and not path.parent.exists():
         raise OptlabError(
@@ -112,8 +131,9 @@ def report(ctx: click.Context, head: str | None, path: Path) -> None:
 @click.command()
 @click.argument("head", required=False)
 @click.option("--json", "as_json", is_flag=True, help="The audit as one JSON object.")
+@_slo_option()
 @click.pass_context
-def audit(ctx: click.Context, head: str | None, as_json: bool) -> None:
+def audit(ctx: click.Context, head: str | None, as_json: bool, slo: str | None) -> None:
     """Which change paid off, by how much and with what confidence; hypotheses against
     outcomes; who measured each step, when, from which commit, on which environment; INVALID
     and PROVISIONAL runs; steps skipped for environment drift.
@@ -123,7 +143,7 @@ def audit(ctx: click.Context, head: str | None, as_json: bool) -> None:
     from optlab.reports.audit import build_audit, render_audit
 
     store = open_store(ctx, read_only=True)
-    result = build_audit(store, _frame(store, head))
+    result = build_audit(store, _frame(store, head, slo))
     if as_json:
         click.echo(json.dumps(result.as_dict(), default=str))
     else:
@@ -144,7 +164,8 @@ def audit(ctx: click.Context, head: str | None, as_json: bool) -> None:
     "gains",
     multiple=True,
     metavar="METRIC=PCT",
-    help="Fail unless METRIC improved by at least PCT (e.g. qps=10%). Repeatable.",
+    help="Fail unless METRIC improved by at least PCT (e.g. qps=10%; capacity=10%: the "
+    "head's capacity under the SLO against the baseline's, always). Repeatable.",
 )
 @click.option(
     "--against",
@@ -153,6 +174,7 @@ def audit(ctx: click.Context, head: str | None, as_json: bool) -> None:
     show_default=True,
     help="Judge the head against its parent step, or against the chain's baseline.",
 )
+@_slo_option()
 @click.pass_context
 def check(
     ctx: click.Context,
@@ -160,6 +182,7 @@ def check(
     regressions: tuple[str, ...],
     gains: tuple[str, ...],
     against: str,
+    slo: str | None,
 ) -> None:
     """A CI gate: exit 3 when HEAD regressed beyond a threshold (or missed a required gain),
     0 when it passed; prints a markdown summary for the CI log or a PR comment.
@@ -177,7 +200,7 @@ def check(
             hint="for example: optlab check [HEAD] --max-regression p99=5% --min-gain qps=10%",
         )
     store = open_store(ctx, read_only=True)
-    frame = _frame(store, head)
+    frame = _frame(store, head, slo)
     result = evaluate(frame, thresholds, against)
     click.echo(render_gate(result, str(frame.attrs.get("protocol_label"))), nl=False)
     if not result.passed:

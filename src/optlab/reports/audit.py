@@ -9,8 +9,9 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from optlab.reports.export import as_list
-from optlab.reports.format import percent
+from optlab.reports.capacity import has_capacity, most_headroom
+from optlab.reports.export import as_list, plain
+from optlab.reports.format import capacity_value, cumulative_delta, percent, step_delta
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -35,6 +36,14 @@ class AuditStep:
     flags: list[str] = field(default_factory=list)
     missing: str | None = None
     decided_by: list[str] = field(default_factory=list)  # the metrics that decided the verdict
+    # Capacity under the table's SLO (a swept chain): requests/s, and what this step bought.
+    capacity_qps: float | None = None
+    capacity_interval: list[float] | None = None
+    capacity_step_pct: float | None = None
+    capacity_step_interval: list[float] | None = None
+    capacity_significant: bool | None = None  # its Δ step beyond noise
+    capacity_text: str | None = None  # `912.0 [880.1, 940.2]/s, Δ step +95% [+80,+110] ...`
+    capacity_reason: str | None = None
 
 
 @dataclass
@@ -51,6 +60,13 @@ class Audit:
     total_qps_interval: list[float] | None = None
     total_p99_interval: list[float] | None = None
     notes: list[str] = field(default_factory=list)
+    # Capacity (a swept chain only): the SLO, the head's change against the baseline, and the
+    # step whose own capacity gain was the largest.
+    capacity_slo: str | None = None
+    total_capacity_pct: float | None = None
+    total_capacity_interval: list[float] | None = None
+    total_capacity_significant: bool | None = None
+    most_headroom: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -112,7 +128,7 @@ def build_audit(store: Store, frame: pd.DataFrame) -> Audit:
         total_qps = None  # no shares of a total that is noise
     if p99_note:
         total_p99 = None
-    return Audit(
+    audit = Audit(
         head=str(frame.attrs.get("head")),
         protocol=str(frame.attrs.get("protocol_label")),
         environment=str((frame.attrs.get("environment") or {}).get("summary")),
@@ -125,6 +141,65 @@ def build_audit(store: Store, frame: pd.DataFrame) -> Audit:
         total_p99_interval=p99_interval,
         notes=[note for note in (qps_note, p99_note) if note],
     )
+    if has_capacity(frame):
+        _add_capacity(audit, rows, frame.attrs)
+    return audit
+
+
+def _pair(row: Any, low: str, high: str) -> list[float] | None:
+    a, b = _num(row.get(low)), _num(row.get(high))
+    return None if a is None or b is None else [a, b]
+
+
+def _bool(value: Any) -> bool | None:
+    value = plain(value)
+    return value if isinstance(value, bool) else None
+
+
+def _noise(significant: bool | None) -> str:
+    if significant is None:
+        return "not judged"
+    return "beyond noise" if significant else "within noise"
+
+
+def _add_capacity(audit: Audit, rows: list[Any], attrs: Any) -> None:
+    """Each step's capacity and its own Δ, the chain's total, and which step bought most."""
+    confidence = audit.confidence
+    level = f" at {confidence * 100:g}%" if confidence else ""
+    audit.capacity_slo = str((attrs.get("capacity_slo") or {}).get("label"))
+    for step, row in zip(audit.steps, rows, strict=True):
+        step.capacity_qps = _num(row.get("capacity_qps"))
+        step.capacity_interval = _pair(row, "capacity_low_qps", "capacity_high_qps")
+        step.capacity_step_pct = _num(row.get("capacity_step_pct"))
+        step.capacity_step_interval = _pair(row, "capacity_step_low_pct", "capacity_step_high_pct")
+        step.capacity_significant = _bool(row.get("capacity_significant"))
+        reason = row.get("capacity_reason")
+        step.capacity_reason = reason if isinstance(reason, str) else None
+        if step.capacity_qps is None:
+            continue
+        parts = [f"{capacity_value(row)}/s"]
+        if (delta := step_delta(row, "capacity", digits=0)) != "":
+            noise = _noise(step.capacity_significant)
+            parts.append(f"Δ step {delta} ({noise}{level if noise != 'not judged' else ''})")
+        if (cumulative := cumulative_delta(row, "capacity", digits=0)) != "":
+            parts.append(f"Δ cum {cumulative}")
+        step.capacity_text = ", ".join(parts)
+    if rows:
+        head = rows[-1]
+        audit.total_capacity_pct = _num(head.get("capacity_cumulative_pct"))
+        audit.total_capacity_interval = _pair(
+            head, "capacity_cumulative_low_pct", "capacity_cumulative_high_pct"
+        )
+        audit.total_capacity_significant = _bool(head.get("capacity_cumulative_significant"))
+    best = most_headroom(rows)
+    if best is not None:
+        index, gained = best
+        step = audit.steps[index]
+        noise = _noise(step.capacity_significant)
+        audit.most_headroom = (
+            f"{step.experiment}: +{gained:,.1f} requests/s "
+            f"({percent(step.capacity_step_pct, 0, missing='-')}, {noise})"
+        )
 
 
 def _chain_totals(measured: list[Any]) -> tuple[float | None, float | None]:
@@ -272,8 +347,26 @@ def render_audit(audit: Audit) -> str:
         *(f"note: {note}" for note in audit.notes),
         "",
     ]
+    if audit.capacity_slo is not None:
+        total = percent(audit.total_capacity_pct, missing="-")
+        noise = (
+            ", " + _noise(audit.total_capacity_significant)
+            if audit.total_capacity_significant is not None
+            else ""
+        )
+        lines.insert(
+            3 + len(audit.notes),
+            f"capacity under {audit.capacity_slo}: chain total {total}"
+            f"{_span(audit.total_capacity_interval)}{noise}; most headroom bought by "
+            f"{audit.most_headroom or 'no step (none gained capacity against its parent)'}",
+        )
     for step in audit.steps:
         lines.append(f"{step.experiment}: {step.change or '(baseline)'}")
+        if audit.capacity_slo is not None:
+            lines.append(
+                f"  capacity: {step.capacity_text or 'none'}"
+                + (f" ({step.capacity_reason})" if step.capacity_reason else "")
+            )
         if step.missing:
             lines.append(f"  skipped: {step.missing}")
             continue

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from html import escape
 
 from optlab.metrics.change import percent_change
+from optlab.reports.data import SweepCurve
 from optlab.reports.format import percent
 
 # Distinguishable on white and for the common colour-vision deficiencies (Okabe-Ito).
@@ -291,4 +292,139 @@ def _stage_legend(stages: list[str], x: float, y: int) -> list[str]:
             f'class="legend">{escape(stage)}</text>'
         )
         x += 24 + 7 * len(stage)
+    return out
+
+
+# Levels whose latency is beyond this many times the SLO are drawn on the plot's top edge: an
+# overloaded level's seconds-long tail would squash the part of the curve that decides.
+SLO_HEADROOM = 3.0
+SLO_COLOUR = "#CF222E"
+
+
+def _interpolate(points: Sequence[tuple[float, float]], x: float) -> float | None:
+    """y at `x` on the polyline through `points` (sorted by x); None outside it."""
+    for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
+        if x0 <= x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return None
+
+
+def latency_throughput_chart(
+    title: str,
+    curves: Sequence[SweepCurve],
+    *,
+    slo_ms: float,
+    slo_label: str,
+    percentile_label: str = "P99",
+    width: int = 900,
+    height: int = 380,
+) -> str:
+    """Latency against achieved throughput, one colour per step's sweep: the SLO's percentile
+    (solid) and P50 (dashed) at each level, the SLO as a horizontal line, each step's knee
+    (a triangle on its curve) and capacity (a dotted drop from the SLO line, a diamond on it)."""
+    left, right, top, bottom = 64, 120, 30, 46
+    legend_rows = math.ceil(len(curves) / 3) + 1 if curves else 0
+    total_height = height + legend_rows * 18 + 8
+    plot_w, plot_h = width - left - right, height - top - bottom
+    out = [_open(title, width, total_height, left)]
+    latencies = [
+        v for c in curves for lv in c.levels for v in (lv.p50_ms, lv.slo_ms) if v is not None
+    ]
+    xs = [lv.achieved_qps for c in curves for lv in c.levels]
+    xs += [v for c in curves for v in (c.capacity_qps, c.knee_qps) if v is not None]
+    if not xs or not latencies:
+        out.append(
+            f'<text x="{left + plot_w / 2}" y="{top + plot_h / 2}" text-anchor="middle" '
+            f'class="empty">no sweep levels</text></svg>'
+        )
+        return "".join(out)
+    y_high = max(min(max(latencies), SLO_HEADROOM * slo_ms), slo_ms) * 1.1
+    plot = _Plot(left, top, plot_w, plot_h, 0.0, max(xs) * 1.05 or 1.0, 0.0, y_high)
+    out += _y_grid(plot)
+    out += _x_grid(plot, [(t, _fmt(t)) for t in _nice_ticks(plot.x_low, plot.x_high)])
+    out.append(_axes(plot, "achieved requests/s", "latency ms"))
+    slo_y = plot.y(slo_ms)
+    out.append(
+        f'<line x1="{left}" x2="{left + plot_w}" y1="{slo_y:.1f}" y2="{slo_y:.1f}" '
+        f'stroke="{SLO_COLOUR}" stroke-width="1.5" stroke-dasharray="6 4" class="slo"/>'
+        f'<text x="{left + plot_w + 6}" y="{slo_y + 4:.1f}" class="legend" '
+        f'fill="{SLO_COLOUR}">SLO {escape(slo_label)}</text>'
+    )
+    for index, curve in enumerate(curves):
+        out += _sweep_marks(plot, curve, colour(index), y_high, slo_ms, percentile_label)
+    out += _sweep_legend(curves, left, plot_w, height, percentile_label)
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _sweep_marks(
+    plot: _Plot, curve: SweepCurve, stroke: str, y_high: float, slo_ms: float, label: str
+) -> list[str]:
+    """One step's two curves, its knee and its capacity."""
+    out: list[str] = []
+    tail = [(lv.achieved_qps, min(lv.slo_ms, y_high)) for lv in curve.levels if lv.slo_ms]
+    median = [(lv.achieved_qps, min(lv.p50_ms, y_high)) for lv in curve.levels if lv.p50_ms]
+    if len(median) > 1:
+        path = " ".join(f"{plot.x(x):.1f},{plot.y(y):.1f}" for x, y in median)
+        out.append(
+            f'<polyline points="{path}" fill="none" stroke="{stroke}" stroke-width="1.4" '
+            'stroke-dasharray="5 3"/>'
+        )
+    if len(tail) > 1:
+        path = " ".join(f"{plot.x(x):.1f},{plot.y(y):.1f}" for x, y in tail)
+        out.append(f'<polyline points="{path}" fill="none" stroke="{stroke}" stroke-width="2"/>')
+    name = escape(curve.experiment)
+    for level in curve.levels:
+        for value, radius, what in ((level.slo_ms, 3.0, label), (level.p50_ms, 2.0, "P50")):
+            if value is None:
+                continue
+            tip = f"{name}: {level.achieved_qps:,.1f}/s, {what} {value:,.2f} ms"
+            out.append(
+                f'<circle cx="{plot.x(level.achieved_qps):.1f}" '
+                f'cy="{plot.y(min(value, y_high)):.1f}" r="{radius}" fill="{stroke}">'
+                f"<title>{tip}</title></circle>"
+            )
+    if curve.knee_qps is not None:
+        knee_y = _interpolate(tail, curve.knee_qps)
+        x = plot.x(curve.knee_qps)
+        y = plot.y(knee_y if knee_y is not None else 0.0)
+        out.append(
+            f'<path d="M{x:.1f},{y - 7:.1f} L{x - 6:.1f},{y + 4:.1f} L{x + 6:.1f},{y + 4:.1f} Z" '
+            f'fill="#fff" stroke="{stroke}" stroke-width="1.8" class="knee">'
+            f"<title>{name}: knee at {curve.knee_qps:,.1f}/s</title></path>"
+        )
+    if curve.capacity_qps is not None:
+        x, y = plot.x(curve.capacity_qps), plot.y(slo_ms)
+        bottom = plot.top + plot.height
+        out.append(
+            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y:.1f}" y2="{bottom}" stroke="{stroke}" '
+            'stroke-width="1.5" stroke-dasharray="2 3"/>'
+            f'<path d="M{x:.1f},{y - 6:.1f} L{x + 6:.1f},{y:.1f} L{x:.1f},{y + 6:.1f} '
+            f'L{x - 6:.1f},{y:.1f} Z" fill="{stroke}" class="capacity">'
+            f"<title>{name}: capacity {curve.capacity_qps:,.1f}/s</title></path>"
+            f'<text x="{x + 4:.1f}" y="{bottom - 4}" class="tick" fill="{stroke}">'
+            f"{_fmt(curve.capacity_qps)}/s</text>"
+        )
+    return out
+
+
+def _sweep_legend(
+    curves: Sequence[SweepCurve], left: int, plot_w: int, height: int, label: str
+) -> list[str]:
+    """A swatch per step, then what each mark means."""
+    out = []
+    for index, curve in enumerate(curves):
+        lx = left + (index % 3) * (plot_w / 3)
+        ly = height + 10 + (index // 3) * 18
+        text = f"{_clip(curve.experiment)} (sweep {curve.sweep_id})"
+        out.append(
+            f'<rect x="{lx:.1f}" y="{ly - 9}" width="12" height="4" fill="{colour(index)}"/>'
+            f'<text x="{lx + 16:.1f}" y="{ly - 4}" class="legend">{escape(text)}</text>'
+        )
+    ly = height + 10 + math.ceil(len(curves) / 3) * 18
+    key = (
+        f"solid: {label}; dashed: P50; △ knee; ◆ capacity (the highest rate that meets the "
+        f"SLO); levels beyond {SLO_HEADROOM:g}x the SLO sit on the top edge"
+    )
+    out.append(f'<text x="{left}" y="{ly - 4}" class="legend">{escape(key)}</text>')
     return out

@@ -51,10 +51,33 @@ class StepData:
 
 
 @dataclass(frozen=True)
+class SweepLevel:
+    """One measured level of a sweep: the throughput it achieved and its latency."""
+
+    achieved_qps: float
+    p50_ms: float | None
+    slo_ms: float | None  # the SLO's percentile (P99 for a P99 SLO)
+
+
+@dataclass(frozen=True)
+class SweepCurve:
+    """The sweep that stands for a step in the capacity column, as the latency-vs-throughput
+    chart draws it."""
+
+    experiment: str
+    sweep_id: int
+    levels: list[SweepLevel]  # by achieved throughput
+    capacity_qps: float | None
+    knee_qps: float | None
+
+
+@dataclass(frozen=True)
 class ReportData:
     steps: list[StepData]
     # environment id -> fingerprint (`optlab.env.collect.collect_fingerprint`'s dict)
     environments: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # The swept steps' sweeps (a table with a capacity column), baseline first.
+    sweeps: list[SweepCurve] = field(default_factory=list)
 
 
 def cdf_points(encoded: str) -> list[tuple[float, float]]:
@@ -86,6 +109,30 @@ def _run_id(value: Any) -> int | None:
     return int(value)
 
 
+def sweep_curve(store: Store, experiment: str, sweep_id: int) -> SweepCurve:
+    """A stored sweep's levels that measured a throughput, read back as `optlab sweep` shows
+    them (`reports.sweep.load_sweep`)."""
+    from optlab.reports.sweep import load_sweep  # lazy: the HTML report alone reads levels
+
+    view = load_sweep(store, sweep_id)
+    levels = sorted(
+        (
+            SweepLevel(float(row.level.achieved_qps), row.level.p50_ms, row.level.value_ms)
+            for row in view.levels
+            if row.level.achieved_qps and row.level.failed is None
+        ),
+        key=lambda level: level.achieved_qps,
+    )
+    result = view.result
+    return SweepCurve(
+        experiment=experiment,
+        sweep_id=sweep_id,
+        levels=levels,
+        capacity_qps=result.get("capacity_qps"),
+        knee_qps=result.get("knee_qps"),
+    )
+
+
 def collect_report(store: Store, frame: pd.DataFrame) -> ReportData:
     """Read, for each row of the stacked table that has a run, what the HTML charts draw."""
     steps: list[StepData] = []
@@ -112,4 +159,10 @@ def collect_report(store: Store, frame: pd.DataFrame) -> ReportData:
                 environment_id=run.environment_id,
             )
         )
-    return ReportData(steps=steps, environments=environments)
+    sweeps = []
+    if "capacity_sweep_id" in frame:
+        for experiment, raw_id in zip(frame["experiment"], frame["capacity_sweep_id"], strict=True):
+            sweep_id = _run_id(raw_id)
+            if sweep_id is not None:
+                sweeps.append(sweep_curve(store, str(experiment), sweep_id))
+    return ReportData(steps=steps, environments=environments, sweeps=sweeps)

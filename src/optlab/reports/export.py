@@ -94,10 +94,43 @@ def _delta(row: dict[str, Any], kind: str) -> dict[str, Any]:
     return delta
 
 
+def _capacity(row: dict[str, Any], slo: dict[str, Any]) -> dict[str, Any]:
+    """A step's `capacity` object: the capacity under the table's SLO, or why it has none."""
+
+    def delta(kind: str) -> dict[str, Any]:
+        return {
+            "pct": row.get(f"capacity_{kind}_pct"),
+            "low_pct": row.get(f"capacity_{kind}_low_pct"),
+            "high_pct": row.get(f"capacity_{kind}_high_pct"),
+        }
+
+    low, high = row.get("capacity_low_qps"), row.get("capacity_high_qps")
+    sweep_id = row.get("capacity_sweep_id")
+    return {
+        "qps": row.get("capacity_qps"),
+        "interval": [low, high] if low is not None and high is not None else None,
+        "knee_qps": row.get("capacity_knee_qps"),
+        "slo": {"percentile": slo.get("percentile"), "ms": slo.get("ms")},
+        "sweep_id": None if sweep_id is None else int(sweep_id),
+        "step_delta": delta("step"),
+        "cumulative_delta": delta("cumulative"),
+        "significant": row.get("capacity_significant"),
+        "cumulative_significant": row.get("capacity_cumulative_significant"),
+        "reason": row.get("capacity_reason"),
+    }
+
+
 def chain_entries(frame: pd.DataFrame) -> list[dict[str, Any]]:
     """The `chain` list of the JSON document (docs/table-json.md): its headline keys first, then
-    every other column."""
+    a `capacity` object where the table judges capacity, then every other column."""
+    slo = frame.attrs.get("capacity_slo")
+    with_capacity = bool(slo) and "capacity_qps" in frame.columns
     consumed = set(_LEADING) | set(_TRAILING)
+    consumed |= {
+        str(c)
+        for c in frame.columns
+        if str(c).startswith("capacity_") and not str(c).endswith("_p50_ms")  # not a stage's
+    }
     for _, prefix in _DELTA_METRICS:
         consumed |= {
             f"{prefix}_{kind}_{part}"
@@ -111,6 +144,8 @@ def chain_entries(frame: pd.DataFrame) -> list[dict[str, Any]]:
         entry["cumulative_delta"] = _delta(row, "cumulative")
         for key in _TRAILING:
             entry[key] = row.get(key)
+        if with_capacity:
+            entry["capacity"] = _capacity(row, slo)
         for key, value in row.items():
             if key not in consumed:
                 entry[key] = value

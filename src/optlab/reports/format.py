@@ -98,3 +98,35 @@ def verdict_label(row: Any) -> str:
         parts.append(f"{label} {value}" if value else label)
     word = verdict_of(row)
     return f"{word} ({', '.join(parts)})" if parts else word
+
+
+def capacity_value(row: Any, *, with_interval: bool = True, missing: str = MISSING) -> str:
+    """A step's capacity in requests/s with its sweep's interval, `98.2 [91.0, 104.5]`, or
+    `missing` where it has none."""
+    value = row.get("capacity_qps")
+    if not present(value):
+        return missing
+    text = f"{float(value):,.1f}"
+    low, high = row.get("capacity_low_qps"), row.get("capacity_high_qps")
+    if with_interval and present(low) and present(high):
+        text += f" [{float(low):,.1f}, {float(high):,.1f}]"
+    return text
+
+
+def cumulative_delta(row: Any, prefix: str, *, digits: int = 1, tight: bool = False) -> str:
+    """A step's change against the baseline with its interval where the table has one."""
+    text = percent(row.get(f"{prefix}_cumulative_pct"), digits)
+    if not text:
+        return ""
+    return text + interval(
+        row.get(f"{prefix}_cumulative_low_pct"),
+        row.get(f"{prefix}_cumulative_high_pct"),
+        tight=tight,
+    )
+
+
+def capacity_label(attrs: Any) -> str | None:
+    """`P99 ≤ 60 ms`: the SLO the table judges capacity by; None when it judges none."""
+    slo = attrs.get("capacity_slo") or {}
+    label = slo.get("label")
+    return str(label) if label else None

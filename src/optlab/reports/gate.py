@@ -3,6 +3,10 @@
 Thresholds are relative changes in percent, judged on the point estimates (a gate that waited
 for significance would let a real regression through on a short, noisy run); whether the change
 is beyond noise is reported beside it.
+
+`capacity` is judged on the table's capacity column (`reports.capacity`): the head's capacity
+under the SLO against the baseline's, whatever `--against` says, since capacity is what the
+whole chain set out to buy and a step's parent may not have been swept.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ METRICS: dict[str, tuple[str, bool]] = {
     "p95": ("p95_ms", False),
     "p99": ("p99_ms", False),
     "p999": ("p999_ms", False),
+    "capacity": ("capacity_qps", True),
 }
+CAPACITY = "capacity"
 _THRESHOLD = re.compile(r"^\s*([a-z0-9]+)\s*=\s*([0-9]+(?:\.[0-9]+)?)\s*%?\s*$")
 
 
@@ -44,6 +50,7 @@ class GateLine:
     change_pct: float | None  # signed: + is an improvement
     passed: bool
     beyond_noise: bool | None
+    versus: str | None = None  # the step judged against, where not the result's `against`
 
 
 @dataclass(frozen=True)
@@ -83,13 +90,67 @@ def _value(row: Any, column: str) -> float | None:
     return float(value)
 
 
+def _judge(threshold: Threshold, change: float | None) -> bool:
+    if change is None:
+        return False
+    if threshold.kind == "max-regression":
+        return change >= -threshold.percent
+    return change >= threshold.percent
+
+
+def _capacity_lines(frame: pd.DataFrame, thresholds: list[Threshold]) -> list[GateLine]:
+    """The capacity thresholds, head against baseline; exit 2 (OptlabError) when the chain
+    has no comparable sweeps to judge by."""
+    rows = [row for _, row in frame.iterrows()]
+    head, base = rows[-1], rows[0]
+    slo = (frame.attrs.get("capacity_slo") or {}).get("label")
+    if not slo or "capacity_qps" not in frame:
+        raise OptlabError(
+            f"the chain of {head['experiment']!r} has no finished sweep to judge capacity by",
+            hint="sweep the chain first: `optlab sweep HEAD_FILE --chain --slo p99=60ms`",
+        )
+    if len(rows) < 2:
+        raise OptlabError(
+            f"{head['experiment']!r} is its chain's baseline: no capacity to judge it against",
+            hint="check a step of the chain, not its baseline",
+        )
+    before, after = _value(base, "capacity_qps"), _value(head, "capacity_qps")
+    if before is None or after is None:
+        why = [
+            f"{row['experiment']}: {row.get('capacity_reason') or 'no capacity'}"
+            for row in (base, head)
+            if _value(row, "capacity_qps") is None
+        ]
+        raise OptlabError(
+            f"the chain has no comparable sweeps under {slo} to judge capacity by (the "
+            "baseline's and the head's): " + "; ".join(why),
+            hint="sweep both under the same SLO and protocol, on this machine: "
+            "`optlab sweep HEAD_FILE --chain --slo ...`, or pick the SLO with --slo",
+        )
+    change = percent_change(before, after)
+    significant = head.get("capacity_cumulative_significant")
+    noise = significant if isinstance(significant, bool) else None
+    return [
+        GateLine(
+            t, before, after, change, _judge(t, change), noise, f"`{base['experiment']}` ({slo})"
+        )
+        for t in thresholds
+    ]
+
+
 def evaluate(frame: pd.DataFrame, thresholds: list[Threshold], against: str) -> GateResult:
     """Judge the head (last row) against its parent step (`against="parent"`) or the
-    baseline (`against="baseline"`)."""
+    baseline (`against="baseline"`); capacity always against the baseline."""
     if frame.empty:
         raise OptlabError("the chain has no steps", hint="measure it first")
+    capacity = [t for t in thresholds if t.metric == CAPACITY]
+    thresholds = [t for t in thresholds if t.metric != CAPACITY]
+    capacity_lines = _capacity_lines(frame, capacity) if capacity else []
     rows = [row for _, row in frame.iterrows()]
     head = rows[-1]
+    if not thresholds:
+        base = str(rows[0]["experiment"])
+        return GateResult(str(head["experiment"]), base, capacity_lines, [])
     problems: list[str] = []
     if head.get("run_id") is None or (
         isinstance(head.get("run_id"), float) and math.isnan(head["run_id"])
@@ -117,12 +178,7 @@ def evaluate(frame: pd.DataFrame, thresholds: list[Threshold], against: str) -> 
         change = percent_change(before, after)
         if change is not None and not higher:
             change = -change  # signed so that + is an improvement
-        if change is None:
-            passed = False
-        elif threshold.kind == "max-regression":
-            passed = change >= -threshold.percent
-        else:
-            passed = change >= threshold.percent
+        passed = _judge(threshold, change)
         noise = None
         if against == "parent" and threshold.metric in ("qps", "p50", "p99"):
             low = _value(head, f"{threshold.metric}_step_low_pct")
@@ -130,6 +186,7 @@ def evaluate(frame: pd.DataFrame, thresholds: list[Threshold], against: str) -> 
             if low is not None and high is not None:
                 noise = not (low <= 0.0 <= high)
         lines.append(GateLine(threshold, before, after, change, passed, noise))
+    lines += capacity_lines
     return GateResult(str(head["experiment"]), str(base["experiment"]), lines, problems)
 
 
@@ -153,6 +210,8 @@ def render_gate(result: GateResult, protocol_label: str) -> str:
         gate = (
             f"regress ≤ {t.percent:g}%" if t.kind == "max-regression" else f"gain ≥ {t.percent:g}%"
         )
+        if line.versus is not None:
+            gate += f" vs {line.versus}"
         change = (
             "-"
             if line.change_pct is None

@@ -11,11 +11,14 @@ import math
 from html import escape
 from typing import TYPE_CHECKING, Any
 
-from optlab.reports.charts import Series, line_chart, stage_waterfall
+from optlab.reports.charts import Series, latency_throughput_chart, line_chart, stage_waterfall
 from optlab.reports.data import ReportData, StepData, collect_report
 from optlab.reports.export import plain, present, records
 from optlab.reports.format import (
+    capacity_label,
+    capacity_value,
     change_text,
+    cumulative_delta,
     number,
     percent,
     rate,
@@ -93,11 +96,12 @@ def _table(frame: pd.DataFrame) -> tuple[str, list[str]]:
     """The stacked table and its numbered notes (already escaped)."""
     stages = stage_columns(frame)
     extras = [(c, h) for c, h in _EXTRAS if _shown(frame, c)]
-    out = _table_head(stages, [h for _, h in extras])
+    slo = capacity_label(frame.attrs) if "capacity_qps" in frame else None
+    out = _table_head(stages, [h for _, h in extras], slo)
     notes: dict[str, int] = {}
     for row in records(frame):
         verdict = verdict_of(row)
-        cells = _figure_cells(row, stages, [c for c, _ in extras])
+        cells = _figure_cells(row, stages, [c for c, _ in extras], slo is not None)
         cells.insert(2, _verdict_cell(row, note_marks(row, notes, _note_html)))
         css = verdict.replace(" ", "-") if verdict in ("gain", "regressed", "missing") else ""
         out.append(f'<tr class="{_e(css)}">' + "".join(cells) + "</tr>")
@@ -105,9 +109,11 @@ def _table(frame: pd.DataFrame) -> tuple[str, list[str]]:
     return "".join(out), [f"{note}" for note in notes]
 
 
-def _table_head(stages: list[str], extras: list[str]) -> list[str]:
+def _table_head(stages: list[str], extras: list[str], slo: str | None = None) -> list[str]:
     """The table's opening and its header: the stage P50s grouped under one spanning header."""
     headers = ["step", "change", "verdict", "QPS", "P50 ms", "P95 ms", "P99 ms", "P99.9 ms"]
+    if slo is not None:
+        headers.append(f"capacity/s @ {slo}")
     after = [*extras, "SLO"]
     out = ['<div class="scroll"><table class="stacked"><thead><tr>']
     span = ' rowspan="2"' if stages else ""
@@ -122,7 +128,9 @@ def _table_head(stages: list[str], extras: list[str]) -> list[str]:
     return out
 
 
-def _figure_cells(row: dict[str, Any], stages: list[str], extras: list[str]) -> list[str]:
+def _figure_cells(
+    row: dict[str, Any], stages: list[str], extras: list[str], capacity: bool = False
+) -> list[str]:
     """A row's cells but its verdict: the step, its change, its figures and its SLO."""
     cells = [
         _cell(f"<b>{_e(row.get('experiment'))}</b>", cls="name"),
@@ -133,6 +141,8 @@ def _figure_cells(row: dict[str, Any], stages: list[str], extras: list[str]) -> 
         _cell(number(row.get("p99_ms"), 2) + _delta(row, "p99"), True),
         _cell(number(row.get("p999_ms"), 2), True),
     ]
+    if capacity:
+        cells.append(_cell(_e(capacity_value(row)) + _capacity_delta(row), True))
     cells += [_cell(number(row.get(c), 2), True) for c in stages]
     for column in extras:
         value: Any = row.get(column)
@@ -166,6 +176,22 @@ def _delta(row: dict[str, Any], prefix: str) -> str:
         lines.append(f"step {step}")
     cumulative = percent(row.get(f"{prefix}_cumulative_pct"))
     if cumulative and row.get("verdict") != "baseline":  # +0% against itself says nothing
+        lines.append(f"cum {cumulative}")
+    return "".join(f"<br><small>{_e(line)}</small>" for line in lines)
+
+
+def _capacity_delta(row: dict[str, Any]) -> str:
+    """Under a capacity: its change against the parent (beyond noise or not) and the baseline."""
+    lines = []
+    step = step_delta(row, "capacity")
+    if step:
+        significant = row.get("capacity_significant")
+        noise = ""
+        if isinstance(significant, bool):
+            noise = ", beyond noise" if significant else ", within noise"
+        lines.append(f"step {step}{noise}")
+    cumulative = cumulative_delta(row, "capacity")
+    if cumulative:
         lines.append(f"cum {cumulative}")
     return "".join(f"<br><small>{_e(line)}</small>" for line in lines)
 
@@ -297,11 +323,29 @@ def _charts(frame: pd.DataFrame, data: ReportData) -> str:
     gpu = _series(steps, lambda s: _resource(s, "gpu_util_pct"))
     if gpu:
         series.append(line_chart("GPU utilisation", gpu, x_label="seconds", y_label="%"))
+    capacity = _capacity_chart(frame, data)
     return (
-        f'<h2>Latency distribution</h2><div class="charts">{cdf}</div>'
+        capacity + f'<h2>Latency distribution</h2><div class="charts">{cdf}</div>'
         f'<h2>Stage waterfall</h2><div class="charts">{waterfall}</div>'
         f'<h2>Time series</h2><div class="charts">{"".join(series)}</div>'
     )
+
+
+def _capacity_chart(frame: pd.DataFrame, data: ReportData) -> str:
+    """Latency against throughput of the swept steps' sweeps; "" when the table judges no
+    capacity (a report without sweeps is unchanged)."""
+    slo = frame.attrs.get("capacity_slo") or {}
+    if not slo.get("label") or "capacity_qps" not in frame:
+        return ""
+    percentile = str(slo.get("percentile", "p99")).upper()
+    chart = latency_throughput_chart(
+        f"Latency against throughput, per step's sweep ({slo['label']})",
+        data.sweeps,
+        slo_ms=float(slo["ms"]),
+        slo_label=str(slo["label"]),
+        percentile_label=percentile,
+    )
+    return f'<h2>Capacity under {_e(slo["label"])}</h2><div class="charts">{chart}</div>'
 
 
 def _flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:

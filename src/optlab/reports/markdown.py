@@ -12,7 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from optlab.reports.export import as_list, present, records
 from optlab.reports.format import (
+    capacity_label,
+    capacity_value,
     change_text,
+    cumulative_delta,
     number,
     percent,
     rate,
@@ -52,6 +55,8 @@ def row_notes(row: dict[str, Any]) -> list[str]:
     notes = []
     if not present(row.get("run_id")):
         notes.append(f"missing: {row.get('missing') or 'no run'}")
+        if (capacity := capacity_note(row)) is not None:
+            notes.append(capacity)
         return notes
     notes += [f"flag: {flag}" for flag in as_list(row.get("flags"))]
     if row.get("valid") is False:
@@ -64,14 +69,23 @@ def row_notes(row: dict[str, Any]) -> list[str]:
         notes.append("SLO failed: " + "; ".join(failures))
     if present(row.get("missing")):
         notes.append(f"note: {row['missing']}")
+    if (capacity := capacity_note(row)) is not None:
+        notes.append(capacity)
     return notes
+
+
+def capacity_note(row: dict[str, Any]) -> str | None:
+    """Why a step has no capacity, or no capacity Δ (a swept chain's table only)."""
+    reason = row.get("capacity_reason")
+    return f"capacity: {reason}" if present(reason) else None
 
 
 def render_markdown(frame: pd.DataFrame) -> str:
     """The table for a PR comment (title, table, **Protocol**, **Environment**, notes)."""
     stages = stage_columns(frame)
     show_accuracy = "accuracy_top1" in frame and frame["accuracy_top1"].map(present).any()
-    headers = _headers(stages, show_accuracy)
+    slo = capacity_label(frame.attrs) if "capacity_qps" in frame else None
+    headers = _headers(stages, show_accuracy, slo)
     align = ["---", "---"] + ["---:"] * (len(headers) - 3) + ["---"]
 
     lines = [f"### optlab stacked gains: {escape(head_name(frame))}", ""]
@@ -79,7 +93,7 @@ def render_markdown(frame: pd.DataFrame) -> str:
     lines.append("|" + "|".join(align) + "|")
     notes: dict[str, int] = {}  # note text -> its number; a shared note is listed once
     for row in records(frame):
-        cells = _figure_cells(row, stages, show_accuracy)
+        cells = _figure_cells(row, stages, show_accuracy, slo is not None)
         cells.append(_verdict_cell(row, note_marks(row, notes, _note_text)))
         lines.append("| " + " | ".join(cells) + " |")
 
@@ -91,9 +105,11 @@ def render_markdown(frame: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _headers(stages: list[str], show_accuracy: bool) -> list[str]:
+def _headers(stages: list[str], show_accuracy: bool, slo: str | None) -> list[str]:
     headers = ["step", "change", "QPS", "Δ step", "Δ cum", "P50 ms", "Δ step", "P99 ms"]
     headers += ["Δ step", "Δ cum"]
+    if slo is not None:
+        headers += [f"capacity @ {slo}", "Δ step", "Δ cum"]
     headers += [f"{stage_name(c)} P50" for c in stages]
     if show_accuracy:
         headers.append("top-1")
@@ -101,7 +117,9 @@ def _headers(stages: list[str], show_accuracy: bool) -> list[str]:
     return headers
 
 
-def _figure_cells(row: dict[str, Any], stages: list[str], show_accuracy: bool) -> list[str]:
+def _figure_cells(
+    row: dict[str, Any], stages: list[str], show_accuracy: bool, capacity: bool = False
+) -> list[str]:
     """A row's cells but its verdict: the step, its change and its figures."""
     cells = [
         escape(row.get("experiment")),
@@ -115,10 +133,22 @@ def _figure_cells(row: dict[str, Any], stages: list[str], show_accuracy: bool) -
         step_delta(row, "p99"),
         percent(row.get("p99_cumulative_pct")),
     ]
+    if capacity:
+        cells += [
+            capacity_value(row),
+            step_delta(row, "capacity", digits=0) + _significance(row),
+            cumulative_delta(row, "capacity", digits=0),
+        ]
     cells += [number(row.get(c), 2) for c in stages]
     if show_accuracy:
         cells.append(rate(row.get("accuracy_top1")))
     return cells
+
+
+def _significance(row: dict[str, Any]) -> str:
+    """` ✓` after a capacity Δ beyond noise: the table's Δ columns say it by their interval,
+    a capacity Δ's interval is the sweeps' and reads the same way."""
+    return " ✓" if row.get("capacity_significant") is True else ""
 
 
 def note_marks(
@@ -167,5 +197,14 @@ def _context(attrs: Mapping[str, Any]) -> list[str]:
         lines.append(
             f"Δ step: change against the previous measured step, [interval] at "
             f"{float(confidence) * 100:g}% confidence; Δ cum: change against the baseline."
+        )
+    slo = attrs.get("capacity_slo") or {}
+    if slo.get("label"):
+        lines.append("")
+        lines.append(
+            f"**Capacity:** requests/s that meet {escape(slo['label'])} [the sweep's 95% "
+            f"interval], from each step's newest comparable sweep "
+            f"({escape(slo.get('protocol_label') or 'no sweep')}); its Δ step is against the "
+            "parent, ✓ beyond noise (a z-test on the two sweeps' intervals)."
         )
     return lines

@@ -19,6 +19,7 @@ from optlab.metrics import stats
 from optlab.metrics.change import percent_change
 from optlab.metrics.stats import VERDICT_CONFIDENCE as CONFIDENCE
 from optlab.metrics.stats import Comparison
+from optlab.reports.capacity import add_capacity
 from optlab.reports.chain import ChainStep, chain_steps
 from optlab.reports.export import TABLE_SCHEMA_VERSION, present
 from optlab.targets.service_env import describe_service
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from optlab.store import EnvironmentRecord, RunRecord, RunSummary, Store
+    from optlab.sweep.slo import Slo
 
 # The reference pipeline's stages, in request order; a user target's own stages follow them.
 KNOWN_STAGES = ("queue", "preprocess", "infer", "postprocess")
@@ -292,8 +294,10 @@ def _service_note(store: Store, baseline: str, fingerprint: dict[str, Any]) -> s
     return describe_service(fingerprint.get("service"), kind)
 
 
-def stacked_table(store: Store, head: str) -> pd.DataFrame:
-    """One row per step: figures, step and cumulative change in %, significance, verdict."""
+def stacked_table(store: Store, head: str, slo: Slo | None = None) -> pd.DataFrame:
+    """One row per step: figures, step and cumulative change in %, significance, verdict;
+    and, where the chain was swept, capacity under `slo` (default: the SLO of the head's
+    newest finished sweep) in the `reports.capacity` columns."""
     import pandas as pd  # lazy: slow to import, and only building the frame needs it
 
     steps, reference, reference_env = chain_steps(store, head)
@@ -346,7 +350,7 @@ def stacked_table(store: Store, head: str) -> pd.DataFrame:
             "confidence": CONFIDENCE,
         }
     )
-    return frame
+    return add_capacity(frame, store, slo, CONFIDENCE)
 
 
 def _stage_rank(stage: str) -> int:

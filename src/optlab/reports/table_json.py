@@ -40,6 +40,40 @@ class Delta(_Closed):
     p99_high_pct: float | None
 
 
+class CapacityDelta(_Closed):
+    """A change of capacity in percent, and its interval at the document's `confidence`
+    (null where a side has no capacity, or a sweep gives no interval)."""
+
+    pct: float | None
+    low_pct: float | None
+    high_pct: float | None
+
+
+class SloInfo(_Closed):
+    percentile: Literal["p50", "p95", "p99", "p99.9"]
+    ms: float = Field(gt=0)
+
+
+class Capacity(_Closed):
+    """The step's capacity under the table's SLO, from its newest finished sweep of its
+    current config under the chain's sweep protocol and environment; or why it has none."""
+
+    qps: float | None = Field(description="requests/s that meet the SLO; null: none here")
+    interval: list[float] | None = Field(
+        min_length=2, max_length=2, description="[low, high] requests/s, the sweep's 95% interval"
+    )
+    knee_qps: float | None = Field(description="the knee of latency against throughput")
+    slo: SloInfo
+    sweep_id: int | None = Field(description="the sweep that stands for the step")
+    step_delta: CapacityDelta = Field(description="against the parent step")
+    cumulative_delta: CapacityDelta = Field(description="against the baseline")
+    significant: bool | None = Field(
+        description="Δ step beyond noise (z-test on the two sweeps' intervals); null: not judged"
+    )
+    cumulative_significant: bool | None = Field(description="Δ cum beyond noise")
+    reason: str | None = Field(description="why the capacity or a Δ is missing")
+
+
 class ChainEntry(BaseModel):
     """One step of the chain, baseline first, in the order the document writes its keys."""
 
@@ -66,6 +100,9 @@ class ChainEntry(BaseModel):
     )
     verdict: Verdict
     decided_by: list[str] = Field(description="the metrics that decided the verdict")
+    capacity: Capacity | None = Field(
+        None, description="only in a table with an SLO to judge capacity by (a swept chain)"
+    )
     hypothesis: str | None
     run_id: int | None = Field(description="the run that stands for the step; null if missing")
     runs: int = Field(ge=0, description="runs of the step under the chain's protocol")
@@ -130,4 +167,4 @@ class TableDocument(_Closed):
     chain: list[ChainEntry]
 
 
-__all__ = ["ChainEntry", "Delta", "TableDocument"]
+__all__ = ["Capacity", "CapacityDelta", "ChainEntry", "Delta", "SloInfo", "TableDocument"]

@@ -25,7 +25,10 @@ from rich.text import Text
 
 from optlab.reports.export import as_list, plain, present
 from optlab.reports.format import (
+    capacity_label,
+    capacity_value,
     change_text,
+    cumulative_delta,
     interval,
     number,
     percent,
@@ -49,10 +52,20 @@ GAP = 2
 TEXT_ROOM = 24
 TEXT_ROOM_WIDE = 40
 KEY_COLUMNS = ("step", "change", "qps", "qps_step", "p99", "p99_step", "verdict")
-# What joins the key columns while there is room, most wanted first: P50 and its Δ, the
-# intervals of the Δ columns, the changes against the baseline (a Δ named again gets its
-# interval).
-JOINS = (("p50", "p50_step"), ("qps_step",), ("p99_step",), ("qps_cum", "p99_cum"), ("p50_step",))
+# What joins the key columns while there is room, most wanted first: P50 and its Δ, capacity
+# and its Δ (a swept chain only), the intervals of the Δ columns, the changes against the
+# baseline (a column named again gets its interval).
+JOINS = (
+    ("p50", "p50_step"),
+    ("capacity", "capacity_step"),
+    ("qps_step",),
+    ("p99_step",),
+    ("qps_cum", "p99_cum"),
+    ("capacity_cum",),
+    ("p50_step",),
+    ("capacity_step",),
+    ("capacity",),
+)
 # The target's own figures the table shows where a step has them: (column, header).
 EXTRAS = (
     ("infer_ms_per_request", "infer/req"),
@@ -160,6 +173,8 @@ def table_columns(frame: pd.DataFrame, *, compact: bool = False) -> list[Column]
         delta("p99_step", "p99"),
         column("p99_cum", "Δ cum", lambda r: percent(r.get("p99_cumulative_pct"), 0)),
     ]
+    if (slo := capacity_label(frame.attrs)) is not None and "capacity_qps" in frame:
+        columns += _capacity_columns(rows, slo, column, delta)
     for stage in stage_columns(frame, with_values=compact):
         columns.append(value(stage, f"{stage_name(stage)} P50", lambda v: _num(v, 2)))
     for extra, header in EXTRAS:
@@ -170,6 +185,22 @@ def table_columns(frame: pd.DataFrame, *, compact: bool = False) -> list[Column]
     verdict = column("verdict", "verdict", lambda r: _mark(r, compact=compact, titled=titled),
                      justify="left", wrap=True)  # fmt: skip
     return [*columns, verdict]
+
+
+def _capacity_columns(
+    rows: Sequence[Any],
+    slo: str,
+    column: Callable[..., Column],
+    delta: Callable[[str, str], Column],
+) -> list[Column]:
+    """Capacity under the SLO (its interval the wide form), its Δ step and Δ cum."""
+    short = tuple(capacity_value(row, with_interval=False, missing="-") for row in rows)
+    return [
+        column("capacity", f"capacity @\n{slo}",
+               lambda r: capacity_value(r, missing="-").replace(", ", ","), short=short),
+        delta("capacity_step", "capacity"),
+        column("capacity_cum", "Δ cum", lambda r: percent(r.get("capacity_cumulative_pct"), 0)),
+    ]  # fmt: skip
 
 
 def _needed(columns: Sequence[Column], room: int) -> int:
@@ -257,6 +288,8 @@ def notes(frame: pd.DataFrame, *, missing: bool = False) -> list[str]:
             items = row.get(key)
             for item in items if isinstance(items, list) else []:
                 lines.append(f"{row['experiment']}: {label}: {item}")
+        if present(reason := row.get("capacity_reason")):
+            lines.append(f"{row['experiment']}: capacity: {reason}")
     service = (frame.attrs.get("environment") or {}).get("service")
     if service:
         lines.append(f"service environment: {service}")
@@ -308,15 +341,38 @@ def _significance(row: Any, confidence: Any) -> list[str]:
     return [f"beyond noise {level}" + (f" (decided by {decided})" if decided else "")]
 
 
+def _capacity(row: Any, confidence: Any) -> list[str]:
+    """A step's capacity with its interval and sweep, and its changes with their intervals."""
+    if not present(row.get("capacity_qps")):
+        return []
+    sweep = row.get("capacity_sweep_id")
+    items = [f"{capacity_value(row)}/s" + (f" (sweep {int(sweep)})" if present(sweep) else "")]
+    step = step_delta(row, "capacity", digits=0, tight=True)
+    if step:
+        significant = plain(row.get("capacity_significant"))
+        if isinstance(significant, bool) and present(confidence):
+            level = f"{float(confidence) * 100:g}%"
+            step += f" {'beyond' if significant else 'within'} noise at {level}"
+        items.append(f"Δ step {step}")
+    cumulative = cumulative_delta(row, "capacity", digits=0, tight=True)
+    if cumulative:
+        items.append(f"Δ cum {cumulative}")
+    return items
+
+
 def detail_lines(frame: pd.DataFrame, shown: Mapping[str, bool], width: int) -> list[str]:
     """Per measured step, what the fitted table left out and what it never shows (P95, P99.9,
     CPU and GPU use, GPU memory, significance), wrapped to `width`."""
     stages = stage_columns(frame)
     lines: list[str] = []
+    slo = capacity_label(frame.attrs)
     for _, row in frame.iterrows():
-        if not present(row.get("run_id")):
-            continue  # why a step is missing is in the notes
-        figures = _figures(row, shown, stages, frame.attrs.get("confidence"))
+        # Why a step has no run, or no capacity, is in the notes.
+        figures: list[tuple[str, list[str]]] = []
+        if present(row.get("run_id")):
+            figures = _figures(row, shown, stages, frame.attrs.get("confidence"))
+        if slo is not None:
+            figures.append((f"capacity @ {slo}", _capacity(row, frame.attrs.get("confidence"))))
         sections = [(label, items) for label, items in figures if items]
         if not sections:
             continue

@@ -1,0 +1,415 @@
+"""Capacity under an SLO as a column of the stacked table: which sweep stands for each step,
+and how much capacity each step bought, against its parent and against the baseline.
+
+Which sweep. One SLO for the whole table (`optlab table --slo`, else the SLO of the head's
+newest finished sweep). A step's sweep counts only when it FINISHED under that SLO, of the
+step's current config, under the same base protocol as the chain's reference sweep, on an
+environment comparable with the reference sweep's (`env.compare.compare_fingerprints`, as a
+chain step's parent run is checked). The reference sweep is the head's newest such sweep, else
+the chain's newest; it fixes protocol and environment, as the head's newest run does for the
+runs' columns. The newest sweep that counts stands for the step; a step without one says why.
+
+Significance. A sweep stores its capacity's 95% interval (a bootstrap; `sweep.strategy`). Its
+standard error is taken as the interval's half-width / 1.96. Two sweeps are independent
+measurements, so their difference has a standard error of sqrt(se_before² + se_after²), and a
+change is beyond noise when the z-test on the difference passes at the table's confidence
+(two-sided: |z| > 3.29 at 0.999). The change's interval is the difference's interval at that
+confidence over the earlier capacity, in percent; it excludes zero exactly when the z-test
+passes. A capacity with no interval (a sweep that never bracketed it) is not judged.
+
+Δ step is against the parent (the row before), Δ cum against the baseline (the first row):
+never against a step further up, whose sweep measured a different change.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import TYPE_CHECKING, Any
+
+from optlab.config.protocol import protocol_label
+from optlab.env.compare import compare_fingerprints
+from optlab.metrics.change import percent_change
+from optlab.sweep.slo import Slo
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from optlab.store import EnvironmentRecord, Store, SweepRecord
+
+__all__ = [
+    "CAPACITY_COLUMNS",
+    "SWEEP_CONFIDENCE",
+    "Capacity",
+    "Change",
+    "StepCapacity",
+    "SweepChoice",
+    "add_capacity",
+    "capacity_of",
+    "change",
+    "choose_sweeps",
+    "default_slo",
+    "has_capacity",
+    "most_headroom",
+    "slo_of",
+    "stack_capacity",
+]
+
+FINISHED = "FINISHED"
+SWEEP_CONFIDENCE = 0.95  # the level of a sweep's stored capacity interval
+_SWEEP_Z = NormalDist().inv_cdf(0.5 + SWEEP_CONFIDENCE / 2)
+
+# The frame's capacity columns, after the table's own (`reports.table.COLUMNS`); only a table
+# with an SLO to judge capacity by has them, so one without any sweep is unchanged.
+CAPACITY_COLUMNS = (
+    "capacity_qps", "capacity_low_qps", "capacity_high_qps", "capacity_knee_qps",
+    "capacity_sweep_id", "capacity_step_pct", "capacity_step_low_pct", "capacity_step_high_pct",
+    "capacity_cumulative_pct", "capacity_cumulative_low_pct", "capacity_cumulative_high_pct",
+    "capacity_significant", "capacity_cumulative_significant", "capacity_reason",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SweepChoice:
+    """The sweep that stands for one step, or why none does."""
+
+    experiment: str
+    sweep: SweepRecord | None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What one step's sweep found: requests/s under the SLO and its 95% interval."""
+
+    qps: float | None
+    interval: tuple[float, float] | None = None
+    knee_qps: float | None = None
+
+    @property
+    def se(self) -> float | None:
+        """Standard error: the interval's half-width over 1.96 (None without an interval)."""
+        if self.interval is None:
+            return None
+        low, high = self.interval
+        return max(high - low, 0.0) / 2.0 / _SWEEP_Z
+
+
+@dataclass(frozen=True)
+class Change:
+    """A capacity change in percent of the earlier capacity, its interval at the table's
+    confidence, and whether it is beyond noise (None: not judged, an interval is missing)."""
+
+    pct: float
+    low_pct: float | None
+    high_pct: float | None
+    significant: bool | None
+
+
+@dataclass(frozen=True)
+class StepCapacity:
+    experiment: str
+    capacity: Capacity | None  # None: no sweep stands for the step (`reason` says why)
+    sweep_id: int | None
+    step: Change | None  # against the parent
+    cumulative: Change | None  # against the baseline
+    reason: str | None  # why the capacity, or a change, is missing
+
+
+def slo_of(sweep: SweepRecord) -> Slo:
+    return Slo(sweep.slo_percentile, sweep.slo_ms)
+
+
+def _newest_finished(sweeps: Sequence[SweepRecord]) -> SweepRecord | None:
+    finished = [s for s in sweeps if s.status == FINISHED]
+    return max(finished, key=lambda s: s.id) if finished else None
+
+
+def default_slo(store: Store, names: Sequence[str]) -> Slo | None:
+    """The SLO of the head's (last name's) newest finished sweep; else of the chain's newest,
+    so that a head not swept yet says so under the SLO its chain was swept by. None when
+    nothing in the chain was swept."""
+    if not names:
+        return None
+    newest = _newest_finished(store.list_sweeps(names[-1]))
+    if newest is None:
+        newest = _newest_finished([s for name in names for s in store.list_sweeps(name)])
+    return None if newest is None else slo_of(newest)
+
+
+def capacity_of(sweep: SweepRecord) -> Capacity:
+    result = sweep.result or {}
+    interval = result.get("capacity_interval")
+    qps = result.get("capacity_qps", sweep.capacity_qps)
+    return Capacity(
+        qps=None if qps is None else float(qps),
+        interval=(float(interval[0]), float(interval[1])) if interval else None,
+        knee_qps=None if result.get("knee_qps") is None else float(result["knee_qps"]),
+    )
+
+
+def _same_slo(sweep: SweepRecord, slo: Slo) -> bool:
+    return sweep.slo_percentile == slo.percentile and math.isclose(sweep.slo_ms, slo.ms)
+
+
+def _sweep_command(path: str | None, name: str, slo: Slo, protocol: dict[str, Any] | None) -> str:
+    quick = " --quick" if (protocol or {}).get("name") == "quick" else ""
+    return f"`optlab sweep {path or name} --slo {slo.key}{quick}`"
+
+
+class _Environments:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.cache: dict[int, EnvironmentRecord] = {}
+
+    def fingerprint(self, environment_id: int | None) -> dict[str, Any] | None:
+        if environment_id is None:
+            return None
+        if environment_id not in self.cache:
+            self.cache[environment_id] = self.store.get_environment(environment_id)
+        return self.cache[environment_id].fingerprint
+
+
+def choose_sweeps(store: Store, names: Sequence[str], slo: Slo) -> list[SweepChoice]:
+    """For each step (baseline first), the newest sweep that counts under `slo`, or why none
+    does (module docstring)."""
+    envs = _Environments(store)
+    hashes: dict[str, str | None] = {}
+    paths: dict[str, str | None] = {}
+    for name in names:
+        record = store.get_experiment(name)
+        config = record.current_config if record else None
+        hashes[name] = config.config_hash if config else None
+        paths[name] = config.source_path if config else None
+    swept = {name: store.list_sweeps(name) for name in names}
+    candidates = {
+        name: sorted(
+            (
+                s
+                for s in swept[name]
+                if s.status == FINISHED and _same_slo(s, slo) and s.config_hash == hashes[name]
+            ),
+            key=lambda s: s.id,
+            reverse=True,
+        )
+        for name in names
+    }
+    reference = None
+    if names and candidates[names[-1]]:
+        reference = candidates[names[-1]][0]
+    elif any(candidates.values()):
+        reference = max((s for c in candidates.values() for s in c), key=lambda s: s.id)
+    reference_fp = envs.fingerprint(reference.environment_id) if reference else None
+    choices = []
+    for name in names:
+        command = _sweep_command(paths[name], name, slo, reference.protocol if reference else None)
+        found = candidates[name]
+        if not found or reference is None:
+            why = _unswept(swept[name], hashes[name], slo, command)
+            choices.append(SweepChoice(name, None, why))
+            continue
+        same_protocol = [s for s in found if s.protocol == reference.protocol]
+        if not same_protocol:
+            choices.append(
+                SweepChoice(
+                    name,
+                    None,
+                    f"swept under another protocol ({protocol_label(found[0].protocol)}; the "
+                    f"chain's reference sweep {reference.id} is under "
+                    f"{protocol_label(reference.protocol)}): run {command}",
+                )
+            )
+            continue
+        chosen, first_difference = None, ""
+        for sweep in same_protocol:
+            fingerprint = envs.fingerprint(sweep.environment_id)
+            if reference_fp is None or fingerprint is None:
+                if reference_fp is None and fingerprint is None:
+                    chosen = sweep
+                    break
+                first_difference = first_difference or "no environment recorded"
+                continue
+            comparison = compare_fingerprints(reference_fp, fingerprint)
+            if comparison.comparable:
+                chosen = sweep
+                break
+            first_difference = (
+                first_difference
+                or (comparison.explain().splitlines() or ["material fields differ"])[0]
+            )
+        if chosen is None:
+            choices.append(
+                SweepChoice(
+                    name,
+                    None,
+                    f"swept in a materially different environment from reference sweep "
+                    f"{reference.id}'s ({first_difference}): re-sweep it here with {command}",
+                )
+            )
+            continue
+        choices.append(SweepChoice(name, chosen))
+    return choices
+
+
+def _unswept(sweeps: Sequence[SweepRecord], config_hash: str | None, slo: Slo, command: str) -> str:
+    """Why a step has no finished sweep of its current config under `slo`."""
+    current = [s for s in sweeps if s.config_hash == config_hash]
+    under = [s for s in current if _same_slo(s, slo)]
+    if under:
+        newest = max(under, key=lambda s: s.id)
+        return f"its sweep {newest.id} under {slo.label} is {newest.status}: run {command}"
+    others = sorted({slo_of(s).label for s in current if s.status == FINISHED})
+    if others:
+        return f"swept under {', '.join(others)}, not under {slo.label}: run {command}"
+    if any(_same_slo(s, slo) and s.status == FINISHED for s in sweeps):
+        return f"its sweeps under {slo.label} are of an older config: run {command}"
+    return f"no sweep under {slo.label}: run {command}"
+
+
+def change(before: Capacity, after: Capacity, confidence: float) -> Change | None:
+    """`after` against `before` (module docstring: the z-test and the interval); None when a
+    side has no capacity, or `before`'s is zero."""
+    pct = percent_change(before.qps, after.qps)
+    if pct is None or before.qps is None or after.qps is None:
+        return None
+    se_before, se_after = before.se, after.se
+    if se_before is None or se_after is None:
+        return Change(pct, None, None, None)
+    se = math.hypot(se_before, se_after)
+    difference = after.qps - before.qps
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    low = (difference - z * se) / before.qps * 100.0
+    high = (difference + z * se) / before.qps * 100.0
+    significant = abs(difference) > z * se if se > 0 else difference != 0
+    return Change(pct, low, high, significant)
+
+
+def _no_capacity(choice: SweepChoice) -> str:
+    """Why a chosen sweep still gives no capacity, or why there is no sweep."""
+    if choice.sweep is None:
+        return choice.reason or "no sweep"
+    message = (choice.sweep.result or {}).get("message")
+    return f"sweep {choice.sweep.id} found no capacity" + (f": {message}" if message else "")
+
+
+def stack_capacity(
+    choices: Sequence[SweepChoice], slo: Slo, confidence: float
+) -> list[StepCapacity]:
+    """Each step's capacity, its change against its parent and the baseline, and why
+    anything is missing. Pure: the sweeps are already chosen."""
+    capacities = [capacity_of(c.sweep) if c.sweep is not None else None for c in choices]
+    measured = [cap if cap is not None and cap.qps is not None else None for cap in capacities]
+    steps: list[StepCapacity] = []
+    for index, choice in enumerate(choices):
+        here = measured[index]
+        reasons: list[str] = []
+        step = cumulative = None
+        if here is None:
+            reasons.append(_no_capacity(choice))
+        elif index > 0:
+            parent, base = measured[index - 1], measured[0]
+            if parent is None:
+                reasons.append(
+                    f"no Δ step: parent {choices[index - 1].experiment} has no capacity under "
+                    f"{slo.label} here"
+                )
+            else:
+                step = change(parent, here, confidence)
+            if base is None:
+                reasons.append(
+                    f"no Δ cum: baseline {choices[0].experiment} has no capacity under "
+                    f"{slo.label} here"
+                )
+            else:
+                cumulative = change(base, here, confidence)
+            if here.interval is None and (step is not None or cumulative is not None):
+                reasons.append("not judged: its sweep gives no interval")
+        steps.append(
+            StepCapacity(
+                experiment=choice.experiment,
+                capacity=capacities[index],
+                sweep_id=choice.sweep.id if choice.sweep is not None else None,
+                step=step,
+                cumulative=cumulative,
+                reason="; ".join(reasons) or None,
+            )
+        )
+    return steps
+
+
+def _columns(step: StepCapacity) -> dict[str, Any]:
+    cap = step.capacity
+    interval = cap.interval if cap is not None else None
+    row: dict[str, Any] = {
+        "capacity_qps": cap.qps if cap is not None else None,
+        "capacity_low_qps": interval[0] if interval else None,
+        "capacity_high_qps": interval[1] if interval else None,
+        "capacity_knee_qps": cap.knee_qps if cap is not None else None,
+        "capacity_sweep_id": step.sweep_id,
+        "capacity_reason": step.reason,
+    }
+    for kind, found in (("step", step.step), ("cumulative", step.cumulative)):
+        row[f"capacity_{kind}_pct"] = found.pct if found else None
+        row[f"capacity_{kind}_low_pct"] = found.low_pct if found else None
+        row[f"capacity_{kind}_high_pct"] = found.high_pct if found else None
+    row["capacity_significant"] = step.step.significant if step.step else None
+    row["capacity_cumulative_significant"] = (
+        step.cumulative.significant if step.cumulative else None
+    )
+    return row
+
+
+def add_capacity(
+    frame: pd.DataFrame, store: Store, slo: Slo | None, confidence: float
+) -> pd.DataFrame:
+    """The frame with the capacity columns and `attrs["capacity_slo"]`, the steps in its
+    `experiment` column taken as the chain; unchanged when there is no SLO (`slo` None and
+    nothing in the chain was swept)."""
+    names = [str(name) for name in frame["experiment"]]
+    slo = slo or default_slo(store, names)
+    if slo is None:
+        return frame
+    choices = choose_sweeps(store, names, slo)
+    steps = stack_capacity(choices, slo, confidence)
+    rows = [_columns(step) for step in steps]
+    out = frame.copy()
+    out.attrs = dict(frame.attrs)
+    for column in CAPACITY_COLUMNS:
+        out[column] = [row[column] for row in rows]
+    protocols = [c.sweep.protocol for c in choices if c.sweep is not None]
+    out.attrs["capacity_slo"] = {
+        "percentile": slo.percentile,
+        "ms": slo.ms,
+        "label": slo.label,
+        "key": slo.key,
+        # The chosen sweeps' base protocol (they share it), which may differ from the runs'.
+        "protocol_label": protocol_label(protocols[0]) if protocols else None,
+    }
+    return out
+
+
+def has_capacity(frame: pd.DataFrame) -> bool:
+    """Whether the table judges capacity (it has an SLO and the capacity columns)."""
+    return "capacity_qps" in frame.columns and bool(frame.attrs.get("capacity_slo"))
+
+
+def most_headroom(rows: Sequence[Any]) -> tuple[int, float] | None:
+    """(index, requests/s) of the step whose own capacity gain, against its parent, is the
+    largest; None when no step has a positive one. `rows`: the frame's rows (dict-like)."""
+    best: tuple[int, float] | None = None
+    for index in range(1, len(rows)):
+        before, after = rows[index - 1].get("capacity_qps"), rows[index].get("capacity_qps")
+        if not _number(before) or not _number(after):
+            continue
+        if not _number(rows[index].get("capacity_step_pct")):
+            continue
+        gained = float(after) - float(before)
+        if gained > 0 and (best is None or gained > best[1]):
+            best = (index, gained)
+    return best
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
