@@ -260,3 +260,24 @@ def test_a_plainly_saturated_level_stops_early(invoke: Invoke, tmp_path: Path) -
     assert document["capacity_qps"] is None and document["limited_by"] == "saturation"
     assert document["measured_s"] < 15, "the 20 s level should have stopped within seconds"
     assert "stopping early: saturated" in result.stderr
+
+
+def test_export_refuses_a_level_and_says_sweeps_stay_behind(
+    invoke: Invoke, tmp_path: Path, sqlite_url: str
+) -> None:
+    path = _server(tmp_path, "slow", ms=10)
+    args = ("--slo", "p99=5ms", "--quick", "--level-duration", "2", "--json")
+    swept = invoke("sweep", str(path), *args)
+    assert swept.exit_code == 0, swept.output
+    level_run = _json(swept)["levels"][0]["run_id"]
+    refused = invoke("export", "--runs", str(level_run), "-o", str(tmp_path / "b.jsonl"))
+    assert refused.exit_code == 2
+    assert f"run {level_run} is level 0 of sweep" in refused.stderr
+    assert not (tmp_path / "b.jsonl").exists()
+    ran = invoke("run", str(path), "--quick", "--duration", "1", "--warmup", "0.2")
+    assert ran.exit_code in (0, 4), ran.output  # few queries at 1 s: INVALID is fine here
+    exported = invoke("export", "--all", "-o", str(tmp_path / "all.jsonl"))
+    assert exported.exit_code == 0, exported.output
+    levels = len(_json(swept)["levels"])  # the first, too short to count, measured again
+    assert f"left out 1 sweep and their {levels} level runs" in exported.stderr
+    assert "wrote 1 run " in exported.stdout

@@ -86,6 +86,14 @@ def export(
         click.echo(f"run {run.id} {run.experiment}: {run.status} (uid {run.uid})")
     for run in result.left_out:
         click.echo(f"left out run {run.id} {run.experiment}: still RUNNING", err=True)
+    sweeps = store.list_sweeps()
+    if sweeps:
+        levels = len({lv.run_id for sweep in sweeps for lv in sweep.levels})
+        click.echo(
+            f"left out {len(sweeps)} sweep{'' if len(sweeps) == 1 else 's'} and their {levels} "
+            "level runs: bundles do not carry sweeps yet (sweep again in the other database)",
+            err=True,
+        )
     count = len(result.runs)
     click.echo(f"wrote {count} run{'' if count == 1 else 's'} to {result.path}")
 

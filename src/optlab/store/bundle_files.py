@@ -145,6 +145,19 @@ def select_runs(
     else every run.
     """
     if run_ids is not None:
+        levels = store.level_tags()
+        for run_id in run_ids:
+            tag = levels.get(run_id)
+            if tag is not None:
+                # Imported elsewhere it would pass for a run of its experiment at the load the
+                # experiment declares, which it is not.
+                raise RefusedError(
+                    f"run {run_id} is level {tag.position} of sweep {tag.sweep_id} (measured "
+                    f"at {tag.load:g} {'clients' if tag.mode == 'closed' else 'requests/s'}, "
+                    "not the experiment's own load); bundles do not carry sweeps yet",
+                    hint="export the experiment's own runs; run the sweep again in the other "
+                    "database (`optlab sweep`)",
+                )
         runs = [store.get_run(run_id) for run_id in run_ids]
         running = [run for run in runs if run.status == RunStatus.RUNNING]
         if running:
