@@ -384,10 +384,15 @@ def _sweep_marks(
                 f'cy="{plot.y(min(value, y_high)):.1f}" r="{radius}" fill="{stroke}">'
                 f"<title>{tip}</title></circle>"
             )
-    if curve.knee_qps is not None:
-        knee_y = _interpolate(tail, curve.knee_qps)
-        x = plot.x(curve.knee_qps)
-        y = plot.y(knee_y if knee_y is not None else 0.0)
+    knee = curve.knee_qps
+    if knee is not None and tail:
+        # A knee beyond the curve's levels (found on a level the chart leaves out) sits at the
+        # height of the nearest one.
+        knee_y = _interpolate(tail, knee)
+        if knee_y is None:
+            knee_y = min(tail, key=lambda p: abs(p[0] - knee))[1]
+        x = plot.x(knee)
+        y = plot.y(knee_y)
         out.append(
             f'<path d="M{x:.1f},{y - 7:.1f} L{x - 6:.1f},{y + 4:.1f} L{x + 6:.1f},{y + 4:.1f} Z" '
             f'fill="#fff" stroke="{stroke}" stroke-width="1.8" class="knee">'

@@ -115,11 +115,14 @@ def sweep_curve(store: Store, experiment: str, sweep_id: int) -> SweepCurve:
     from optlab.reports.sweep import load_sweep  # lazy: the HTML report alone reads levels
 
     view = load_sweep(store, sweep_id)
+    mode = view.record.mode
     levels = sorted(
         (
             SweepLevel(float(row.level.achieved_qps), row.level.p50_ms, row.level.value_ms)
             for row in view.levels
-            if row.level.achieved_qps and row.level.failed is None
+            # An open sweep's one-client level only seeds its first rate: a closed loop's
+            # latency has no queue in it, and on the open curve it reads as a dip.
+            if row.level.achieved_qps and row.level.failed is None and row.level.mode == mode
         ),
         key=lambda level: level.achieved_qps,
     )
