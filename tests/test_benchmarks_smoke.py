@@ -102,3 +102,34 @@ def test_benchmark_smoke(script: str) -> None:
         assert any(re.search(pattern, line) for line in lines), (
             f"{script}: no line matches {pattern!r}\n{done.stdout}"
         )
+
+
+@pytest.mark.slow
+def test_sweep_accuracy_smoke() -> None:
+    """benchmarks/sweep_accuracy.py --smoke (2 queues x 2 seeds, simulated: ~5 s) prints each
+    scenario's line for ours and the reference, and its goal lines."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"), env.get("PYTHONPATH")) if p)
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "sweep_accuracy.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    for pattern in (
+        r"^M/M/2 +truth +[\d.]+/s",
+        r"^  ours +within \+-5% +\d+/\d+ +>5% above +\d+ +worst +[-+][\d.]+% +covers +\d+/\d+ "
+        r"+measured +[\d.]+ s",
+        r"^  reference +within \+-5% +\d+/\d+ .*measured +[\d.]+ s",
+        r"^  measured seconds ours/reference [\d.]+",
+        r"^M/D/2 capacity within \+-5% in >= \d+/\d+: \d+/\d+ .*" + VERDICT,
+        r"^M/D/2 measured seconds <= 50% of the reference's: ratio [\d.]+ " + VERDICT,
+    ):
+        assert any(re.search(pattern, line) for line in lines), (
+            f"sweep_accuracy.py: no line matches {pattern!r}\n{done.stdout}"
+        )
