@@ -4,12 +4,17 @@ Closed loop: ``concurrency`` threads, each sending its next request as soon as t
 returned. Its latency is measured from the actual send, so it is labelled closed loop: a stall
 holds the clients back and hides itself (coordinated omission).
 
-Open loop (constant or Poisson arrivals) and trace replay: a pool of worker threads. One idle
-worker at a time takes the next INTENDED send time from the schedule, waits for it, hands that
-role to the next idle worker and calls the target. Latency is measured from the intended time,
-as wrk2 does, so a request that could not leave on time (every worker busy, the GIL held) is
-charged for its wait, and requests that arrive during a stall are still sent on time by idle
-workers and wait inside the target, where their latency includes the stall.
+Open loop (constant or Poisson arrivals) and trace replay: a pool of worker threads. One of
+them, the leader, takes the next INTENDED send time from the schedule, waits for it and calls
+the target; while calls return quickly it keeps the role and sends request after request with no
+thread switch in between. Another, the deputy, sleeps on an alarm the leader moves as it goes:
+when a call has run HAND_OFF_NS and the next send is due, the deputy becomes the leader, an idle
+worker becomes the deputy, and the old leader goes back to the idle workers once its call
+returns. So a slow call holds a send up by HAND_OFF_NS + ALARM_SLACK_NS at most while a worker
+is idle, and a fast target costs no thread wake-up per request. Latency is measured
+from the intended time, as wrk2 does, so a request that could not leave on time (every worker
+busy, the GIL held) is charged for its wait, and requests that arrive during a stall are still
+sent on time by idle workers and wait inside the target, where their latency includes the stall.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from optlab.errors import ConfigError
 from optlab.load.base import LATE_NS, START_LEAD_NS, StopReport
 from optlab.load.counters import WorkerCounters, describe_error, mark_returned, sweep_timeouts
 from optlab.load.schedules import indexed_trace, make_schedule
-from optlab.load.timerslack import SPIN_NS, tighten_timer_slack
+from optlab.load.timerslack import SPIN_NS, Alarm, tighten_timer_slack
 from optlab.metrics.stages import CURRENT, RequestTiming
 
 if TYPE_CHECKING:
@@ -36,6 +41,38 @@ __all__ = ["ThreadLoadGenerator"]
 
 MAX_LOGS = 4
 WATCH_S = 0.1  # how often calls are checked for hanging past the timeout
+# The open loop's deputy takes the leader's role once its call has run HAND_OFF_NS and a send is
+# due, woken by an alarm that may ring up to ALARM_SLACK_NS later: the leader moves the alarm
+# (a system call, ~2 µs here) once per that much schedule time, not per request. Far below
+# LATE_NS; lower would hand the role over, waking threads, for calls of a few tens of µs.
+# ALARM_SLACK_NS < SPIN_NS, so at low rates the deputy still wakes before the send it takes.
+# Where there is no alarm (not Linux), the deputy polls every ALARM_SLACK_NS instead.
+HAND_OFF_NS = 50_000
+ALARM_SLACK_NS = 100_000
+
+
+class _Lead:
+    """The open loop's leadership: the next send (``due``, ``index``) and the leader's call.
+
+    ``baton`` holds one item while the leader is inside the target and none otherwise. Whoever
+    pops it leads on: the leader back from its call, or the deputy taking over, never both
+    (``list.pop`` is atomic under the GIL), with no lock taken per request.
+    """
+
+    __slots__ = ("alarm_at", "baton", "busy_since", "due", "index")
+
+    def __init__(self, due: int = 0, index: int = 0) -> None:
+        self.due, self.index = due, index
+        # No leader yet: a placeholder inside a call since forever, which the first deputy
+        # replaces in time for the first send.
+        self.busy_since = 1  # perf_counter_ns at the leader's call, 0 between calls
+        self.baton: list[None] = [None]
+        self.alarm_at = 0  # when the deputy's alarm rings; 0: disarmed
+
+    def take_at(self) -> int:
+        """When the deputy takes over if the leader's call has not returned: the next send's
+        spin, and never before the call has run HAND_OFF_NS. (Inlined in the leader.)"""
+        return max(self.due - SPIN_NS, self.busy_since + HAND_OFF_NS)
 
 
 class ThreadLoadGenerator:
@@ -72,9 +109,12 @@ class ThreadLoadGenerator:
             self._trace = indexed_trace(load, trace_dir, len(self._requests))
         self._threads: list[threading.Thread] = []
         self._counters: list[WorkerCounters] = []
-        # Only the thread holding this takes from the schedule (generators are not
-        # thread-safe) and waits for the next intended time; see _open_worker.
-        self._leader = threading.Lock()
+        # The open loop's roles (see _open_worker): the thread holding `seat` is the deputy;
+        # only the leader takes from the schedule (generators are not thread-safe).
+        self._seat = threading.Lock()
+        self._lead_state = _Lead()
+        self._alarm: Alarm | None = None
+        self._handoffs = 0
         self._schedule: Iterator[tuple[int, int]] | None = None
         self._round_robin = itertools.count()
         # Held by the generator while it runs; released by stop(). The open loop's leader
@@ -108,6 +148,12 @@ class ThreadLoadGenerator:
         return sum(c.issued for c in self._counters)
 
     @property
+    def handoffs(self) -> int:
+        """Open loop: how often the leader's role passed to another thread (once at the start,
+        then once per call that ran too long while a send was due)."""
+        return self._handoffs
+
+    @property
     def failure(self) -> BaseException | None:
         """A BaseException (KeyboardInterrupt, SystemExit, a harness bug) that stopped the
         generator; poll it while the load runs. Target exceptions are recorded, never here."""
@@ -136,6 +182,7 @@ class ThreadLoadGenerator:
             self._schedule = make_schedule(load, len(self._requests), self._seed, self._trace)
             workers = in_flight_limit(load)
             body = self._open_worker
+            self._alarm = Alarm.open()
         self._stop_lock.acquire()
         self._gate.acquire()
         self._running = True
@@ -159,8 +206,16 @@ class ThreadLoadGenerator:
             # Let the threads already started through the gate to see the stop and exit.
             self._signal_stop()
             self._gate.release()
+            if self._alarm is not None:
+                self._alarm.close()  # no thread waits on it: none got past the stop
             raise
         self._t0 = time.perf_counter_ns() + START_LEAD_NS
+        if self._schedule is not None:
+            offset, index = next(self._schedule)
+            lead = self._lead_state = _Lead(self._t0 + offset, index)
+            if self._alarm is not None:
+                lead.alarm_at = lead.take_at() + ALARM_SLACK_NS
+                self._alarm.arm(lead.alarm_at)
         self._gate.release()
         self._watchdog = threading.Thread(
             target=self._watch, name="optlab-load-watchdog", daemon=True
@@ -183,6 +238,10 @@ class ThreadLoadGenerator:
             thread.join(max(0.0, deadline - time.monotonic()))
         if self._watchdog is not None:
             self._watchdog.join()
+        if self._alarm is not None and not any(t.is_alive() for t in self._threads):
+            # Left open while a thread lives: closed, its number could be reused by another
+            # file that the thread, back from its call, would then re-arm.
+            self._alarm.close()
         # A call still hung past the timeout now is a timeout too, not a request that vanished.
         sweep_timeouts(self._counters, self._timeout_ns)
         # From here on, requests that return are not recorded: the caller is about to close
@@ -203,6 +262,8 @@ class ThreadLoadGenerator:
             if not self._stop_signalled:
                 self._stop_signalled = True
                 self._stop_lock.release()
+                if self._alarm is not None:
+                    self._alarm.fire()  # wake the deputy
 
     def _run(
         self,
@@ -273,40 +334,78 @@ class ThreadLoadGenerator:
             if unrecorded:
                 record(end, end - start, 0, 0, timing, error, message)
 
-    # Leader/followers: the one thread holding `leader` takes the next intended time and
-    # waits for it; idle threads queue on the lock. Releasing it at dispatch promotes a
-    # follower, which arms itself for the next time while this thread is inside the target.
-    # A thread back from a fast target usually takes the lock again before a follower has
-    # even woken, so at high rates with a fast target one thread does the work without a
-    # context switch per request. One function: a call per request would cost on the hot path.
+    # Leader, deputy, queue. The leader sends one request after another itself, calling the
+    # target in between: with a fast target no thread switch happens per request. The deputy
+    # (the thread holding `seat`) sleeps until the leader's call has run too long (_Lead.take_at),
+    # then takes the role and frees the seat for a queued thread; the old leader finishes its
+    # request and queues. Functions of their own, but no call per request: the loops inside
+    # them are the hot path.
     def _open_worker(self, counters: WorkerCounters, log: WorkerLog) -> None:
-        call, requests, leader = self._call, self._requests, self._leader
+        seat = self._seat
+        while True:
+            with seat:
+                if not (self._running and self._deputize()):
+                    return
+            if not self._lead(counters, log):
+                if self._alarm is not None:
+                    # Stopping: its last arm may have replaced stop()'s wake-up of the deputy.
+                    self._alarm.fire()
+                return
+
+    def _deputize(self) -> bool:
+        """Sleep until the leader's call holds up the schedule, then take its role (True).
+        False when the generator stops."""
+        lead, clock, alarm = self._lead_state, time.perf_counter_ns, self._alarm
+        take = lead.baton.pop
+        while self._running:
+            now = clock()
+            busy_since = lead.busy_since
+            if busy_since and now >= max(lead.due - SPIN_NS, busy_since + HAND_OFF_NS):
+                try:
+                    take()  # atomic: the leader back from its call, or this thread, never both
+                except IndexError:
+                    pass  # it came back just now
+                else:
+                    self._handoffs += 1
+                    return True
+            if alarm is not None:
+                alarm.wait()  # the leader keeps it at _Lead.take_at; stop() rings it
+                continue
+            # No alarm: poll, at the alarm's slack at most, the earliest time a take-over can
+            # be due (a leader between calls is due for nothing before its next call has run).
+            wake = lead.take_at() if busy_since else max(lead.due, now) + HAND_OFF_NS
+            if self._stop_lock.acquire(timeout=max(wake - now, ALARM_SLACK_NS) / 1e9):
+                self._stop_lock.release()  # pass the wake-up on
+                return False
+        return False
+
+    def _lead(self, counters: WorkerCounters, log: WorkerLog) -> bool:
+        """Send on schedule until the deputy takes the role during a call (True: this thread
+        queues again) or the generator stops (False)."""
+        call, requests = self._call, self._requests
         record, clock, timeout_ns = log.record, time.perf_counter_ns, self._timeout_ns
         set_current, new_timing, returned = CURRENT.set, RequestTiming, mark_returned
         stop_lock, sleep, t0 = self._stop_lock, time.sleep, self._t0
-        schedule = self._schedule
+        lead, schedule, alarm = self._lead_state, self._schedule, self._alarm
         assert schedule is not None
+        hold, give = lead.baton.append, lead.baton.pop
         while True:
-            leader.acquire()
-            try:
-                if not self._running:
-                    return
-                offset, index = next(schedule)
-                intended = t0 + offset
+            intended, index = lead.due, lead.index
+            now = clock()
+            if intended - now > SPIN_NS:
+                if stop_lock.acquire(timeout=(intended - now - SPIN_NS) / 1e9):
+                    stop_lock.release()  # pass the wake-up on
+                    return False
                 now = clock()
-                if intended - now > SPIN_NS:
-                    if stop_lock.acquire(timeout=(intended - now - SPIN_NS) / 1e9):
-                        stop_lock.release()  # pass the wake-up on
-                        return
-                    now = clock()
-                while now < intended:
-                    sleep(0)
-                    now = clock()
-                if not self._running:
-                    return  # stopped while spinning: not sent
-            finally:
-                leader.release()
-            # Late only when no thread was idle (or the GIL was held): the lag says so.
+            while now < intended:
+                sleep(0)
+                now = clock()
+            if not self._running:
+                return False  # stopped while waiting: not sent
+            # The next send time is published before the call: the deputy goes by it.
+            offset, lead.index = next(schedule)
+            lead.due = t0 + offset
+            # Late only when no thread was free to send (or the GIL was held): the lag says so.
             send_lag = now - intended
             if send_lag > LATE_NS:
                 counters.late += 1
@@ -316,6 +415,13 @@ class ThreadLoadGenerator:
             counters.issued += 1
             start = clock()
             counters.origin, counters.call_start = intended, start
+            lead.busy_since = start
+            if alarm is not None:
+                take_at = max(lead.due - SPIN_NS, start + HAND_OFF_NS)  # _Lead.take_at
+                if not take_at <= lead.alarm_at <= take_at + ALARM_SLACK_NS:
+                    lead.alarm_at = take_at + ALARM_SLACK_NS
+                    alarm.arm(lead.alarm_at)
+            hold(None)
             try:
                 call(request)
             except Exception as exc:
@@ -328,13 +434,27 @@ class ThreadLoadGenerator:
                 if end - start > timeout_ns:
                     # Judged from the actual send: the target's time, not the generator's.
                     error, message = "timeout", self._timeout_message(end - start)
+            try:
+                give()
+            except IndexError:
+                deposed = True  # the deputy took the role while the call ran
+            else:
+                deposed = False
+                lead.busy_since = 0
+                if alarm is not None and lead.due > lead.alarm_at:
+                    # The next call starts after the alarm rings: it would wake the deputy
+                    # for nothing.
+                    lead.alarm_at = 0
+                    alarm.disarm()
             unrecorded = returned(counters)
             if self._closed:
-                return
+                return False
             counters.completed += 1
             if unrecorded:
                 # Latency from the INTENDED send time: the coordinated-omission correction.
                 record(end, end - intended, send_lag, start - intended, timing, error, message)
+            if deposed:
+                return True
 
     def _timeout_message(self, elapsed_ns: int) -> str:
         return (
