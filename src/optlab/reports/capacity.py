@@ -154,9 +154,14 @@ def _same_slo(sweep: SweepRecord, slo: Slo) -> bool:
     return sweep.slo_percentile == slo.percentile and math.isclose(sweep.slo_ms, slo.ms)
 
 
-def _sweep_command(path: str | None, name: str, slo: Slo, protocol: dict[str, Any] | None) -> str:
-    quick = " --quick" if (protocol or {}).get("name") == "quick" else ""
-    return f"`optlab sweep {path or name} --slo {slo.key}{quick}`"
+def _sweep_command(path: str | None, name: str, slo: Slo, like: SweepRecord | None) -> str:
+    """The command that would sweep the step as `like` (the chain's reference sweep, else its
+    newest) was swept: its loop and its protocol's length."""
+    extra = ""
+    if like is not None:
+        extra += " --mode closed" if like.mode == "closed" else ""
+        extra += " --quick" if like.protocol.get("name") == "quick" else ""
+    return f"`optlab sweep {path or name} --slo {slo.key}{extra}`"
 
 
 class _Environments:
@@ -202,9 +207,10 @@ def choose_sweeps(store: Store, names: Sequence[str], slo: Slo) -> list[SweepCho
     elif any(candidates.values()):
         reference = max((s for c in candidates.values() for s in c), key=lambda s: s.id)
     reference_fp = envs.fingerprint(reference.environment_id) if reference else None
+    like = reference or _newest_finished([s for name in names for s in swept[name]])
     choices = []
     for name in names:
-        command = _sweep_command(paths[name], name, slo, reference.protocol if reference else None)
+        command = _sweep_command(paths[name], name, slo, like)
         found = candidates[name]
         if not found or reference is None:
             why = _unswept(swept[name], hashes[name], slo, command)
