@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import resource
 import statistics
 import sys
 import time
@@ -44,7 +45,8 @@ CLOSED_GOAL_RPS = 200_000
 OPEN_GOAL_RPS = 50_000
 SCHEDULE_LAG_P99_MS = 1.0  # the generator's own LATE_NS, and the protocol's send-lag limit
 RATE_KEPT_FRACTION = 0.99  # sending fewer than this share of the arrivals is falling behind
-DEFAULT_RATES = (1_000, 5_000, 10_000, 20_000, 50_000, 100_000)
+DEFAULT_RATES = (1_000, 5_000, 10_000, 20_000, 50_000, 100_000, 200_000)
+CAPACITY_RATE = 1_000_000  # the most OpenLoad takes, far beyond what a Python thread sends
 REQUESTS = list(range(64))  # like the synthetic target's default inputs
 BARE_CHECK_EVERY = 1_000  # the bare loop reads the deadline once per this many calls
 
@@ -65,17 +67,71 @@ class Driven:
     send_lag_p99_ms: float | None
     drain_p50_ms: float
     drain_max_ms: float
+    usage: Usage
+    handoffs: int  # open loop: times the leader's role passed to another thread
+    late: int  # open loop: sends more than 1 ms after their intended time
+    issued: int  # sends in the measured seconds
 
     @property
     def rate(self) -> float:
         return self.completed / self.seconds
 
 
-def bare_loop(seconds: float) -> float:
-    """Requests/s of the simplest harness: call, take two clock readings, append the delta."""
+@dataclass(frozen=True)
+class Usage:
+    """What the measured seconds cost this process and what the rest of the machine did."""
+
+    cpu_s: float  # this process, user + system, every thread
+    preempted: int  # involuntary context switches of this process's threads
+    switches: int  # voluntary ones: a thread blocked (a lock, a sleep, the GIL)
+    drains_s: float  # the main thread inside Collector.drain (it holds the GIL there)
+    others: float | None  # share of all CPUs busy outside this process (Linux /proc/stat)
+
+
+def _machine_busy_s() -> float | None:
+    """Seconds of CPU the whole machine has been busy since boot, or None without /proc."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    # guest time is already counted in user time
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+class Meter:
+    """Process CPU, context switches and the machine's other load over a stretch of time."""
+
+    def __init__(self) -> None:
+        self._clock = time.perf_counter()
+        self._usage = resource.getrusage(resource.RUSAGE_SELF)
+        self._busy = _machine_busy_s()
+
+    def read(self, drains_s: float) -> Usage:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        wall = time.perf_counter() - self._clock
+        cpu = (usage.ru_utime + usage.ru_stime) - (self._usage.ru_utime + self._usage.ru_stime)
+        busy = _machine_busy_s()
+        others = None
+        if busy is not None and self._busy is not None and wall > 0:
+            others = max(0.0, (busy - self._busy - cpu) / (wall * (os.cpu_count() or 1)))
+        return Usage(
+            cpu_s=cpu,
+            preempted=usage.ru_nivcsw - self._usage.ru_nivcsw,
+            switches=usage.ru_nvcsw - self._usage.ru_nvcsw,
+            drains_s=drains_s,
+            others=others,
+        )
+
+
+def bare_loop(seconds: float) -> tuple[float, float]:
+    """Requests/s of the simplest harness (call, take two clock readings, append the delta),
+    and its CPU seconds per request."""
     call, clock, request = noop, time.perf_counter_ns, REQUESTS[0]
     deltas = array("q")
     append = deltas.append
+    cpu = time.thread_time()
     start = clock()
     deadline = start + int(seconds * 1e9)
     while True:
@@ -86,7 +142,7 @@ def bare_loop(seconds: float) -> float:
             append(clock() - t)
         now = clock()
         if now >= deadline:
-            return len(deltas) / ((now - start) / 1e9)
+            return len(deltas) / ((now - start) / 1e9), (time.thread_time() - cpu) / len(deltas)
 
 
 def _tick_until(
@@ -118,9 +174,13 @@ def drive(
     _tick_until(collector, clock() + int(warmup_s * 1e9), drain_s)
     start = clock()
     collector.set_phase("measure", start)
+    meter, handoffs, issued, late = Meter(), generator.handoffs, generator.issued, generator.late
     drains_ms: list[float] = []
     _tick_until(collector, start + int(seconds * 1e9), drain_s, drains_ms)
     end = clock()
+    usage = meter.read(sum(drains_ms) / 1e3)
+    handoffs, issued = generator.handoffs - handoffs, generator.issued - issued
+    late = generator.late - late
     # Phases go by completion time, so requests finishing after `end` fall in "done".
     collector.set_phase("done", end)
     report = generator.stop(drain_timeout_s=5.0)
@@ -143,6 +203,10 @@ def drive(
         send_lag_p99_ms=None if p99 is None else p99 / 1e6,
         drain_p50_ms=statistics.median(drains_ms) if drains_ms else 0.0,
         drain_max_ms=max(drains_ms, default=0.0),
+        usage=usage,
+        handoffs=handoffs,
+        late=late,
+        issued=issued,
     )
 
 
@@ -155,6 +219,35 @@ def kept_schedule(result: Driven, rate: float) -> bool:
 
 def code_id() -> str:
     return source_hashes("load/generator.py", "metrics/log.py", "metrics/windows.py")
+
+
+def costs(result: Driven, bare_cpu_s: float) -> str:
+    """One line of what a figure cost and what else ran meanwhile (see Usage)."""
+    usage, done = result.usage, max(result.completed, 1)
+    cpu = usage.cpu_s / done
+    others = "-" if usage.others is None else f"{usage.others:.0%}"
+    return (
+        f"CPU {cpu * 1e6:.2f} µs/request ({cpu / bare_cpu_s:.1f}x the bare loop, "
+        f"{usage.cpu_s / result.seconds:.2f} of a CPU)  hand-offs "
+        f"{result.handoffs / max(result.issued, 1):.3f}/request  late "
+        f"{result.late / max(result.issued, 1):.2%}  preempted "
+        f"{usage.preempted / result.seconds:,.0f}/s  draining "
+        f"{usage.drains_s / result.seconds:.1%} of the time  other processes {others} of the CPUs"
+    )
+
+
+def why_late(result: Driven, capacity: float) -> str:
+    """What the figures say stood in the way of a rate the open loop did not keep."""
+    usage = result.usage
+    return (
+        f"{result.late / max(result.issued, 1):.2%} of the sends over 1 ms late; the "
+        f"generator's ceiling is {capacity:,.0f}/s (ratio {capacity / OPEN_GOAL_RPS:.1f} to "
+        f"the goal); the main thread drained {usage.drains_s / result.seconds:.1%} of the time "
+        f"(max {result.drain_max_ms:.1f} ms, the leader waits for the GIL meanwhile); this "
+        f"process was preempted {usage.preempted / result.seconds:,.0f} times/s"
+        + ("" if usage.others is None else f" with other processes on {usage.others:.0%}")
+        + " of the CPUs"
+    )
 
 
 def verdict(ok: bool) -> str:
@@ -193,8 +286,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"load average {load1:.2f}; code: {code_id()}; {seconds:g} s per figure after "
         f"{warmup_s:g} s warmup, collector drained every {args.drain_s:g} s"
     )
-    bare = bare_loop(seconds)
-    print(f"bare loop            {bare:12,.0f} requests/s  (ratio 1.000)")
+    bare, bare_cpu = bare_loop(seconds)
+    print(
+        f"bare loop            {bare:12,.0f} requests/s  (ratio 1.000)  "
+        f"{bare_cpu * 1e6:.2f} µs CPU/request"
+    )
 
     closed: list[Driven] = []
     for threads in (1, 2):
@@ -217,9 +313,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"max {result.drain_max_ms:.1f} ms"
         )
 
-    print(f"# open loop: constant arrivals, {pool} worker threads (max_in_flight)")
+    print(
+        f"# open loop: constant arrivals, {pool} worker threads (max_in_flight); under each "
+        "rate, what it cost and what else ran: CPU of the whole process per request (the "
+        "bare loop's as the unit), leader hand-offs, sends over 1 ms late, this process's "
+        "threads preempted, the share of the time the main thread spent draining (holding "
+        "the GIL), the other processes' share of all CPUs"
+    )
     best: float | None = None
     best_rate = 0.0
+    at_goal: Driven | None = None
     for rate in rates:
         load = OpenLoad(mode="open", rate=rate, arrival="constant", **extra)
         result = drive(f"open {rate:g}/s", load, warmup_s, seconds, args.drain_s)
@@ -227,12 +330,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         best_rate = max(best_rate, result.rate)
         if kept:
             best = rate if best is None else max(best, rate)
+        if rate == OPEN_GOAL_RPS:
+            at_goal = result
         print(
             f"open loop {rate:>9,.0f}/s  achieved {result.rate:10,.0f}/s "
             f"(ratio {result.rate / bare:.3f})  send-lag P50 {ms(result.send_lag_p50_ms)} ms  "
             f"P99 {ms(result.send_lag_p99_ms)} ms  drain P50 {result.drain_p50_ms:.1f} ms "
             f"max {result.drain_max_ms:.1f} ms  kept schedule: {'yes' if kept else 'NO'}"
         )
+        print(f"    {costs(result, bare_cpu)}")
+    # Offered far more than it can send, the leader never waits: its rate is the open loop's
+    # ceiling on this machine, and the CPU per request the price of one send.
+    cap = drive(
+        "open capacity",
+        OpenLoad(mode="open", rate=CAPACITY_RATE, arrival="constant", **extra),
+        warmup_s,
+        seconds,
+        args.drain_s,
+    )
+    print(
+        f"open loop capacity (offered {CAPACITY_RATE:,}/s): achieved {cap.rate:,.0f}/s "
+        f"(ratio {cap.rate / bare:.3f}), {1e6 / cap.rate:.2f} µs/request"
+    )
+    print(f"    {costs(cap, bare_cpu)}")
 
     top_closed = max(r.rate for r in closed)
     print("# goals")
@@ -248,6 +368,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"(highest achieved {best_rate:,.0f}/s) "
         f"{verdict(best is not None and best >= OPEN_GOAL_RPS)}"
     )
+    if at_goal is not None and not kept_schedule(at_goal, OPEN_GOAL_RPS):
+        print(f"    at {OPEN_GOAL_RPS:,}/s: {why_late(at_goal, cap.rate)}")
     sys.stdout.flush()
     return 0
 

@@ -54,25 +54,30 @@ ALARM_SLACK_NS = 100_000
 class _Lead:
     """The open loop's leadership: the next send (``due``, ``index``) and the leader's call.
 
-    ``baton`` holds one item while the leader is inside the target and none otherwise. Whoever
-    pops it leads on: the leader back from its call, or the deputy taking over, never both
-    (``list.pop`` is atomic under the GIL), with no lock taken per request.
+    ``baton`` holds the leader's token (its WorkerCounters) while it is inside the target and
+    nothing otherwise. Whoever takes it out leads on: the leader back from its call (``remove``
+    of its own token, so it never takes the next leader's) or the deputy taking over (``pop``),
+    never both: each is one C call, atomic under the GIL, and no lock is taken per request.
     """
 
-    __slots__ = ("alarm_at", "baton", "busy_since", "due", "index")
+    __slots__ = ("alarm_at", "baton", "busy_since", "due", "index", "patience")
 
     def __init__(self, due: int = 0, index: int = 0) -> None:
         self.due, self.index = due, index
         # No leader yet: a placeholder inside a call since forever, which the first deputy
         # replaces in time for the first send.
         self.busy_since = 1  # perf_counter_ns at the leader's call, 0 between calls
-        self.baton: list[None] = [None]
+        self.baton: list[object] = [self]
         self.alarm_at = 0  # when the deputy's alarm rings; 0: disarmed
+        # How long a call runs before the deputy may take over: HAND_OFF_NS while calls return
+        # quickly; 0 after a slow one, so that when every call needs a thread of its own the
+        # deputy is woken in time to spin to the next send, as a follower would be.
+        self.patience = HAND_OFF_NS
 
     def take_at(self) -> int:
-        """When the deputy takes over if the leader's call has not returned: the next send's
-        spin, and never before the call has run HAND_OFF_NS. (Inlined in the leader.)"""
-        return max(self.due - SPIN_NS, self.busy_since + HAND_OFF_NS)
+        """When the deputy takes over if the leader's call has not returned: when the next
+        send's spin begins, once the call has run `patience`. (Inlined in the leader.)"""
+        return max(self.due - SPIN_NS, self.busy_since + self.patience)
 
 
 class ThreadLoadGenerator:
@@ -146,6 +151,11 @@ class ThreadLoadGenerator:
     def issued(self) -> int:
         """Requests sent so far."""
         return sum(c.issued for c in self._counters)
+
+    @property
+    def late(self) -> int:
+        """Open loop: requests sent so far more than LATE_NS after their intended time."""
+        return sum(c.late for c in self._counters)
 
     @property
     def handoffs(self) -> int:
@@ -360,13 +370,14 @@ class ThreadLoadGenerator:
         while self._running:
             now = clock()
             busy_since = lead.busy_since
-            if busy_since and now >= max(lead.due - SPIN_NS, busy_since + HAND_OFF_NS):
+            if busy_since and now >= max(lead.due - SPIN_NS, busy_since + lead.patience):
                 try:
-                    take()  # atomic: the leader back from its call, or this thread, never both
+                    take()  # the leader back from its call, or this thread: never both
                 except IndexError:
                     pass  # it came back just now
                 else:
                     self._handoffs += 1
+                    lead.patience = 0  # the next call is likely slow too
                     return True
             if alarm is not None:
                 alarm.wait()  # the leader keeps it at _Lead.take_at; stop() rings it
@@ -388,7 +399,7 @@ class ThreadLoadGenerator:
         stop_lock, sleep, t0 = self._stop_lock, time.sleep, self._t0
         lead, schedule, alarm = self._lead_state, self._schedule, self._alarm
         assert schedule is not None
-        hold, give = lead.baton.append, lead.baton.pop
+        hold, give = lead.baton.append, lead.baton.remove
         while True:
             intended, index = lead.due, lead.index
             now = clock()
@@ -417,11 +428,13 @@ class ThreadLoadGenerator:
             counters.origin, counters.call_start = intended, start
             lead.busy_since = start
             if alarm is not None:
-                take_at = max(lead.due - SPIN_NS, start + HAND_OFF_NS)  # _Lead.take_at
-                if not take_at <= lead.alarm_at <= take_at + ALARM_SLACK_NS:
-                    lead.alarm_at = take_at + ALARM_SLACK_NS
+                patience = lead.patience
+                take_at = max(lead.due - SPIN_NS, start + patience)  # _Lead.take_at
+                slack = ALARM_SLACK_NS if patience else 0
+                if not take_at <= lead.alarm_at <= take_at + slack:
+                    lead.alarm_at = take_at + slack
                     alarm.arm(lead.alarm_at)
-            hold(None)
+            hold(counters)
             try:
                 call(request)
             except Exception as exc:
@@ -435,12 +448,13 @@ class ThreadLoadGenerator:
                     # Judged from the actual send: the target's time, not the generator's.
                     error, message = "timeout", self._timeout_message(end - start)
             try:
-                give()
-            except IndexError:
+                give(counters)
+            except ValueError:
                 deposed = True  # the deputy took the role while the call ran
             else:
                 deposed = False
                 lead.busy_since = 0
+                lead.patience = HAND_OFF_NS if end - start <= HAND_OFF_NS else 0
                 if alarm is not None and lead.due > lead.alarm_at:
                     # The next call starts after the alarm rings: it would wake the deputy
                     # for nothing.
