@@ -65,7 +65,8 @@ def load_sweep(store: Store, sweep_id: int) -> SweepView:
     for lv in record.levels:
         run = store.get_run(lv.run_id)
         mode: Mode = "closed" if lv.mode == "closed" else "open"
-        level = level_of(run, store.get_windows(run.id, "measure"), mode, lv.load, slo)
+        windows = store.get_windows(run.id, "measure")
+        level = level_of(run, windows, mode, lv.load, slo, lv.purpose)
         rows.append(LevelRow(lv.position, lv.purpose, lv.reused, level, judge(level, settings)))
     return SweepView(record, slo, tuple(rows))
 

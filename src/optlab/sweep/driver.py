@@ -331,7 +331,7 @@ class _Sweep:
 
     def _add(self, probe: Probe, record: RunRecord, reused: bool) -> str:
         windows = self.store.get_windows(record.id, "measure")
-        level = level_of(record, windows, probe.mode, probe.load, self.options.slo)
+        level = level_of(record, windows, probe.mode, probe.load, self.options.slo, probe.purpose)
         out = self.outcome
         out.levels.append(level)
         out.runs.append(record.id)

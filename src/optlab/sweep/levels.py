@@ -85,8 +85,10 @@ def level_of(
     mode: Mode,
     load: float,
     slo: Slo,
+    purpose: str = "",
 ) -> Level:
-    """The run `record` (its measured-phase `windows`) as a level at `load`."""
+    """The run `record` (its measured-phase `windows`) as a level at `load`, measured for
+    `purpose` (the probe's)."""
     summary = record.summary
     total = summary.total if summary is not None else None
     value = getattr(total, slo.field) if total is not None else None
@@ -116,4 +118,7 @@ def level_of(
         duration_s=record.duration_s or 0.0,
         run_id=record.id,
         p99_ms=total.p99 if total is not None else None,
+        window_p99_ms=tuple(w.p99_ms for w in windows if w.p99_ms is not None),
+        requests=record.requests,
+        purpose=purpose,
     )

@@ -1,0 +1,180 @@
+"""What a sweep's levels say: capacity, its interval, the knee and the limit
+(`optlab.sweep.strategy` has the method)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from optlab.sweep.model import (
+    FIT_SLACK,
+    INTERVAL_CONFIDENCE,
+    bootstrap,
+    bracket,
+    evidence_bounds,
+    fit_model,
+)
+from optlab.sweep.plan import closed_limit
+from optlab.sweep.probe import (
+    Level,
+    Limit,
+    Result,
+    Settings,
+    contract_limit,
+    judge,
+    open_levels,
+)
+
+CONSERVATIVE_PERCENTILE = 30.0  # the capacity reported: this percentile of the fit's draws
+
+
+def knee(levels: Sequence[Level]) -> float | None:
+    """Kneedle (Satopää et al. 2011, the `kneed` package) on the latency-throughput curve:
+    the achieved rate beyond which latency climbs faster than throughput grows."""
+    points = sorted(
+        (lv.achieved_qps, lv.value_ms)
+        for lv in levels
+        if lv.achieved_qps and lv.value_ms is not None and lv.failed is None
+    )
+    if len(points) < 3:
+        return None
+    from kneed import KneeLocator  # type: ignore[import-untyped]  # no stubs
+
+    x = [p[0] for p in points]
+    y = [p[1] for p in points]
+    if len(set(x)) < 3:
+        return None
+    found = KneeLocator(x, y, curve="convex", direction="increasing").knee
+    return None if found is None else float(found)
+
+
+def _closed_knee(levels: Sequence[Level]) -> tuple[int | None, float | None]:
+    """The concurrency knee: Kneedle on throughput against clients (concave, increasing)."""
+    points = sorted((lv.load, lv.achieved_qps) for lv in levels if lv.achieved_qps)
+    if len(points) < 3:
+        return None, None
+    from kneed import KneeLocator
+
+    found = KneeLocator(
+        [p[0] for p in points], [p[1] for p in points], curve="concave", direction="increasing"
+    ).knee
+    if found is None:
+        return None, None
+    qps = next(p[1] for p in points if p[0] == found)
+    return int(found), float(qps)
+
+
+def _none_meets(levels: Sequence[Level], settings: Settings) -> Result:
+    lowest = min(levels, key=lambda lv: (lv.mode != "closed", lv.load))
+    limit = judge(lowest, settings)
+    what = "1 client" if lowest.mode == "closed" else f"{lowest.load:,.1f}/s"
+    seen = "-" if lowest.value_ms is None else f"{lowest.value_ms:,.2f} ms"
+    pct = settings.slo.percentile.upper()
+    detail = {
+        "errors": f"errors ({lowest.failed or f'{lowest.error_rate:.1%} of requests'})",
+        "generator": f"the load generator fell behind ({lowest.generator})",
+        "saturation": "the target could not keep up",
+        "invalid": "; ".join(lowest.reasons) or "the level was INVALID",
+    }.get(str(limit), "")
+    message = f"no rate meets {settings.slo.label}: at {what} {pct} was {seen}" + (
+        f" ({detail})" if detail else ""
+    )
+    return Result(None, None, knee(levels), None, contract_limit(limit), message, "none", ())
+
+
+def conclude(levels: Sequence[Level], settings: Settings) -> Result:
+    """Capacity, its interval, the knee and the limit, from the levels measured so far."""
+    if not levels:
+        return Result(None, None, None, None, None, "nothing was measured", "none")
+    if settings.mode == "closed":
+        return _conclude_closed(levels, settings)
+    opened = open_levels(levels)
+    lo, hi = bracket(opened, settings)
+    if lo is None:
+        return _none_meets(levels, settings)
+    knee_qps = knee(opened)
+    pct = settings.slo.percentile.upper()
+    if hi is None:
+        message = (
+            f"every rate up to {lo:,.1f}/s met {settings.slo.label}"
+            + (" (--max-rate)" if settings.max_rate is not None else "")
+            + ": the capacity is at least that"
+        )
+        return Result(lo, (lo, lo), knee_qps, None, None, message, "highest rate measured")
+    limiting = next(lv for lv in opened if lv.load == hi and judge(lv, settings) is not None)
+    limit = contract_limit(judge(limiting, settings))
+    notes: list[str] = []
+    if limit == "generator":
+        # No capacity is claimed at or above a level the load generator could not drive.
+        notes.append(f"the load generator fell behind at {hi:,.1f}/s: {limiting.generator}")
+    fit = fit_model(opened, settings) if limit in ("slo", "saturation") else None
+    lower, upper = evidence_bounds(opened, settings)
+    drawn = None
+    if fit is not None and lo * (1 - FIT_SLACK) <= fit.capacity <= hi * (1 + FIT_SLACK):
+        capacity = fit.capacity
+        method = f"model fit on {fit.points} levels"
+        drawn = bootstrap(opened, settings, fit)
+        if drawn is not None:
+            # Reported low on purpose: a capacity above the truth overloads the service,
+            # one below it only leaves headroom.
+            capacity = min(capacity, float(np.percentile(drawn, CONSERVATIVE_PERCENTILE)))
+    else:
+        fit = None
+        capacity = lo
+        method = "highest passing rate of the bracket"
+    # Where no level passed or failed beyond its noise, the fit's own spread (or, without
+    # one, the bracket stretched by its width) stands in for that end of the interval.
+    tail = (1 - INTERVAL_CONFIDENCE) / 2 * 100
+    if lower is None:
+        lower = min(lo, float(np.percentile(drawn, tail))) if drawn is not None else lo
+    if upper is None:
+        stretched = hi * (1 + max(settings.tolerance, hi / lo - 1))
+        upper = max(hi, float(np.percentile(drawn, 100 - tail))) if drawn is not None else stretched
+    # The answer stays inside the bracket (a failing level caps it) and the interval.
+    capacity = min(max(capacity, lo * (1 - FIT_SLACK), min(lower, hi)), hi, upper)
+    interval = (min(lower, capacity), max(upper, capacity))
+    if fit is None and limit == "slo":
+        notes.append("the model did not fit: the capacity is the bracket's passing end")
+    seen = "-" if limiting.value_ms is None else f"{limiting.value_ms:,.2f} ms"
+    message = (
+        f"capacity {capacity:,.1f}/s at {settings.slo.label} "
+        f"[{interval[0]:,.1f}, {interval[1]:,.1f}]; limited by {limit} "
+        f"(at {hi:,.1f}/s {pct} was {seen})"
+    )
+    return Result(capacity, interval, knee_qps, None, limit, message, method, tuple(notes))
+
+
+def _conclude_closed(levels: Sequence[Level], settings: Settings) -> Result:
+    closed = sorted((lv for lv in levels if lv.mode == "closed"), key=lambda lv: lv.load)
+    limits = {lv.load: closed_limit(lv, closed, settings) for lv in closed}
+    fails = [lv for lv in closed if limits[lv.load] is not None]
+    hi = min((lv.load for lv in fails), default=None)
+    passes = [lv for lv in closed if limits[lv.load] is None and (hi is None or lv.load < hi)]
+    knee_clients, knee_qps = _closed_knee(closed)
+    if not passes:
+        return _none_meets(levels, settings)
+    best = max(passes, key=lambda lv: lv.achieved_qps or 0.0)
+    capacity = best.achieved_qps or 0.0
+    if hi is None:
+        limit: Limit | None = None
+        upper = capacity
+        how = "every client count measured met the SLO"
+    else:
+        first_fail = next(lv for lv in closed if lv.load == hi)
+        limit = contract_limit(limits[hi])
+        upper = max(capacity, first_fail.achieved_qps or capacity)
+        how = f"limited by {limit} at {int(hi)} clients"
+    message = (
+        f"capacity {capacity:,.1f}/s at {settings.slo.label} with {int(best.load)} clients "
+        f"[{capacity:,.1f}, {upper:,.1f}]; {how}"
+    )
+    return Result(
+        capacity,
+        (capacity, upper),
+        knee_qps,
+        knee_clients,
+        limit,
+        message,
+        "highest throughput that met the SLO",
+    )

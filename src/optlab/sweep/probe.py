@@ -1,0 +1,151 @@
+"""What a sweep probes and how a measured level is judged: the strategy's vocabulary.
+
+A `Probe` is a load to measure (requests/s, or clients); a `Level` is what it came to; `judge`
+says whether a level met the SLO with the target keeping up, or which limit it hit. The
+strategy (`optlab.sweep.strategy`) is built from these.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from optlab.sweep.slo import Slo
+
+Mode = Literal["open", "closed"]
+
+Limit = Literal["slo", "saturation", "errors", "generator"]
+LIMITS: tuple[Limit, ...] = ("slo", "saturation", "errors", "generator")
+
+SATURATION_SHORTFALL = 0.05  # achieved below 95% of the offered rate: the target fell behind
+
+REFINE_DURATION_FACTOR = 4.0
+
+REFINING = (
+    "model",
+    "bisection",
+    "confirm",
+)  # a level this many kernel widths from the SLO counts as near it
+
+
+@dataclass(frozen=True)
+class Settings:
+    mode: Mode
+    slo: Slo
+    min_rate: float | None = None  # requests/s (open) or clients (closed)
+    max_rate: float | None = None
+    tolerance: float = 0.05  # the bracket's relative width at which the search stops
+    budget_s: float | None = None  # measured seconds (warmup included) the sweep may spend
+    max_error_rate: float = 0.01
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One level to measure: `clients` closed-loop clients, or `rate` requests/s."""
+
+    mode: Mode
+    load: float  # requests/s (open) or clients (closed)
+    purpose: str  # "one client", "growth", "model", "bisection": said in the progress line
+
+    @property
+    def duration_factor(self) -> float:
+        """Levels that narrow the bracket measure longer: their percentile decides the
+        capacity, and a tail percentile's noise falls only as the square root of time."""
+        return REFINE_DURATION_FACTOR if self.purpose in REFINING else 1.0
+
+    @property
+    def key(self) -> tuple[str, float]:
+        return (self.mode, round(self.load, 6))
+
+
+@dataclass(frozen=True)
+class Level:
+    """What one measured level came to."""
+
+    mode: Mode
+    load: float  # requests/s offered (open) or clients (closed)
+    achieved_qps: float | None
+    p50_ms: float | None
+    value_ms: float | None  # the SLO's percentile of the end-to-end latency
+    value_se_ms: float | None  # its standard error (batch means of the level's seconds)
+    error_rate: float
+    valid: bool
+    reasons: tuple[str, ...] = ()
+    generator: str | None = None  # why the load generator, not the target, set the limit
+    failed: str | None = None  # the run FAILED: its error
+    measured_s: float = 0.0  # warmup + measurement
+    duration_s: float = 0.0  # the measured phase alone
+    run_id: int | None = None
+    p99_ms: float | None = None
+    window_p99_ms: tuple[float, ...] = ()  # the SLO's percentile in each measured second
+    requests: int | None = None  # requests measured (the percentile's sample)
+    purpose: str = ""  # why it was measured (`Probe.purpose`)
+
+    @property
+    def offered_qps(self) -> float | None:
+        return self.load if self.mode == "open" else None
+
+
+def judge(level: Level, settings: Settings) -> Limit | Literal["invalid"] | None:
+    """None when the level meets the SLO and the target kept up; else the limit it hit."""
+    if level.failed is not None:
+        return "errors"
+    if level.error_rate > settings.max_error_rate:
+        return "errors"
+    if level.generator is not None:
+        return "generator"
+    if level.mode == "open" and _fell_behind(level):
+        return "saturation"
+    if level.value_ms is None or level.value_ms > settings.slo.ms:
+        return "slo"
+    if not level.valid:
+        return "invalid"
+    return None
+
+
+def _fell_behind(level: Level) -> bool:
+    """Completions short of the offered rate by more than 5%, and by more than Poisson
+    arrivals' own noise (3 sigma of the count): a short level at a low rate is not called
+    saturated for a few requests the schedule happened not to send."""
+    if level.achieved_qps is None:
+        return True
+    expected = level.load * level.duration_s
+    missing = expected - level.achieved_qps * level.duration_s
+    return level.achieved_qps < (1 - SATURATION_SHORTFALL) * level.load and missing > 3 * math.sqrt(
+        max(expected, 1.0)
+    )
+
+
+@dataclass(frozen=True)
+class Result:
+    capacity_qps: float | None
+    interval: tuple[float, float] | None
+    knee_qps: float | None
+    knee_clients: int | None
+    limited_by: Limit | None
+    message: str  # one sentence: what the sweep found
+    method: str  # how the capacity was estimated
+    notes: tuple[str, ...] = field(default=())
+
+
+def open_levels(levels: Sequence[Level]) -> list[Level]:
+    return [level for level in levels if level.mode == "open"]
+
+
+def contract_limit(limit: str | None) -> Limit | None:
+    """`invalid` (unstable, too short) is reported as saturation: the target did not hold
+    steady at that load."""
+    if limit == "invalid":
+        return "saturation"
+    return limit if limit in LIMITS else None
+
+
+def refining(level: Level) -> bool:
+    """Measured at the refining length, to narrow the bracket."""
+    return level.purpose in REFINING
+
+
+def shortest(levels: Sequence[Level]) -> float:
+    return min((lv.duration_s for lv in levels if lv.duration_s > 0), default=0.0)
