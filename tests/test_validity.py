@@ -254,3 +254,16 @@ def test_a_level_stopped_early_is_invalid_with_the_reason() -> None:
     assert not judged.valid
     assert any(r.startswith("stopped after 3.2 s of 20 s: saturated") for r in judged.reasons)
     assert not any("shorter than" in r for r in judged.reasons)
+
+
+def test_open_loop_halves_apart_by_arrival_noise_alone_are_not_unstable() -> None:
+    # 7 s halves at ~50/s: 163 vs 182 requests, 10.4% apart, but within 3 sd of the counts
+    # (sqrt(345) = 18.6): Poisson arrivals, not the target, made the gap.
+    short = replace(GOOD, measured_s=14.0, first_half_qps=46.6, second_half_qps=52.0)
+    assert not any(r.startswith("unstable") for r in verdict(short).reasons)
+    # The same 10% gap over 600 s halves (15,000 vs 15,600 requests) is the target's.
+    long = replace(GOOD, measured_s=600.0, first_half_qps=50.0, second_half_qps=56.0)
+    assert any(r.startswith("unstable") for r in verdict(long).reasons)
+    # A closed loop has no arrival noise to allow for.
+    closed = replace(short, open_loop=False)
+    assert any(r.startswith("unstable") for r in verdict(closed).reasons)
