@@ -128,6 +128,10 @@ def conclude(levels: Sequence[Level], settings: Settings) -> Result:
     tail = (1 - INTERVAL_CONFIDENCE) / 2 * 100
     if lower is None:
         lower = min(lo, float(np.percentile(drawn, tail))) if drawn is not None else lo
+    elif drawn is not None:
+        # A confident pass far below (a growth level at half the rate) says less than the
+        # model's spread near the crossing: the interval's low end is the nearer of the two.
+        lower = max(lower, min(float(np.percentile(drawn, tail)), capacity))
     if upper is None:
         stretched = hi * (1 + max(settings.tolerance, hi / lo - 1))
         upper = max(hi, float(np.percentile(drawn, 100 - tail))) if drawn is not None else stretched
