@@ -161,6 +161,15 @@ def test_a_sweep_is_stored_and_its_levels_are_reused(
     assert all(lv["reused"] for lv in second["levels"])
     assert second["measured_s"] == 0 and second["capacity_qps"] == 200.0
     assert "reusing run" in again.stderr
+    listed_sweeps = invoke("sweeps", "server")
+    assert listed_sweeps.exit_code == 0
+    rows = [line.split() for line in listed_sweeps.stdout.splitlines()[1:]]
+    assert [(row[0], row[1], row[5]) for row in rows] == [
+        (str(document["sweep_id"]), "server", "200.0"),
+        (str(second["sweep_id"]), "server", "200.0"),
+    ]
+    shown = invoke("sweeps", "--show", str(second["sweep_id"]), "--json")
+    assert json.loads(shown.stdout) == second
     frame = api.sweeps(sqlite_url, "server")
     assert list(frame["sweep_id"]) == [document["sweep_id"], second["sweep_id"]]
     assert list(frame["capacity_qps"]) == [200.0, 200.0]

@@ -80,6 +80,7 @@ def _register() -> None:
     cli.add_command(runs.run)
     cli.add_command(runs.log)
     cli.add_command(sweep.sweep)
+    cli.add_command(sweep.sweeps)
     cli.add_command(db.db)
     cli.add_command(demo.demo)
     cli.add_command(serve.serve)
