@@ -40,8 +40,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from provenance import source_hashes
-from scipy.optimize import brentq  # type: ignore[import-untyped]  # no stubs
 
+from optlab.reference.queueing import mmc_capacity, simulate_sojourn
 from optlab.sweep.slo import Slo
 from optlab.sweep.strategy import Level, Probe, Result, Settings, conclude, next_probe
 
@@ -51,6 +51,7 @@ SERVICE_S = 0.010
 WARMUP_S = 1.0  # the quick protocol's
 BASE_MEASURE_S = 5.0
 SATURATED_STOP_S = 4.0
+CODE = ("sweep/plan.py", "sweep/model.py", "sweep/answer.py", "sweep/probe.py")
 MIN_REQUESTS = 730  # a level is extended until it holds about this many requests
 REF_WINDOW_S = 5.0
 REF_STABLE = 3
@@ -91,7 +92,7 @@ class Scenario:
 
     def truth(self) -> float:
         if self.distribution == "exponential":
-            return mmc_capacity(self.servers, 1 / SERVICE_S, SLO_MS / 1000)
+            return mmc_capacity(self.servers, 1 / SERVICE_S, SLO_MS / 1000, Q)
         return SIMULATED_TRUTH[self.name]
 
 
@@ -104,49 +105,7 @@ SCENARIOS = (
     Scenario("M/D/2", 2, "fixed"),
 )
 
-# -- queueing (a copy of the reference's method, so the benchmark stands on its own) ----------
-
-
-def sojourn(arrivals: np.ndarray, services: np.ndarray, servers: int) -> np.ndarray:
-    """FCFS c servers, empty at the start: each arrival takes the server that frees first."""
-    free = [-math.inf] * servers
-    done = [0.0] * len(arrivals)
-    for i, (arrival, service) in enumerate(zip(arrivals.tolist(), services.tolist(), strict=True)):
-        first = free[0]
-        finish = (arrival if arrival > first else first) + service
-        heapq.heapreplace(free, finish)
-        done[i] = finish
-    return np.asarray(done) - arrivals
-
-
-def erlang_c(servers: int, rate: float, mu: float) -> float:
-    a = rate / mu
-    b = 1.0
-    for k in range(1, servers + 1):
-        b = a * b / (k + a * b)
-    return servers * b / (servers - a * (1.0 - b))
-
-
-def mmc_quantile(servers: int, rate: float, mu: float, q: float = Q) -> float:
-    """The q-quantile of the M/M/c FCFS sojourn (wait Exp(c mu - rate) when waiting, + service)."""
-    c = erlang_c(servers, rate, mu)
-    theta = servers * mu - rate
-
-    def sf(t: float) -> float:
-        lo, hi = min(theta, mu), max(theta, mu)
-        x = (hi - lo) * t
-        ratio = -math.expm1(-x) / x if x > 1e-8 else 1.0 - x / 2
-        return (1 - c) * math.exp(-mu * t) + c * math.exp(-lo * t) * (1 + lo * t * ratio)
-
-    hi = -math.log(1 - q) / mu
-    while sf(hi) > 1 - q:
-        hi *= 2
-    return float(brentq(lambda t: sf(t) - (1 - q), 0.0, hi, xtol=1e-12))
-
-
-def mmc_capacity(servers: int, mu: float, slo_s: float) -> float:
-    top = servers * mu * (1 - 1e-9)
-    return float(brentq(lambda r: mmc_quantile(servers, r, mu) - slo_s, 1e-9, top, xtol=1e-9))
+# -- queueing truth: optlab.reference.queueing (Erlang C; the FCFS simulator) ----------------
 
 
 def poisson(rate: float, duration_s: float, rng: np.random.Generator) -> np.ndarray:
@@ -173,7 +132,7 @@ def open_level(scn: Scenario, probe: Probe, rng: np.random.Generator) -> Level:
     measured = measure_s(rate, probe.duration_factor)
     end = WARMUP_S + measured
     arrivals = poisson(rate, end, rng)
-    so = sojourn(arrivals, scn.services(arrivals.size, rng), scn.servers)
+    so = simulate_sojourn(arrivals, scn.services(arrivals.size, rng), scn.servers)
     done = arrivals + so
     kept = arrivals >= WARMUP_S
     lat = so[kept] * 1000
@@ -287,7 +246,7 @@ def reference_probe(scn: Scenario, rate: float, rng: np.random.Generator) -> tup
     """(passed, measured seconds): 5 s windows of one continuing run until 3 are stable."""
     horizon = REF_WINDOW_S * REF_MAX_WINDOWS
     arrivals = poisson(rate, horizon, rng)
-    so = sojourn(arrivals, scn.services(arrivals.size, rng), scn.servers)
+    so = simulate_sojourn(arrivals, scn.services(arrivals.size, rng), scn.servers)
     done = arrivals + so
     windows: list[tuple[float, float]] = []
     for k in range(REF_MAX_WINDOWS):
@@ -404,8 +363,8 @@ def main() -> None:
     started = time.monotonic()
     print(
         f"# sweep_accuracy: Python {platform.python_version()}, {os.cpu_count()} CPUs, "
-        f"load average {os.getloadavg()[0]:.2f}; code: "
-        f"{source_hashes('sweep/strategy.py', 'sweep/slo.py')}; SLO P99 <= {SLO_MS:g} ms, "
+        f"load average {os.getloadavg()[0]:.2f}; code: {source_hashes(*CODE)}; "
+        f"SLO P99 <= {SLO_MS:g} ms, "
         f"{args.seeds} seeds; truths: M/M/c exact (Erlang C), {TRUTH_NOTE}"
     )
     results = []
