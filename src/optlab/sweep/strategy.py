@@ -40,7 +40,7 @@ it: the curve is flat near the unloaded latency and has a pole at saturation, an
 global form fits both M/M/1 and M/M/8.
 
 Measured (`benchmarks/sweep_accuracy.py`, 20 seeds each, SLO P99 <= 100 ms; the README of
-benchmarks/ has the table): within +-5% of the truth in 10 (M/M/1), 12 (M/M/2), 14 (M/M/4),
+benchmarks/ has the table): within +-5% of the truth in 11 (M/M/1), 12 (M/M/2), 14 (M/M/4),
 15 (M/M/8), 20 (M/G/4) and 19 (M/D/2) of 20 sweeps; more than 5% above in 1, 0, 2, 0, 0, 0;
 the interval covers the truth in 16, 20, 20, 20, 19, 20 of 20; 0.34-0.49 of the measured
 seconds of a perf_analyzer-style binary search (which got 8, 8, 16, 18, 20, 14 of 20 within
