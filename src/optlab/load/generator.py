@@ -353,9 +353,13 @@ class ThreadLoadGenerator:
     def _open_worker(self, counters: WorkerCounters, log: WorkerLog) -> None:
         seat = self._seat
         while True:
-            with seat:
-                if not (self._running and self._deputize()):
-                    return
+            seat.acquire()
+            if not (self._running and self._deputize()):
+                seat.release()
+                return
+            # _lead frees the seat, for the next deputy, as its first call begins: after a slow
+            # call, that deputy then finds the call under way and takes over without sleeping,
+            # one thread woken per request, no more than a hand-off per request costs.
             if not self._lead(counters, log):
                 if self._alarm is not None:
                     # Stopping: its last arm may have replaced stop()'s wake-up of the deputy.
@@ -400,75 +404,87 @@ class ThreadLoadGenerator:
         lead, schedule, alarm = self._lead_state, self._schedule, self._alarm
         assert schedule is not None
         hold, give = lead.baton.append, lead.baton.remove
-        while True:
-            intended, index = lead.due, lead.index
-            now = clock()
-            if intended - now > SPIN_NS:
-                if stop_lock.acquire(timeout=(intended - now - SPIN_NS) / 1e9):
-                    stop_lock.release()  # pass the wake-up on
+        seat, seated = self._seat, True
+        try:
+            while True:
+                intended, index = lead.due, lead.index
+                now = clock()
+                if intended - now > SPIN_NS:
+                    if stop_lock.acquire(timeout=(intended - now - SPIN_NS) / 1e9):
+                        stop_lock.release()  # pass the wake-up on
+                        return False
+                    now = clock()
+                while now < intended:
+                    sleep(0)
+                    now = clock()
+                if not self._running:
+                    return False  # stopped while waiting: not sent
+                # The next send time is published before the call: the deputy goes by it.
+                offset, lead.index = next(schedule)
+                lead.due = t0 + offset
+                # Late only when no thread was free to send (or the GIL was held): the lag says so.
+                send_lag = now - intended
+                if send_lag > LATE_NS:
+                    counters.late += 1
+                request = requests[index]
+                timing = new_timing()
+                set_current(timing)
+                counters.issued += 1
+                start = clock()
+                counters.origin, counters.call_start = intended, start
+                lead.busy_since = start
+                if alarm is not None:
+                    patience = lead.patience
+                    take_at = max(lead.due - SPIN_NS, start + patience)  # _Lead.take_at
+                    slack = ALARM_SLACK_NS if patience else 0
+                    # Not when the seat is freed below with the take-over already due: the
+                    # deputy it wakes looks before it sleeps.
+                    if not (
+                        take_at <= lead.alarm_at <= take_at + slack or seated and take_at <= start
+                    ):
+                        lead.alarm_at = take_at + slack
+                        alarm.arm(lead.alarm_at)
+                hold(counters)
+                if seated:
+                    seat.release()
+                    seated = False
+                try:
+                    call(request)
+                except Exception as exc:
+                    end = clock()
+                    error: str | None = type(exc).__name__
+                    message: str | None = describe_error(exc)
+                else:
+                    end = clock()
+                    error = message = None
+                    if end - start > timeout_ns:
+                        # Judged from the actual send: the target's time, not the generator's.
+                        error, message = "timeout", self._timeout_message(end - start)
+                try:
+                    give(counters)
+                except ValueError:
+                    deposed = True  # the deputy took the role while the call ran
+                else:
+                    deposed = False
+                    lead.busy_since = 0
+                    lead.patience = HAND_OFF_NS if end - start <= HAND_OFF_NS else 0
+                    if alarm is not None and lead.due > lead.alarm_at > end:
+                        # The next call starts after the alarm rings: it would wake the deputy
+                        # for nothing. (Once rung, it is left: the deputy may be on its way.)
+                        lead.alarm_at = 0
+                        alarm.disarm()
+                unrecorded = returned(counters)
+                if self._closed:
                     return False
-                now = clock()
-            while now < intended:
-                sleep(0)
-                now = clock()
-            if not self._running:
-                return False  # stopped while waiting: not sent
-            # The next send time is published before the call: the deputy goes by it.
-            offset, lead.index = next(schedule)
-            lead.due = t0 + offset
-            # Late only when no thread was free to send (or the GIL was held): the lag says so.
-            send_lag = now - intended
-            if send_lag > LATE_NS:
-                counters.late += 1
-            request = requests[index]
-            timing = new_timing()
-            set_current(timing)
-            counters.issued += 1
-            start = clock()
-            counters.origin, counters.call_start = intended, start
-            lead.busy_since = start
-            if alarm is not None:
-                patience = lead.patience
-                take_at = max(lead.due - SPIN_NS, start + patience)  # _Lead.take_at
-                slack = ALARM_SLACK_NS if patience else 0
-                if not take_at <= lead.alarm_at <= take_at + slack:
-                    lead.alarm_at = take_at + slack
-                    alarm.arm(lead.alarm_at)
-            hold(counters)
-            try:
-                call(request)
-            except Exception as exc:
-                end = clock()
-                error: str | None = type(exc).__name__
-                message: str | None = describe_error(exc)
-            else:
-                end = clock()
-                error = message = None
-                if end - start > timeout_ns:
-                    # Judged from the actual send: the target's time, not the generator's.
-                    error, message = "timeout", self._timeout_message(end - start)
-            try:
-                give(counters)
-            except ValueError:
-                deposed = True  # the deputy took the role while the call ran
-            else:
-                deposed = False
-                lead.busy_since = 0
-                lead.patience = HAND_OFF_NS if end - start <= HAND_OFF_NS else 0
-                if alarm is not None and lead.due > lead.alarm_at:
-                    # The next call starts after the alarm rings: it would wake the deputy
-                    # for nothing.
-                    lead.alarm_at = 0
-                    alarm.disarm()
-            unrecorded = returned(counters)
-            if self._closed:
-                return False
-            counters.completed += 1
-            if unrecorded:
-                # Latency from the INTENDED send time: the coordinated-omission correction.
-                record(end, end - intended, send_lag, start - intended, timing, error, message)
-            if deposed:
-                return True
+                counters.completed += 1
+                if unrecorded:
+                    # Latency from the INTENDED send time: the coordinated-omission correction.
+                    record(end, end - intended, send_lag, start - intended, timing, error, message)
+                if deposed:
+                    return True
+        finally:
+            if seated:
+                seat.release()
 
     def _timeout_message(self, elapsed_ns: int) -> str:
         return (
