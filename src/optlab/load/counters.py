@@ -1,9 +1,9 @@
-"""The threaded generator's per-worker counters, and the sweep that counts a call hanging past
-its timeout as a timeout while it hangs.
+"""The threaded generator's bookkeeping: per-worker counters, the sweep that counts a call
+hanging past its timeout as a timeout while it hangs, and the open loop's leadership.
 
 A synchronous Python call cannot be cancelled, so without the sweep a request that never
 returns would be neither an error nor a latency, and a run whose every call hangs would report
-0 errors.
+0 errors. The leadership is described in `optlab.load.generator`.
 """
 
 from __future__ import annotations
@@ -13,10 +13,20 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from optlab.load.timerslack import SPIN_NS
+
 if TYPE_CHECKING:
     from optlab.metrics.log import WorkerLog
 
-__all__ = ["WorkerCounters", "describe_error", "mark_returned", "sweep_timeouts"]
+__all__ = [
+    "ALARM_SLACK_NS",
+    "HAND_OFF_NS",
+    "Leadership",
+    "WorkerCounters",
+    "describe_error",
+    "mark_returned",
+    "sweep_timeouts",
+]
 
 MESSAGE_CHARS = 200
 
@@ -80,3 +90,43 @@ def mark_returned(counters: WorkerCounters) -> bool:
     with counters.lock:
         counters.call_start = 0
         return counters.swept != counters.issued
+
+
+# -- the open loop's leadership ---------------------------------------------------------------
+# The open loop's deputy takes the leader's role once its call has run HAND_OFF_NS and a send is
+# due, woken by an alarm that may ring up to ALARM_SLACK_NS later: the leader moves the alarm
+# (a system call, ~2 µs here) once per that much schedule time, not per request. Far below
+# LATE_NS; lower would hand the role over, waking threads, for calls of a few tens of µs.
+# ALARM_SLACK_NS < SPIN_NS, so at low rates the deputy still wakes before the send it takes.
+# Where there is no alarm (not Linux), the deputy polls every ALARM_SLACK_NS instead.
+HAND_OFF_NS = 50_000
+ALARM_SLACK_NS = 100_000
+
+
+class Leadership:
+    """The open loop's leadership: the next send (``due``, ``index``) and the leader's call.
+
+    ``baton`` holds the leader's token (its WorkerCounters) while it is inside the target and
+    nothing otherwise. Whoever takes it out leads on: the leader back from its call (``remove``
+    of its own token, so it never takes the next leader's) or the deputy taking over (``pop``),
+    never both: each is one C call, atomic under the GIL, and no lock is taken per request.
+    """
+
+    __slots__ = ("alarm_at", "baton", "busy_since", "due", "index", "patience")
+
+    def __init__(self, due: int = 0, index: int = 0) -> None:
+        self.due, self.index = due, index
+        # No leader yet: a placeholder inside a call since forever, which the first deputy
+        # replaces in time for the first send.
+        self.busy_since = 1  # perf_counter_ns at the leader's call, 0 between calls
+        self.baton: list[object] = [self]
+        self.alarm_at = 0  # when the deputy's alarm rings; 0: disarmed
+        # How long a call runs before the deputy may take over: HAND_OFF_NS while calls return
+        # quickly; 0 after a slow one, so that when every call needs a thread of its own the
+        # deputy is woken in time to spin to the next send, as a follower would be.
+        self.patience = HAND_OFF_NS
+
+    def take_at(self) -> int:
+        """When the deputy takes over if the leader's call has not returned: when the next
+        send's spin begins, once the call has run `patience`. (Inlined in the leader.)"""
+        return max(self.due - SPIN_NS, self.busy_since + self.patience)

@@ -29,7 +29,15 @@ from typing import TYPE_CHECKING, Any
 from optlab.config.models import ClosedLoad, OpenLoad, ReplayLoad, in_flight_limit
 from optlab.errors import ConfigError
 from optlab.load.base import LATE_NS, START_LEAD_NS, StopReport
-from optlab.load.counters import WorkerCounters, describe_error, mark_returned, sweep_timeouts
+from optlab.load.counters import (
+    ALARM_SLACK_NS,
+    HAND_OFF_NS,
+    Leadership,
+    WorkerCounters,
+    describe_error,
+    mark_returned,
+    sweep_timeouts,
+)
 from optlab.load.schedules import indexed_trace, make_schedule
 from optlab.load.timerslack import SPIN_NS, Alarm, tighten_timer_slack
 from optlab.metrics.stages import CURRENT, RequestTiming
@@ -41,43 +49,6 @@ __all__ = ["ThreadLoadGenerator"]
 
 MAX_LOGS = 4
 WATCH_S = 0.1  # how often calls are checked for hanging past the timeout
-# The open loop's deputy takes the leader's role once its call has run HAND_OFF_NS and a send is
-# due, woken by an alarm that may ring up to ALARM_SLACK_NS later: the leader moves the alarm
-# (a system call, ~2 µs here) once per that much schedule time, not per request. Far below
-# LATE_NS; lower would hand the role over, waking threads, for calls of a few tens of µs.
-# ALARM_SLACK_NS < SPIN_NS, so at low rates the deputy still wakes before the send it takes.
-# Where there is no alarm (not Linux), the deputy polls every ALARM_SLACK_NS instead.
-HAND_OFF_NS = 50_000
-ALARM_SLACK_NS = 100_000
-
-
-class _Lead:
-    """The open loop's leadership: the next send (``due``, ``index``) and the leader's call.
-
-    ``baton`` holds the leader's token (its WorkerCounters) while it is inside the target and
-    nothing otherwise. Whoever takes it out leads on: the leader back from its call (``remove``
-    of its own token, so it never takes the next leader's) or the deputy taking over (``pop``),
-    never both: each is one C call, atomic under the GIL, and no lock is taken per request.
-    """
-
-    __slots__ = ("alarm_at", "baton", "busy_since", "due", "index", "patience")
-
-    def __init__(self, due: int = 0, index: int = 0) -> None:
-        self.due, self.index = due, index
-        # No leader yet: a placeholder inside a call since forever, which the first deputy
-        # replaces in time for the first send.
-        self.busy_since = 1  # perf_counter_ns at the leader's call, 0 between calls
-        self.baton: list[object] = [self]
-        self.alarm_at = 0  # when the deputy's alarm rings; 0: disarmed
-        # How long a call runs before the deputy may take over: HAND_OFF_NS while calls return
-        # quickly; 0 after a slow one, so that when every call needs a thread of its own the
-        # deputy is woken in time to spin to the next send, as a follower would be.
-        self.patience = HAND_OFF_NS
-
-    def take_at(self) -> int:
-        """When the deputy takes over if the leader's call has not returned: when the next
-        send's spin begins, once the call has run `patience`. (Inlined in the leader.)"""
-        return max(self.due - SPIN_NS, self.busy_since + self.patience)
 
 
 class ThreadLoadGenerator:
@@ -117,7 +88,7 @@ class ThreadLoadGenerator:
         # The open loop's roles (see _open_worker): the thread holding `seat` is the deputy;
         # only the leader takes from the schedule (generators are not thread-safe).
         self._seat = threading.Lock()
-        self._lead_state = _Lead()
+        self._lead_state = Leadership()
         self._alarm: Alarm | None = None
         self._handoffs = 0
         self._schedule: Iterator[tuple[int, int]] | None = None
@@ -222,7 +193,7 @@ class ThreadLoadGenerator:
         self._t0 = time.perf_counter_ns() + START_LEAD_NS
         if self._schedule is not None:
             offset, index = next(self._schedule)
-            lead = self._lead_state = _Lead(self._t0 + offset, index)
+            lead = self._lead_state = Leadership(self._t0 + offset, index)
             if self._alarm is not None:
                 lead.alarm_at = lead.take_at() + ALARM_SLACK_NS
                 self._alarm.arm(lead.alarm_at)
@@ -346,10 +317,10 @@ class ThreadLoadGenerator:
 
     # Leader, deputy, queue. The leader sends one request after another itself, calling the
     # target in between: with a fast target no thread switch happens per request. The deputy
-    # (the thread holding `seat`) sleeps until the leader's call has run too long (_Lead.take_at),
-    # then takes the role and frees the seat for a queued thread; the old leader finishes its
-    # request and queues. Functions of their own, but no call per request: the loops inside
-    # them are the hot path.
+    # (the thread holding `seat`) sleeps until the leader's call has run too long
+    # (Leadership.take_at), then takes the role and frees the seat for a queued thread; the
+    # old leader finishes its request and queues. Functions of their own, but no call per
+    # request: the loops inside them are the hot path.
     def _open_worker(self, counters: WorkerCounters, log: WorkerLog) -> None:
         seat = self._seat
         while True:
@@ -384,7 +355,7 @@ class ThreadLoadGenerator:
                     lead.patience = 0  # the next call is likely slow too
                     return True
             if alarm is not None:
-                alarm.wait()  # the leader keeps it at _Lead.take_at; stop() rings it
+                alarm.wait()  # the leader keeps it at Leadership.take_at; stop() rings it
                 continue
             # No alarm: poll, at the alarm's slack at most, the earliest time a take-over can
             # be due (a leader between calls is due for nothing before its next call has run).
@@ -435,7 +406,7 @@ class ThreadLoadGenerator:
                 lead.busy_since = start
                 if alarm is not None:
                     patience = lead.patience
-                    take_at = max(lead.due - SPIN_NS, start + patience)  # _Lead.take_at
+                    take_at = max(lead.due - SPIN_NS, start + patience)  # Leadership.take_at
                     slack = ALARM_SLACK_NS if patience else 0
                     # Not when the seat is freed below with the take-over already due: the
                     # deputy it wakes looks before it sleeps.
