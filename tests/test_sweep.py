@@ -130,15 +130,19 @@ def test_a_target_that_fails_at_every_level_fails_the_sweep(
 def test_a_sweep_is_stored_and_its_levels_are_reused(
     invoke: Invoke, tmp_path: Path, sqlite_url: str
 ) -> None:
+    # Closed loop: no send schedule for a busy machine to miss, so both levels are VALID.
     path = _server(tmp_path, ms=2)
-    args = ("--slo", "p99=40ms", "--quick", "--level-duration", "1")
-    args += ("--min-rate", "100", "--max-rate", "200")
+    args = ("--slo", "p99=40ms", "--quick", "--level-duration", "2", "--mode", "closed")
+    args += ("--min-rate", "2", "--max-rate", "4")
     first = invoke("sweep", str(path), *args, "--json")
     assert first.exit_code == 0, first.output
     document = _json(first)
-    assert [lv["offered_qps"] for lv in document["levels"]] == [100.0, 200.0]
-    assert all(lv["meets_slo"] and lv["valid"] for lv in document["levels"]), document
-    assert document["capacity_qps"] == 200.0 and document["limited_by"] is None
+    assert [lv["concurrency"] for lv in document["levels"]] == [2, 4]
+    assert all(lv["valid"] for lv in document["levels"]), document
+    # One server at 2 ms: 500/s with 2 clients, and 4 clients buy nothing more.
+    assert document["limited_by"] == "saturation"
+    capacity = document["capacity_qps"]
+    assert 400 <= capacity <= 510
     assert document["measured_s"] > 5
     store = Store.open(sqlite_url)
     runs = [lv["run_id"] for lv in document["levels"]]
@@ -149,8 +153,8 @@ def test_a_sweep_is_stored_and_its_levels_are_reused(
     listed = invoke("log", "--json")
     tags = [json.loads(line)["sweep"] for line in listed.stdout.splitlines()]
     assert [(t["sweep_id"], t["level"], t["load"]) for t in tags] == [
-        (document["sweep_id"], 0, 100.0),
-        (document["sweep_id"], 1, 200.0),
+        (document["sweep_id"], 0, 2.0),
+        (document["sweep_id"], 1, 4.0),
     ]
 
     again = invoke("sweep", str(path), *args, "--json")
@@ -159,35 +163,24 @@ def test_a_sweep_is_stored_and_its_levels_are_reused(
     assert second["sweep_id"] != document["sweep_id"]
     assert [lv["run_id"] for lv in second["levels"]] == runs
     assert all(lv["reused"] for lv in second["levels"])
-    assert second["measured_s"] == 0 and second["capacity_qps"] == 200.0
+    assert second["measured_s"] == 0 and second["capacity_qps"] == capacity
     assert "reusing run" in again.stderr
     listed_sweeps = invoke("sweeps", "server")
     assert listed_sweeps.exit_code == 0
     rows = [line.split() for line in listed_sweeps.stdout.splitlines()[1:]]
-    assert [(row[0], row[1], row[5]) for row in rows] == [
-        (str(document["sweep_id"]), "server", "200.0"),
-        (str(second["sweep_id"]), "server", "200.0"),
+    assert [(row[0], row[1], float(row[5].replace(",", ""))) for row in rows] == [
+        (str(document["sweep_id"]), "server", round(capacity, 1)),
+        (str(second["sweep_id"]), "server", round(capacity, 1)),
     ]
     shown = invoke("sweeps", "--show", str(second["sweep_id"]), "--json")
     assert json.loads(shown.stdout) == second
     frame = api.sweeps(sqlite_url, "server")
     assert list(frame["sweep_id"]) == [document["sweep_id"], second["sweep_id"]]
-    assert list(frame["capacity_qps"]) == [200.0, 200.0]
+    assert list(frame["capacity_qps"]) == pytest.approx([capacity, capacity])
     assert list(api.sweep_levels(sqlite_url, second["sweep_id"])["run_id"]) == runs
 
     # Another protocol (longer levels) is not the same measurement: nothing is reused.
-    longer = invoke(
-        "sweep",
-        str(path),
-        *args[:-4],
-        "--level-duration",
-        "1.5",
-        "--max-rate",
-        "100",
-        "--min-rate",
-        "100",
-        "--json",
-    )
+    longer = invoke("sweep", str(path), *args, "--level-duration", "2.5", "--json")
     assert longer.exit_code == 0, longer.output
     assert not any(lv["reused"] for lv in _json(longer)["levels"])
 
