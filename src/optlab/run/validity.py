@@ -267,6 +267,15 @@ def _generator_bound(facts: RunFacts) -> str:
             "run on time; give the load generator a core of its own (another machine, or "
             "fewer busy processes)"
         )
+    if facts.in_process:
+        # In-process, the generator's threads wait on the same GIL and cores as the target's
+        # calls: a call that holds the GIL in C code delays every send behind it.
+        return text + (
+            ": the target runs inside optlab's process, and its calls held the GIL or the "
+            "cores the generator needed to send on time; measure it over HTTP (a command or "
+            "http target, e.g. `optlab serve`), or with a closed loop (`optlab sweep --mode "
+            "closed`)"
+        )
     return text + ": the load generator was the bottleneck; lower the rate or raise max_in_flight"
 
 

@@ -66,20 +66,28 @@ def _closed_knee(levels: Sequence[Level]) -> tuple[int | None, float | None]:
 
 
 def _none_meets(levels: Sequence[Level], settings: Settings) -> Result:
-    lowest = min(levels, key=lambda lv: (lv.mode != "closed", lv.load))
+    """No capacity: the lowest load tried (the lowest open rate in an open sweep, whose one
+    client level only seeds it) already failed; the message says how."""
+    measured = open_levels(levels) if settings.mode == "open" else []
+    lowest = min(measured or levels, key=lambda lv: (lv.mode != "closed", lv.load))
     limit = judge(lowest, settings)
-    what = "1 client" if lowest.mode == "closed" else f"{lowest.load:,.1f}/s"
+    what = (
+        f"{int(lowest.load)} client{'s' if lowest.load != 1 else ''}"
+        if lowest.mode == "closed"
+        else f"{lowest.load:,.1f}/s"
+    )
     seen = "-" if lowest.value_ms is None else f"{lowest.value_ms:,.2f} ms"
     pct = settings.slo.percentile.upper()
-    detail = {
-        "errors": f"errors ({lowest.failed or f'{lowest.error_rate:.1%} of requests'})",
-        "generator": f"the load generator fell behind ({lowest.generator})",
-        "saturation": "the target could not keep up",
-        "invalid": "; ".join(lowest.reasons) or "the level was INVALID",
-    }.get(str(limit), "")
-    message = f"no rate meets {settings.slo.label}: at {what} {pct} was {seen}" + (
-        f" ({detail})" if detail else ""
-    )
+    if limit == "slo" or limit is None:
+        message = f"no rate meets {settings.slo.label}: at {what} {pct} was {seen}"
+    else:
+        detail = {
+            "errors": f"errors ({lowest.failed or f'{lowest.error_rate:.1%} of requests'})",
+            "generator": str(lowest.generator),
+            "saturation": f"the target could not keep up ({pct} {seen})",
+            "invalid": "; ".join(lowest.reasons) or "the level was INVALID",
+        }[str(limit)]
+        message = f"no capacity claimed: at {what}, the lowest load tried, {detail}"
     return Result(None, None, knee(levels), None, contract_limit(limit), message, "none", ())
 
 
