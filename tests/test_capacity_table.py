@@ -52,11 +52,12 @@ def _store_sweep(
     knee: float,
     level_run: int,
     protocol: dict[str, Any] | None = None,
+    mode: str = "closed",
 ) -> int:
     run = store.get_run(level_run)
     sweep_id = store.create_sweep(
         experiment=experiment,
-        mode="closed",
+        mode=mode,
         slo_percentile="p99",
         slo_ms=slo_ms,
         protocol=protocol or run.protocol,
@@ -64,7 +65,7 @@ def _store_sweep(
         environment_id=run.environment_id,
         code_identity=run.code_identity,
     )
-    store.add_sweep_level(sweep_id, 0, run.id, "closed", 4.0, "one client")
+    store.add_sweep_level(sweep_id, 0, run.id, mode, 4.0, "one client")
     result = {
         "capacity_qps": capacity,
         "capacity_interval": list(interval),
@@ -216,6 +217,20 @@ def test_a_sweep_under_another_protocol_is_not_stacked(
     assert chain[1]["capacity"]["qps"] == 2500.0  # the head's newest sets the protocol
     assert chain[0]["capacity"]["qps"] is None
     assert chain[0]["capacity"]["reason"].startswith("swept under another protocol")
+
+
+def test_an_open_loop_capacity_is_not_stacked_on_a_closed_one(
+    swept: tuple[Path, Path], tmp_path: Path
+) -> None:
+    database = tmp_path / "open.db"
+    shutil.copy(swept[1], database)
+    with Store.open(_url(database)) as store:
+        run = store.list_runs(HEAD, levels=True)[-1]
+        _store_sweep(store, HEAD, 20.0, 2500.0, (2400.0, 2600.0), 2000.0, run.id, mode="open")
+    chain = _table_json(database)["chain"]
+    assert chain[1]["capacity"]["qps"] == 2500.0  # the head's newest sets the loop
+    assert chain[0]["capacity"]["qps"] is None
+    assert chain[0]["capacity"]["reason"].startswith("swept only with a closed loop")
 
 
 def test_check_gates_on_capacity_against_the_baseline(swept: tuple[Path, Path]) -> None:

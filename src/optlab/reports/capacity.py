@@ -3,9 +3,9 @@ and how much capacity each step bought, against its parent and against the basel
 
 Which sweep. One SLO for the whole table (`optlab table --slo`, else the SLO of the head's
 newest finished sweep). A step's sweep counts only when it FINISHED under that SLO, of the
-step's current config, under the same base protocol as the chain's reference sweep, on an
-environment comparable with the reference sweep's (`env.compare.compare_fingerprints`, as a
-chain step's parent run is checked). The reference sweep is the head's newest such sweep, else
+step's current config, with the same loop (open or closed) and base protocol as the chain's
+reference sweep, on an environment comparable with the reference sweep's
+(`env.compare.compare_fingerprints`, as a chain step's parent run is checked). The reference sweep is the head's newest such sweep, else
 the chain's newest; it fixes protocol and environment, as the head's newest run does for the
 runs' columns. The newest sweep that counts stands for the step; a step without one says why.
 
@@ -216,7 +216,20 @@ def choose_sweeps(store: Store, names: Sequence[str], slo: Slo) -> list[SweepCho
             why = _unswept(swept[name], hashes[name], slo, command)
             choices.append(SweepChoice(name, None, why))
             continue
-        same_protocol = [s for s in found if s.protocol == reference.protocol]
+        # An open loop's capacity (a rate it sustains) and a closed loop's (the throughput of
+        # N clients) are different quantities: the reference sweep's loop fixes which.
+        same_loop = [s for s in found if s.mode == reference.mode]
+        if not same_loop:
+            choices.append(
+                SweepChoice(
+                    name,
+                    None,
+                    f"swept only with a {found[0].mode} loop (the chain's reference sweep "
+                    f"{reference.id} is {reference.mode}-loop): run {command}",
+                )
+            )
+            continue
+        same_protocol = [s for s in same_loop if s.protocol == reference.protocol]
         if not same_protocol:
             choices.append(
                 SweepChoice(
