@@ -283,3 +283,16 @@ def test_export_refuses_a_level_and_says_sweeps_stay_behind(
     levels = len(_json(swept)["levels"])  # the first, too short to count, measured again
     assert f"left out 1 sweep and their {levels} level runs" in exported.stderr
     assert "wrote 1 run " in exported.stdout
+
+
+def test_a_step_swept_alone_says_its_parent_has_no_sweep(invoke: Invoke, tmp_path: Path) -> None:
+    _server(tmp_path, "base", ms=2)
+    step = write(tmp_path, "faster.yaml", "name: faster\nparent: base\nchange: {service_ms: 1}\n")
+    args = ("--slo", "p99=40ms", "--quick", "--level-duration", "2", "--mode", "closed")
+    result = invoke("sweep", str(step), *args, "--min-rate", "2", "--max-rate", "2", "--json")
+    assert result.exit_code == 0, result.output
+    assert _json(result)["experiment"] == "faster"
+    assert (
+        "note: parent 'base' has no finished closed-loop sweep under P99 ≤ 40 ms" in result.stderr
+    )
+    assert f"optlab sweep {step} --chain --slo p99=40ms --mode closed --quick`" in result.stderr

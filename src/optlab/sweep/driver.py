@@ -274,7 +274,8 @@ class _Sweep:
             f"note: parent {parent.name!r} has no finished {mode}-loop sweep under {slo.label} "
             f"and this protocol, so the stacked table cannot compare {self.link.name}'s capacity "
             f"with it; sweep the chain with `optlab sweep {self.link.path or self.link.name} "
-            f"--chain --slo {slo.key}`"
+            f"--chain --slo {slo.key}{' --mode closed' if mode == 'closed' else ''}"
+            f"{' --quick' if self.options.quick else ''}`"
         )
 
     def _level(self, probe: Probe) -> str:
