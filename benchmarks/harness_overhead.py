@@ -1,18 +1,35 @@
 """How many requests/s optlab's load generator drives through a no-op target, in one process.
 
-Three figures, each measured in the same run as a bare loop that only calls the target and
-stores ``perf_counter_ns`` deltas in an ``array('q')`` (the ceiling for any Python harness on
-this interpreter and machine), and printed as a ratio to it:
+Each figure is measured in the same run as a bare loop that only calls the target and stores
+``perf_counter_ns`` deltas in an ``array('q')`` (the ceiling for any Python harness on this
+interpreter and machine), and printed as a ratio to it:
 
 * closed loop, 1 thread and 2 threads, with full recording: every request goes through
   ``WorkerLog.record`` and a Collector drained from the main thread every ``--drain-s`` seconds,
   as the runner's tick does;
-* open loop, constant arrivals, swept over rates: achieved rate, send-lag P50/P99 and whether
-  the generator kept its schedule (send-lag P99 < 1 ms and >= 99% of the rate achieved).
+* open loop, constant arrivals, swept over rates (1,000 to 200,000/s): achieved rate, send-lag
+  P50/P99 and whether the generator kept its schedule (send-lag P99 < 1 ms and >= 99% of the
+  rate achieved). Under each rate, what it cost and what else ran, so a miss can be told
+  apart from a busy machine: the process's CPU per request (against the bare loop's), leader
+  hand-offs per request, the share of sends over 1 ms late, preemptions of this process's
+  threads, the share of the time the main thread spent draining (it holds the GIL there) and
+  the other processes' share of all CPUs (``/proc/stat``);
+* open loop capacity: offered 1,000,000/s, more than any Python thread sends, the leader never
+  waits; its rate is the open loop's ceiling here, its CPU per request the price of a send.
+
+When the open loop misses its goal at 50,000/s, a last line gives those figures at that rate
+with the capacity beside them.
 
 Goals (benchmarks/README.md): closed loop >= 200,000 requests/s; open loop keeps
 its schedule up to >= 50,000 requests/s. It is a measurement, not a test: PASS/MISS is printed
 and the exit status is 0 either way.
+
+Figures here (2 CPUs, quiet: load average 1.2-2.5; the full output is in benchmarks/README.md):
+before the leader kept its role (one thread hand-off per request), two interleaved runs kept
+the schedule up to 20,000 and 50,000/s (send-lag P99 at 50,000/s: 4.08 and 0.25 ms) and
+achieved at most 90,472 and 81,455/s when offered 100,000/s; with it, both runs kept every rate
+swept up to 200,000/s (P99 at 50,000/s: 0.080 and 0.031 ms; at 200,000/s: 0.083 and 0.069 ms),
+with 0.000 hand-offs per request and a capacity of 457,387 and 427,962/s (2.2-2.3 µs/request).
 
 Run: ``PYTHONPATH=src python benchmarks/harness_overhead.py [--smoke]``.
 """
@@ -218,7 +235,14 @@ def kept_schedule(result: Driven, rate: float) -> bool:
 
 
 def code_id() -> str:
-    return source_hashes("load/generator.py", "metrics/log.py", "metrics/windows.py")
+    return source_hashes(
+        "load/generator.py",
+        "load/counters.py",
+        "load/schedules.py",
+        "load/timerslack.py",
+        "metrics/log.py",
+        "metrics/windows.py",
+    )
 
 
 def costs(result: Driven, bare_cpu_s: float) -> str:
@@ -236,13 +260,13 @@ def costs(result: Driven, bare_cpu_s: float) -> str:
     )
 
 
-def why_late(result: Driven, capacity: float) -> str:
+def why_late(result: Driven, capacity: float, rate: float) -> str:
     """What the figures say stood in the way of a rate the open loop did not keep."""
     usage = result.usage
     return (
         f"{result.late / max(result.issued, 1):.2%} of the sends over 1 ms late; the "
-        f"generator's ceiling is {capacity:,.0f}/s (ratio {capacity / OPEN_GOAL_RPS:.1f} to "
-        f"the goal); the main thread drained {usage.drains_s / result.seconds:.1%} of the time "
+        f"generator's ceiling is {capacity:,.0f}/s (ratio {capacity / rate:.1f} to this "
+        f"rate); the main thread drained {usage.drains_s / result.seconds:.1%} of the time "
         f"(max {result.drain_max_ms:.1f} ms, the leader waits for the GIL meanwhile); this "
         f"process was preempted {usage.preempted / result.seconds:,.0f} times/s"
         + ("" if usage.others is None else f" with other processes on {usage.others:.0%}")
@@ -322,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     best: float | None = None
     best_rate = 0.0
-    at_goal: Driven | None = None
+    missed: dict[float, Driven] = {}
     for rate in rates:
         load = OpenLoad(mode="open", rate=rate, arrival="constant", **extra)
         result = drive(f"open {rate:g}/s", load, warmup_s, seconds, args.drain_s)
@@ -330,8 +354,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         best_rate = max(best_rate, result.rate)
         if kept:
             best = rate if best is None else max(best, rate)
-        if rate == OPEN_GOAL_RPS:
-            at_goal = result
+        else:
+            missed[rate] = result
         print(
             f"open loop {rate:>9,.0f}/s  achieved {result.rate:10,.0f}/s "
             f"(ratio {result.rate / bare:.3f})  send-lag P50 {ms(result.send_lag_p50_ms)} ms  "
@@ -368,8 +392,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"(highest achieved {best_rate:,.0f}/s) "
         f"{verdict(best is not None and best >= OPEN_GOAL_RPS)}"
     )
-    if at_goal is not None and not kept_schedule(at_goal, OPEN_GOAL_RPS):
-        print(f"    at {OPEN_GOAL_RPS:,}/s: {why_late(at_goal, cap.rate)}")
+    if best is None or best < OPEN_GOAL_RPS:
+        # The goal's rate if it was swept and missed, else the first rate missed.
+        shown = OPEN_GOAL_RPS if OPEN_GOAL_RPS in missed else next(iter(missed), None)
+        if shown is not None:
+            print(f"    at {shown:,.0f}/s: {why_late(missed[shown], cap.rate, shown)}")
     sys.stdout.flush()
     return 0
 
