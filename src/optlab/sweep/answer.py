@@ -27,6 +27,7 @@ from optlab.sweep.probe import (
 )
 
 CONSERVATIVE_PERCENTILE = 30.0  # the capacity reported: this percentile of the fit's draws
+INTERVAL_Z = 1.96  # a closed sweep's 95% interval from its throughput's noise
 
 
 def knee(levels: Sequence[Level]) -> float | None:
@@ -168,22 +169,25 @@ def _conclude_closed(levels: Sequence[Level], settings: Settings) -> Result:
         return _none_meets(levels, settings)
     best = max(passes, key=lambda lv: lv.achieved_qps or 0.0)
     capacity = best.achieved_qps or 0.0
+    # The throughput's own noise (its seconds' batch means): a capacity is never exact.
+    noise = INTERVAL_Z * (best.qps_se or 0.0)
+    lower, upper = capacity - noise, capacity + noise
     if hi is None:
         limit: Limit | None = None
-        upper = capacity
         how = "every client count measured met the SLO"
     else:
         first_fail = next(lv for lv in closed if lv.load == hi)
         limit = contract_limit(limits[hi])
-        upper = max(capacity, first_fail.achieved_qps or capacity)
+        upper = max(upper, first_fail.achieved_qps or capacity)
         how = f"limited by {limit} at {int(hi)} clients"
+    clients = int(best.load)
     message = (
-        f"capacity {capacity:,.1f}/s at {settings.slo.label} with {int(best.load)} clients "
-        f"[{capacity:,.1f}, {upper:,.1f}]; {how}"
+        f"capacity {capacity:,.1f}/s at {settings.slo.label} with {clients} "
+        f"client{'' if clients == 1 else 's'} [{lower:,.1f}, {upper:,.1f}]; {how}"
     )
     return Result(
         capacity,
-        (capacity, upper),
+        (lower, upper),
         knee_qps,
         knee_clients,
         limit,

@@ -54,6 +54,14 @@ def _value_se(windows: Sequence[WindowStats], value: float | None) -> float | No
     return relative * value
 
 
+def _qps_se(windows: Sequence[WindowStats]) -> float | None:
+    """The standard error of the level's achieved rate: its seconds taken as batches."""
+    rates = np.array([w.qps for w in windows], dtype=float)
+    if len(rates) < 3:
+        return None
+    return float(rates.std(ddof=1) / math.sqrt(len(rates)))
+
+
 def _generator(record: RunRecord, windows: Sequence[WindowStats], mode: Mode) -> str | None:
     """Why the load generator, not the target, set this level's limit; None when it kept up."""
     for reason in record.reasons:
@@ -119,6 +127,7 @@ def level_of(
         run_id=record.id,
         p99_ms=total.p99 if total is not None else None,
         window_p99_ms=tuple(w.p99_ms for w in windows if w.p99_ms is not None),
+        qps_se=_qps_se(windows),
         requests=record.requests,
         purpose=purpose,
     )

@@ -82,6 +82,7 @@ class Level:
     window_p99_ms: tuple[float, ...] = ()  # the SLO's percentile in each measured second
     requests: int | None = None  # requests measured (the percentile's sample)
     purpose: str = ""  # why it was measured (`Probe.purpose`)
+    qps_se: float | None = None  # the achieved rate's standard error (its seconds' batch means)
 
     @property
     def offered_qps(self) -> float | None:
