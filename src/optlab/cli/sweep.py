@@ -149,7 +149,7 @@ def sweeps(ctx: click.Context, experiment: str | None, show_id: int | None, as_j
         click.echo("no sweeps yet" + (f" for {experiment}" if experiment else ""))
         return
     click.echo(
-        f"{'id':>4}  {'experiment':<24}{'status':<10}{'mode':<7}{'SLO':<14}"
+        f"{'id':>4}  {'experiment':<24}{'status':<10}{'mode':<8}{'SLO':<14}"
         f"{'capacity/s':>11}  {'interval':<20}{'limited by':<12}{'levels':>6}"
     )
     for s in found:
@@ -158,7 +158,7 @@ def sweeps(ctx: click.Context, experiment: str | None, show_id: int | None, as_j
         shown = f"[{interval[0]:,.1f}, {interval[1]:,.1f}]" if interval else "-"
         capacity = "-" if s.capacity_qps is None else f"{s.capacity_qps:,.1f}"
         click.echo(
-            f"{s.id:>4}  {s.experiment[:23]:<24}{s.status:<10}{s.mode:<7}"
+            f"{s.id:>4}  {s.experiment[:23]:<24}{s.status:<10}{s.mode:<8}"
             f"{s.slo_percentile}={s.slo_ms:g}ms".ljust(14)
             + f"{capacity:>11}  {shown:<20}{str(result.get('limited_by') or '-'):<12}"
             f"{len(s.levels):>6}"
