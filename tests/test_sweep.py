@@ -172,6 +172,9 @@ def test_a_sweep_is_stored_and_its_levels_are_reused(
         (str(document["sweep_id"]), "server", round(capacity, 1)),
         (str(second["sweep_id"]), "server", round(capacity, 1)),
     ]
+    text = invoke("sweeps", "--show", str(second["sweep_id"])).stdout
+    assert "2 cl" in text and "4 cl" in text and "* reused from an earlier sweep" in text
+    assert max(len(line) for line in text.splitlines()) <= 100
     shown = invoke("sweeps", "--show", str(second["sweep_id"]), "--json")
     assert json.loads(shown.stdout) == second
     frame = api.sweeps(sqlite_url, "server")

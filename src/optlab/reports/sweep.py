@@ -7,6 +7,7 @@ Everything is read back from the store (the sweep row, its level runs and their 
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ __all__ = [
 ]
 
 SWEEP_SCHEMA_VERSION = 1
+WIDTH = 100  # the text table fits a terminal this wide
 
 
 @dataclass(frozen=True)
@@ -193,7 +195,13 @@ def render_sweep(view: SweepView) -> str:
             for i, cell in enumerate(cells)
         ).rstrip()
 
-    out = _headline(view) + ["", line(_HEADERS)]
+    # The answer can be long (a generator limit says why and what to do): wrapped to fit.
+    headline = [
+        wrapped
+        for text in _headline(view)
+        for wrapped in textwrap.wrap(text, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+    ]
+    out = headline + ["", line(_HEADERS)]
     out += [line(row) for row in rows]
     if any(row.reused for row in view.levels):
         out.append("* reused from an earlier sweep (same config, protocol, environment, code)")
