@@ -5,11 +5,12 @@ Which sweep. One SLO for the whole table (`optlab table --slo`, else the SLO of 
 newest finished sweep). A step's sweep counts only when it FINISHED under that SLO, of the
 step's current config, with the same loop (open or closed) and base protocol as the chain's
 reference sweep, on an environment comparable with the reference sweep's
-(`env.compare.compare_fingerprints`, as a chain step's parent run is checked). The reference sweep is the head's newest such sweep, else
-the chain's newest; it fixes protocol and environment, as the head's newest run does for the
-runs' columns. The newest sweep that counts stands for the step; a step without one says why.
+(`env.compare.compare_fingerprints`, as a chain step's parent run is checked). The reference
+sweep is the head's newest such sweep, else the chain's newest; it fixes loop, protocol and
+environment, as the head's newest run does for the runs' columns. The newest sweep that
+counts stands for the step; a step without one says why.
 
-Significance. A sweep stores its capacity's 95% interval (a bootstrap; `sweep.strategy`). Its
+Significance. A sweep stores its capacity's 95% interval (`sweep.strategy` says how). Its
 standard error is taken as the interval's half-width / 1.96. Two sweeps are independent
 measurements, so their difference has a standard error of sqrt(se_before² + se_after²), and a
 change is beyond noise when the z-test on the difference passes at the table's confidence
@@ -216,60 +217,59 @@ def choose_sweeps(store: Store, names: Sequence[str], slo: Slo) -> list[SweepCho
             why = _unswept(swept[name], hashes[name], slo, command)
             choices.append(SweepChoice(name, None, why))
             continue
-        # An open loop's capacity (a rate it sustains) and a closed loop's (the throughput of
-        # N clients) are different quantities: the reference sweep's loop fixes which.
-        same_loop = [s for s in found if s.mode == reference.mode]
-        if not same_loop:
-            choices.append(
-                SweepChoice(
-                    name,
-                    None,
-                    f"swept only with a {found[0].mode} loop (the chain's reference sweep "
-                    f"{reference.id} is {reference.mode}-loop): run {command}",
-                )
-            )
-            continue
-        same_protocol = [s for s in same_loop if s.protocol == reference.protocol]
-        if not same_protocol:
-            choices.append(
-                SweepChoice(
-                    name,
-                    None,
-                    f"swept under another protocol ({protocol_label(found[0].protocol)}; the "
-                    f"chain's reference sweep {reference.id} is under "
-                    f"{protocol_label(reference.protocol)}): run {command}",
-                )
-            )
-            continue
-        chosen, first_difference = None, ""
-        for sweep in same_protocol:
-            fingerprint = envs.fingerprint(sweep.environment_id)
-            if reference_fp is None or fingerprint is None:
-                if reference_fp is None and fingerprint is None:
-                    chosen = sweep
-                    break
-                first_difference = first_difference or "no environment recorded"
-                continue
-            comparison = compare_fingerprints(reference_fp, fingerprint)
-            if comparison.comparable:
-                chosen = sweep
-                break
-            first_difference = (
-                first_difference
-                or (comparison.explain().splitlines() or ["material fields differ"])[0]
-            )
-        if chosen is None:
-            choices.append(
-                SweepChoice(
-                    name,
-                    None,
-                    f"swept in a materially different environment from reference sweep "
-                    f"{reference.id}'s ({first_difference}): re-sweep it here with {command}",
-                )
-            )
-            continue
-        choices.append(SweepChoice(name, chosen))
+        choices.append(_choose_one(name, found, reference, reference_fp, envs, command))
     return choices
+
+
+def _choose_one(
+    name: str,
+    found: Sequence[SweepRecord],
+    reference: SweepRecord,
+    reference_fp: dict[str, Any] | None,
+    envs: _Environments,
+    command: str,
+) -> SweepChoice:
+    """The newest of `found` (a step's sweeps under the SLO, newest first) that the chain's
+    reference sweep can stand beside, or why none can."""
+    # An open loop's capacity (a rate it sustains) and a closed loop's (the throughput of
+    # N clients) are different quantities: the reference sweep's loop fixes which.
+    same_loop = [s for s in found if s.mode == reference.mode]
+    if not same_loop:
+        return SweepChoice(
+            name,
+            None,
+            f"swept only with a {found[0].mode} loop (the chain's reference sweep "
+            f"{reference.id} is {reference.mode}-loop): run {command}",
+        )
+    same_protocol = [s for s in same_loop if s.protocol == reference.protocol]
+    if not same_protocol:
+        return SweepChoice(
+            name,
+            None,
+            f"swept under another protocol ({protocol_label(found[0].protocol)}; the "
+            f"chain's reference sweep {reference.id} is under "
+            f"{protocol_label(reference.protocol)}): run {command}",
+        )
+    first_difference = ""
+    for sweep in same_protocol:
+        fingerprint = envs.fingerprint(sweep.environment_id)
+        if reference_fp is None or fingerprint is None:
+            if reference_fp is None and fingerprint is None:
+                return SweepChoice(name, sweep)
+            first_difference = first_difference or "no environment recorded"
+            continue
+        comparison = compare_fingerprints(reference_fp, fingerprint)
+        if comparison.comparable:
+            return SweepChoice(name, sweep)
+        first_difference = (
+            first_difference or (comparison.explain().splitlines() or ["material fields differ"])[0]
+        )
+    return SweepChoice(
+        name,
+        None,
+        f"swept in a materially different environment from reference sweep "
+        f"{reference.id}'s ({first_difference}): re-sweep it here with {command}",
+    )
 
 
 def _unswept(sweeps: Sequence[SweepRecord], config_hash: str | None, slo: Slo, command: str) -> str:
