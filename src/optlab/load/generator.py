@@ -8,13 +8,14 @@ Open loop (constant or Poisson arrivals) and trace replay: a pool of worker thre
 them, the leader, takes the next INTENDED send time from the schedule, waits for it and calls
 the target; while calls return quickly it keeps the role and sends request after request with no
 thread switch in between. Another, the deputy, sleeps on an alarm the leader moves as it goes:
-when a call has run HAND_OFF_NS and the next send is due, the deputy becomes the leader, an idle
-worker becomes the deputy, and the old leader goes back to the idle workers once its call
-returns. So a slow call holds a send up by HAND_OFF_NS + ALARM_SLACK_NS at most while a worker
-is idle, and a fast target costs no thread wake-up per request. Latency is measured
-from the intended time, as wrk2 does, so a request that could not leave on time (every worker
-busy, the GIL held) is charged for its wait, and requests that arrive during a stall are still
-sent on time by idle workers and wait inside the target, where their latency includes the stall.
+when a call has run HAND_OFF_NS and the next send is due (after a slow call: as soon as the
+next send is near), the deputy becomes the leader, an idle worker becomes the deputy, and the
+old leader goes back to the idle workers once its call returns. So a slow call holds a send up
+by HAND_OFF_NS + ALARM_SLACK_NS and a thread's wake-up at most while a worker is idle, and a
+fast target costs no thread wake-up per request. Latency is measured from the intended time,
+as wrk2 does, so a request that could not leave on time (every worker busy, the GIL held) is
+charged for its wait, and requests that arrive during a stall are still sent on time by idle
+workers and wait inside the target, where their latency includes the stall.
 """
 
 from __future__ import annotations
