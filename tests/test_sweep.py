@@ -92,17 +92,17 @@ def test_a_range_that_goes_down_is_refused(invoke: Invoke, tmp_path: Path) -> No
 def test_an_slo_no_rate_meets_finishes_without_a_capacity(
     invoke: Invoke, tmp_path: Path, sqlite_url: str
 ) -> None:
-    path = _server(tmp_path, "slow", ms=10)
-    args = ("--slo", "p99=5ms", "--quick", "--level-duration", "2", "--json")
+    path = _server(tmp_path, "slow", ms=1)  # one client: ~1,000 queries in a 1 s level
+    args = ("--slo", "p99=0.5ms", "--quick", "--level-duration", "1", "--json")
     result = invoke("sweep", str(path), *args)
     assert result.exit_code == 0, result.output
     document = _json(result)
     assert document["capacity_qps"] is None and document["capacity_interval"] is None
     assert document["status"] == "FINISHED" and document["limited_by"] == "slo"
-    assert document["message"].startswith("no rate meets P99 ≤ 5 ms: at ")
+    assert document["message"].startswith("no rate meets P99 ≤ 0.5 ms: at 1 client P99 was ")
     level = document["levels"][0]
-    assert level["p99_ms"] >= 10 and level["meets_slo"] is False
-    assert "no rate meets P99 ≤ 5 ms" in result.stderr  # the table of levels, on stderr
+    assert level["p99_ms"] >= 1 and level["meets_slo"] is False
+    assert "no rate meets P99 ≤ 0.5 ms" in result.stderr  # the table of levels, on stderr
     stored = Store.open(sqlite_url).get_sweep(document["sweep_id"])
     assert stored.status == "FINISHED" and stored.capacity_qps is None
 
@@ -270,8 +270,8 @@ def test_a_plainly_saturated_level_stops_early(invoke: Invoke, tmp_path: Path) -
 def test_export_refuses_a_level_and_says_sweeps_stay_behind(
     invoke: Invoke, tmp_path: Path, sqlite_url: str
 ) -> None:
-    path = _server(tmp_path, "slow", ms=10)
-    args = ("--slo", "p99=5ms", "--quick", "--level-duration", "2", "--json")
+    path = _server(tmp_path, "slow", ms=1)
+    args = ("--slo", "p99=0.5ms", "--quick", "--level-duration", "1", "--json")
     swept = invoke("sweep", str(path), *args)
     assert swept.exit_code == 0, swept.output
     level_run = _json(swept)["levels"][0]["run_id"]
