@@ -160,8 +160,6 @@ def open_level(scn: Scenario, probe: Probe, rng: np.random.Generator) -> Level:
         measured_s=end,
         duration_s=measured,
         p99_ms=p99,
-        window_p99_ms=tuple(w99),
-        requests=int(lat.size),
         purpose=probe.purpose,
     )
 
@@ -212,8 +210,6 @@ def closed_level(scn: Scenario, probe: Probe, rng: np.random.Generator) -> Level
         measured_s=end,
         duration_s=measured,
         p99_ms=p99,
-        window_p99_ms=tuple(w99),
-        requests=int(lat_m.size),
         purpose=probe.purpose,
     )
 

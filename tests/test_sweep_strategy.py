@@ -48,7 +48,7 @@ def _open_level(probe: Probe, servers: int, rng: np.random.Generator) -> Level:
     p99 = float(np.percentile(lat, 99))
     return Level(
         "open", probe.load, completed / measured, float(np.percentile(lat, 50)), p99, None,
-        0.0, True, measured_s=end, duration_s=measured, p99_ms=p99, requests=lat.size,
+        0.0, True, measured_s=end, duration_s=measured, p99_ms=p99,
         purpose=probe.purpose,
     )  # fmt: skip
 
@@ -75,7 +75,7 @@ def _closed_level(probe: Probe, servers: int, rng: np.random.Generator) -> Level
     p99 = float(np.percentile(lat, 99))
     return Level(
         "closed", clients, completed / measured, float(np.percentile(lat, 50)), p99, None,
-        0.0, True, measured_s=end, duration_s=measured, p99_ms=p99, requests=len(lat),
+        0.0, True, measured_s=end, duration_s=measured, p99_ms=p99,
         purpose=probe.purpose,
     )  # fmt: skip
 

@@ -216,20 +216,27 @@ class _Sweep:
         """Finished, valid levels of earlier sweeps of this config that this sweep may use:
         same protocol (duration included), environment and code."""
         found: dict[tuple[str, float, str], RunRecord] = {}
+        # One query for the experiment's runs, and one comparison per environment: a level
+        # reused by several sweeps is listed by each.
+        runs = {r.id: r for r in self.store.list_runs(self.link.name, levels=True)}
+        comparable: dict[int, bool] = {}
         for sweep in self.store.list_sweeps(self.link.name):
             if sweep.config_hash != self.link.stored.config_hash:
                 continue
             for lv in sweep.levels:
-                run = self.store.get_run(lv.run_id)
-                if run.status != "FINISHED" or not run.valid or run.code_identity != self.code:
+                run = runs.get(lv.run_id)
+                if run is None or run.status != "FINISHED" or not run.valid:
                     continue
-                if run.environment_id is None:
+                if run.code_identity != self.code or run.environment_id is None:
                     continue
-                env = self.store.get_environment(run.environment_id)
-                if not compare_fingerprints(env.fingerprint, self.context.fingerprint).comparable:
-                    continue
-                key = (lv.mode, round(lv.load, 6), _protocol_key(run.protocol))
-                found.setdefault(key, run)
+                if run.environment_id not in comparable:
+                    env = self.store.get_environment(run.environment_id)
+                    comparable[run.environment_id] = compare_fingerprints(
+                        env.fingerprint, self.context.fingerprint
+                    ).comparable
+                if comparable[run.environment_id]:
+                    key = (lv.mode, round(lv.load, 6), _protocol_key(run.protocol))
+                    found.setdefault(key, run)
         return found
 
     def run(self) -> SweepOutcome:

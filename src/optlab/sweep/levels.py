@@ -126,8 +126,6 @@ def level_of(
         duration_s=record.duration_s or 0.0,
         run_id=record.id,
         p99_ms=total.p99 if total is not None else None,
-        window_p99_ms=tuple(w.p99_ms for w in windows if w.p99_ms is not None),
         qps_se=_qps_se(windows),
-        requests=record.requests,
         purpose=purpose,
     )

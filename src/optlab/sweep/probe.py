@@ -55,10 +55,6 @@ class Probe:
         capacity, and a tail percentile's noise falls only as the square root of time."""
         return REFINE_DURATION_FACTOR if self.purpose in REFINING else 1.0
 
-    @property
-    def key(self) -> tuple[str, float]:
-        return (self.mode, round(self.load, 6))
-
 
 @dataclass(frozen=True)
 class Level:
@@ -79,8 +75,6 @@ class Level:
     duration_s: float = 0.0  # the measured phase alone
     run_id: int | None = None
     p99_ms: float | None = None
-    window_p99_ms: tuple[float, ...] = ()  # the SLO's percentile in each measured second
-    requests: int | None = None  # requests measured (the percentile's sample)
     purpose: str = ""  # why it was measured (`Probe.purpose`)
     qps_se: float | None = None  # the achieved rate's standard error (its seconds' batch means)
 
@@ -146,7 +140,3 @@ def contract_limit(limit: str | None) -> Limit | None:
 def refining(level: Level) -> bool:
     """Measured at the refining length, to narrow the bracket."""
     return level.purpose in REFINING
-
-
-def shortest(levels: Sequence[Level]) -> float:
-    return min((lv.duration_s for lv in levels if lv.duration_s > 0), default=0.0)
