@@ -19,7 +19,7 @@ from sqlalchemy import text, update
 from optlab.cli.main import cli
 from optlab.errors import RefusedError, StoreError
 from optlab.metrics.histogram import LatencyHistogram
-from optlab.store import RunFinal, Store, upgrade
+from optlab.store import SUMMARY_SCHEMA_VERSION, RunFinal, Store, upgrade
 from optlab.store.bundle_files import export_file, read_bundle, read_bundles, write_bundle
 from optlab.store.database import make_engine
 from optlab.store.models import SqlRun
@@ -369,7 +369,7 @@ def test_a_bundle_from_before_summary_versions_imports_the_same(
     old_lines = []
     for line in lines:
         value = json.loads(line)
-        assert value["run"]["summary"]["schema_version"] == 2
+        assert value["run"]["summary"]["schema_version"] == SUMMARY_SCHEMA_VERSION
         assert value["run"]["summary"]["latency_ms"]["total"]["count"] > 0
         del value["run"]["summary"]["schema_version"]
         old_lines.append(json.dumps(value))
@@ -415,9 +415,10 @@ def test_bundle_files_that_cannot_be_read_are_refused(laptop: str, tmp_path: Pat
     with pytest.raises(StoreError, match=r"damaged.jsonl:2: .*has parent 'somebody'"):
         read_bundle(damaged)
     wrong = json.loads(first)
-    wrong["run"]["summary"]["schema_version"] = 3  # a summary from a newer optlab
+    wrong["run"]["summary"]["schema_version"] = SUMMARY_SCHEMA_VERSION + 1  # a newer optlab's
     damaged.write_text(f"{header}\n{json.dumps(wrong)}\n")
-    newer = r"damaged.jsonl:2: .*does not fit: run summary schema_version 3"
+    version = SUMMARY_SCHEMA_VERSION + 1
+    newer = rf"damaged.jsonl:2: .*does not fit: run summary schema_version {version}"
     with pytest.raises(StoreError, match=newer):
         read_bundle(damaged)
     del wrong["run"]["summary"]["schema_version"], wrong["run"]["summary"]["status"]

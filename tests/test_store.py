@@ -26,6 +26,7 @@ from sqlalchemy.exc import IntegrityError
 
 from optlab.errors import NotFoundError, StoreError
 from optlab.store import (
+    SUMMARY_SCHEMA_VERSION,
     GpuSample,
     LatencyStats,
     ResourceSample,
@@ -577,7 +578,7 @@ def test_a_summary_is_stored_once(store: Store) -> None:
     store.finish_run(run_id, final_of(summary))
 
     stored = stored_summary(store, run_id)
-    assert stored["schema_version"] == 2
+    assert stored["schema_version"] == SUMMARY_SCHEMA_VERSION == 3
     assert (stored["latency_stages"], stored["harness_stages"]) == (["total"], ["send_lag"])
     copies = {"run_id", "experiment", "status", "valid", "reasons", "qps", "requests", "errors"}
     assert not (copies | {"latency_ms", "harness_ms", "errors_by_type", "warmup_s"}) & set(stored)
@@ -611,8 +612,8 @@ def test_a_summary_its_rows_do_not_reproduce_keeps_its_figures(store: Store) -> 
 
 def test_a_summary_of_another_version_or_shape_is_refused() -> None:
     good = finished_summary(1).to_bundle()
-    with pytest.raises(ValueError, match="schema_version 3"):
-        RunSummary.from_json({**good, "schema_version": 3})
+    with pytest.raises(ValueError, match="schema_version 4"):
+        RunSummary.from_json({**good, "schema_version": 4})
     with pytest.raises(ValueError, match="colour"):
         RunSummary.from_json({**good, "colour": "red"})
     with pytest.raises(ValueError, match="JSON object"):

@@ -32,6 +32,7 @@ from optlab.store.summary import (
     PairedTag,
     ParentStep,
     ResourceSummary,
+    RunEvidence,
     RunSummary,
 )
 
@@ -47,6 +48,7 @@ __all__ = [
     "ResourceSample",
     "ResourceSummary",
     "RunErrorCount",
+    "RunEvidence",
     "RunFinal",
     "RunRecord",
     "RunStatus",

@@ -27,19 +27,29 @@ __all__ = [
     "LatencyStats",
     "MeanMax",
     "PairedTag",
+    "BatchingEvidence",
+    "GcEvidence",
+    "MemoryTrend",
+    "NetworkEvidence",
     "ParentStep",
+    "ProcessEvidence",
+    "ProfileEvidence",
+    "ProfileFrame",
     "ResourceSummary",
+    "RunEvidence",
+    "ThreadCpu",
     "RunSummary",
     "from_stored",
     "stored_form",
 ]
 
-# 1: the unversioned dict (until migration 0006); 2: this model.
-SUMMARY_SCHEMA_VERSION: Final = 2
+# 1: the unversioned dict (until migration 0006); 2: this model; 3: with `evidence` (what
+# `optlab diagnose` reads). Versions 1 and 2 read as 3 without evidence.
+SUMMARY_SCHEMA_VERSION: Final = 3
 
 # Fields of the JSON form that `run --json` leaves out when they are None (they are absent
 # from a run that has no such thing, not null).
-_OPTIONAL = ("accuracy", "target", "service", "paired", "parent")
+_OPTIONAL = ("accuracy", "target", "service", "paired", "parent", "evidence")
 # Fields that only the stored form holds; the rest come from columns and measurement rows.
 _STORED = ("notes", "load", "resources", "who", *_OPTIONAL)
 # Run columns, by summary field (`from_stored`'s `facts`).
@@ -142,10 +152,106 @@ class PairedTag(_Frozen):
     role: Literal["parent", "step"]
 
 
+class ThreadCpu(_Frozen):
+    """One thread's CPU over the measured phase, in percent of one core."""
+
+    name: str
+    cpu_pct: float
+
+
+class ProcessEvidence(_Frozen):
+    """How a process (with its children) used the CPU over the measured phase. Percentages
+    are of ONE core (like top); context switches per second: voluntary ones are waits (I/O, a
+    lock, a queue), involuntary ones are preemptions (more runnable threads than cores)."""
+
+    cpu_user_pct: float | None = None
+    cpu_system_pct: float | None = None
+    ctx_voluntary_per_s: float | None = None
+    ctx_involuntary_per_s: float | None = None
+    threads: tuple[ThreadCpu, ...] = ()  # the busiest threads, most first
+
+
+class GcEvidence(_Frozen):
+    """Python's garbage collector in optlab's process over the measured phase (`gc.callbacks`);
+    only an in-process target's garbage is collected there."""
+
+    collections: int
+    pause_total_ms: float
+    pause_max_ms: float
+    pause_p99_ms: float | None = None
+    share_pct: float  # pause_total over the measured wall time, in percent
+
+
+class MemoryTrend(_Frozen):
+    """RSS against requests served over the measured phase: a least-squares slope and its fit."""
+
+    mib_per_1k_requests: float
+    r2: float
+    samples: int
+    series: Literal["rss_bytes", "service_rss_bytes"] = "rss_bytes"
+
+
+class BatchingEvidence(_Frozen):
+    """A batching target's batches over the measured phase: fill = mean batch / max batch."""
+
+    mean_batch: float | None = None
+    max_batch: int | None = None
+    fill_ratio: float | None = None
+    wait_ms_mean: float | None = None  # time a request waited for its batch to close
+    wait_ms_p99: float | None = None
+
+
+class NetworkEvidence(_Frozen):
+    """A network target: the client's total against the server's own total (Server-Timing),
+    the difference being the network and HTTP cost."""
+
+    client_p50_ms: float
+    server_p50_ms: float
+    overhead_p50_ms: float
+    overhead_share: float  # overhead / client total, 0..1
+
+
+class ProfileFrame(_Frozen):
+    thread: str
+    frame: str  # "function (file:line)"
+    share_pct: float  # of the thread's samples
+
+
+class ProfileEvidence(_Frozen):
+    """`optlab run --profile`: py-spy's samples of the target's process over the measured
+    phase. `gil_pct`: samples in which some thread held the GIL; `idle_pct`: samples in which
+    the sampled threads were idle (waiting)."""
+
+    tool: str = "py-spy"
+    pid: int | None = None
+    samples: int = 0
+    gil_pct: float | None = None
+    idle_pct: float | None = None
+    frames: tuple[ProfileFrame, ...] = ()  # the top frames per thread, most first
+
+
+class RunEvidence(_Frozen):
+    """What `optlab diagnose` reads beyond latency and resources (docs/run-json.md
+    "evidence"); a field is None when the run could not measure it, never a guess."""
+
+    cores: int | None = None  # logical CPUs the run could use
+    process: ProcessEvidence | None = None  # optlab's process (and an in-process target)
+    service: ProcessEvidence | None = None  # a service optlab started, its whole tree
+    neighbour_cpu_pct: float | None = None  # other processes, percent of one core (mean)
+    steal_pct: float | None = None  # hypervisor steal, all cores 0..100 (mean)
+    gc: GcEvidence | None = None
+    memory: MemoryTrend | None = None
+    in_flight_mean: float | None = None
+    in_flight_max: int | None = None
+    batching: BatchingEvidence | None = None
+    network: NetworkEvidence | None = None
+    profile: ProfileEvidence | None = None
+
+
 class RunSummary(_Frozen):
     """What one run came to. Field order is `run --json`'s key order."""
 
-    schema_version: Literal[2] = SUMMARY_SCHEMA_VERSION
+    schema_version: Literal[3] = SUMMARY_SCHEMA_VERSION
     run_id: int
     experiment: str
     status: str
@@ -173,6 +279,7 @@ class RunSummary(_Frozen):
     service: Any = None
     paired: PairedTag | None = None
     parent: ParentStep | None = None
+    evidence: RunEvidence | None = None  # absent from runs measured before it was recorded
 
     # -- what readers need, without digging ---------------------------------------------
 
@@ -218,7 +325,7 @@ class RunSummary(_Frozen):
         if not isinstance(value, dict):
             raise ValueError(f"a run summary is a JSON object, not {type(value).__name__}")
         version = value.get("schema_version", 1)
-        if version not in (1, SUMMARY_SCHEMA_VERSION):
+        if version not in (1, 2, SUMMARY_SCHEMA_VERSION):
             raise ValueError(
                 f"run summary schema_version {version!r}: this optlab reads versions 1 to "
                 f"{SUMMARY_SCHEMA_VERSION}"
