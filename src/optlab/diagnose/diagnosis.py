@@ -1,0 +1,148 @@
+"""Every rule on one run's evidence: the findings ranked, and the JSON scripts parse
+(docs/diagnose-json.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from optlab.diagnose.evidence import Evidence, gather
+from optlab.diagnose.remedies import Suggestion, advice_for, suggest
+from optlab.diagnose.rules import RULES, Fired, Measure, Passed, Rule, Unevaluable
+from optlab.store import Store
+
+__all__ = ["DIAGNOSE_SCHEMA_VERSION", "Diagnosis", "Finding", "diagnose", "diagnose_run"]
+
+DIAGNOSE_SCHEMA_VERSION: Final = 1
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: Rule
+    stage: str | None
+    confidence: float
+    evidence: tuple[Measure, ...]
+    summary: str
+    suggestion: Suggestion | None
+    advice: str
+
+    @property
+    def resource(self) -> str:
+        return self.rule.resource
+
+    @property
+    def bottleneck(self) -> str:
+        return f"{self.stage} · {self.resource}" if self.stage else self.resource
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule.id,
+            "title": self.rule.title,
+            "bottleneck": {"stage": self.stage, "resource": self.resource},
+            "confidence": self.confidence,
+            "summary": self.summary,
+            "evidence": [
+                {
+                    "metric": m.metric,
+                    "value": _finite(m.value),
+                    "threshold": _finite(m.threshold),
+                    "op": m.op,
+                    "unit": m.unit,
+                }
+                for m in self.evidence
+            ],
+            "suggestion": self.suggestion.to_json() if self.suggestion else None,
+            "advice": self.advice or None,
+        }
+
+
+def _finite(value: float | None) -> float | None:
+    if value is None or value != value or value in (float("inf"), float("-inf")):
+        return None
+    return round(float(value), 4)
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    run_id: int
+    experiment: str
+    status: str
+    valid: bool | None
+    partial: str | None  # why the evidence is incomplete
+    findings: tuple[Finding, ...]
+    passed: tuple[tuple[str, tuple[Measure, ...]], ...]  # rule id, what it read
+    not_evaluated: tuple[tuple[str, str], ...]  # rule id, what evidence is missing
+    source: str | None = None  # e.g. "sweep 3, the level at the knee"
+
+    @property
+    def healthy(self) -> bool:
+        return not self.findings
+
+    @property
+    def top(self) -> Finding | None:
+        return self.findings[0] if self.findings else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": DIAGNOSE_SCHEMA_VERSION,
+            "run_id": self.run_id,
+            "experiment": self.experiment,
+            "status": self.status,
+            "valid": self.valid,
+            "healthy": self.healthy,
+            "partial": self.partial is not None,
+            "partial_reason": self.partial,
+            "source": self.source,
+            "findings": [f.to_json() for f in self.findings],
+            "not_evaluated": [{"rule": r, "missing": why} for r, why in self.not_evaluated],
+        }
+
+
+def diagnose(
+    evidence: Evidence,
+    params: Mapping[str, Mapping[str, float]] | None = None,
+    source: str | None = None,
+) -> Diagnosis:
+    """Every rule of the catalogue on `evidence`; `params` overrides thresholds by rule id."""
+    findings: list[Finding] = []
+    passed: list[tuple[str, tuple[Measure, ...]]] = []
+    missing: list[tuple[str, str]] = []
+    for rule in RULES:
+        outcome = rule.check(evidence, (params or {}).get(rule.id))
+        if isinstance(outcome, Fired):
+            findings.append(
+                Finding(
+                    rule=rule,
+                    stage=outcome.stage,
+                    confidence=outcome.confidence,
+                    evidence=outcome.evidence,
+                    summary=outcome.summary,
+                    suggestion=suggest(rule, outcome, evidence),
+                    advice=advice_for(rule),
+                )
+            )
+        elif isinstance(outcome, Unevaluable):
+            missing.append((rule.id, outcome.missing))
+        elif isinstance(outcome, Passed):
+            passed.append((rule.id, outcome.evidence))
+    order = {rule.id: i for i, rule in enumerate(RULES)}
+    # Ranked by confidence; a tie goes to the rule listed first (measurement rules lead).
+    findings.sort(key=lambda f: (-f.confidence, order[f.rule.id]))
+    run = evidence.run
+    return Diagnosis(
+        run_id=run.id,
+        experiment=run.experiment,
+        status=run.status,
+        valid=run.valid,
+        partial=evidence.partial,
+        findings=tuple(findings),
+        passed=tuple(passed),
+        not_evaluated=tuple(missing),
+        source=source,
+    )
+
+
+def diagnose_run(store: Store, run_id: int, source: str | None = None) -> Diagnosis:
+    """Diagnose a stored run (NotFoundError when there is none)."""
+    return diagnose(gather(store, run_id), source=source)

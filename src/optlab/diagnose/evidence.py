@@ -1,0 +1,203 @@
+"""A stored run read as evidence: what the rules of `optlab.diagnose.rules` look at.
+
+Everything here is read from the store (the run, its measured phase's stages, windows and
+resource samples, its config and environment) and derived by pure functions, so a rule sees
+the same numbers whether the run was measured a second ago or imported from a bundle. A figure
+the run could not measure is None, and the rule that needs it says so instead of guessing.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from optlab.metrics.stages import HARNESS_SERIES
+from optlab.store import RunEvidence, RunRecord, RunSummary, Store
+from optlab.store.records import ResourceSample, StageStatsRow, WindowStats
+
+__all__ = ["Evidence", "gather", "percentile"]
+
+MEASURED = "measure"
+# Stages that are waiting, not work: a request waiting for an engine instance or a batch.
+WAIT_STAGES = frozenset({"queue", "batch", "batch_wait", "wait"})
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0..100) by linear interpolation (numpy's default); None if empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.fmean(known) if known else None
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One run's evidence over its measured phase."""
+
+    run: RunRecord
+    config: dict[str, Any]
+    stages: dict[str, StageStatsRow] = field(default_factory=dict)  # "total" included
+    windows: tuple[WindowStats, ...] = ()
+    samples: tuple[ResourceSample, ...] = ()
+    cores: int | None = None
+    partial: str | None = None  # why the evidence is incomplete; None when complete
+
+    # -- the run and its config ------------------------------------------------------------
+
+    @property
+    def summary(self) -> RunSummary | None:
+        return self.run.summary
+
+    @property
+    def recorded(self) -> RunEvidence | None:
+        """What the run recorded for diagnosis (None for runs measured before optlab did)."""
+        return self.summary.evidence if self.summary is not None else None
+
+    @property
+    def target_kind(self) -> str:
+        return str((self.config.get("target") or {}).get("kind") or "")
+
+    @property
+    def knobs(self) -> dict[str, Any]:
+        knobs = self.config.get("knobs")
+        return knobs if isinstance(knobs, dict) else {}
+
+    @property
+    def load(self) -> dict[str, Any]:
+        load = (self.config.get("workload") or {}).get("load")
+        return load if isinstance(load, dict) else {}
+
+    @property
+    def in_process(self) -> bool:
+        """The target ran inside optlab's process (its CPU is optlab's process CPU)."""
+        return self.target_kind in ("builtin", "python", "synthetic")
+
+    # -- latency ---------------------------------------------------------------------------
+
+    @property
+    def total(self) -> StageStatsRow | None:
+        return self.stages.get("total")
+
+    def work_stages(self) -> dict[str, StageStatsRow]:
+        """The target's own stages with requests in them (not the total)."""
+        return {
+            name: row
+            for name, row in self.stages.items()
+            if name not in HARNESS_SERIES and row.count > 0 and row.mean_ms is not None
+        }
+
+    def share(self, stage: str) -> float | None:
+        """The stage's mean time as a fraction of the total's mean."""
+        row, total = self.stages.get(stage), self.total
+        if row is None or total is None or not total.mean_ms or row.mean_ms is None:
+            return None
+        return row.mean_ms / total.mean_ms
+
+    def top_stage(self, *, waits: bool = True) -> tuple[str, float] | None:
+        """The stage that holds the most of a request's time, with its share."""
+        shares = {
+            name: self.share(name)
+            for name in self.work_stages()
+            if waits or name not in WAIT_STAGES
+        }
+        known = {name: s for name, s in shares.items() if s is not None}
+        if not known:
+            return None
+        name = max(known, key=lambda n: known[n])
+        return name, known[name]
+
+    def harness_p99(self, series: str) -> float | None:
+        """send_lag / start_lag P99 in ms, from the summary's harness series."""
+        if self.summary is None:
+            return None
+        stats = self.summary.harness_ms.get(series)
+        return stats.p99 if stats is not None else None
+
+    # -- resources -------------------------------------------------------------------------
+
+    def mean_of(self, name: str) -> float | None:
+        return _mean([getattr(s, name) for s in self.samples])
+
+    def target_cpu_pct(self) -> float | None:
+        """CPU of the process that runs the target, percent of one core: optlab's own for an
+        in-process target, the service's tree for a service optlab started, None otherwise."""
+        if self.in_process:
+            return self.mean_of("cpu_process_pct")
+        return self.mean_of("service_cpu_pct")
+
+    def machine_cpu_pct(self) -> float | None:
+        """The whole machine, all cores, 0..100."""
+        return self.mean_of("cpu_system_pct")
+
+    def gpu_utils(self) -> list[float] | None:
+        """Every GPU utilisation reading of the measured phase (the busiest GPU of each
+        sample); None when the run had no GPU telemetry."""
+        values: list[float] = []
+        telemetry = False
+        for sample in self.samples:
+            if sample.gpus is None:
+                continue
+            telemetry = True
+            utils = [g.util_pct for g in sample.gpus if g.util_pct is not None]
+            if utils:
+                values.append(max(utils))
+        return values if telemetry and values else None
+
+    # -- windows ---------------------------------------------------------------------------
+
+    def window_p99s(self) -> list[float]:
+        return [w.p99_ms for w in self.windows if w.p99_ms is not None and w.completed > 0]
+
+
+def _cores(store: Store, run: RunRecord) -> int | None:
+    recorded = run.summary.evidence if run.summary is not None else None
+    if recorded is not None and recorded.cores:
+        return recorded.cores
+    if run.environment_id is None:
+        return None
+    hardware = store.get_environment(run.environment_id).fingerprint.get("hardware") or {}
+    cpu = hardware.get("cpu") or {}
+    for key in ("affinity_cores", "logical_cores"):  # the cores the run could use, first
+        value = cpu.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _partial(run: RunRecord) -> str | None:
+    if run.status == "RUNNING":
+        return "the run is still RUNNING: its measurement rows are written when it ends"
+    if run.status in ("KILLED", "CRASHED"):
+        return f"the run was {run.status}: only what it measured before it stopped is here"
+    if run.status == "FAILED":
+        return "the run FAILED: " + (run.error_message or "no measurement finished")
+    if run.valid is False:
+        why = "; ".join(run.reasons[:2]) or "see `optlab log`"
+        return f"the run is INVALID ({why}): its figures are not a valid measurement"
+    return None
+
+
+def gather(store: Store, run_id: int) -> Evidence:
+    """The evidence of run `run_id` (NotFoundError when there is no such run)."""
+    run = store.get_run(run_id)
+    config = store.get_config(run.config_id).config
+    stages = {row.stage: row for row in store.get_stage_stats(run_id, MEASURED)}
+    return Evidence(
+        run=run,
+        config=config,
+        stages=stages,
+        windows=tuple(store.get_windows(run_id, MEASURED)),
+        samples=tuple(store.get_resource_samples(run_id, MEASURED)),
+        cores=_cores(store, run),
+        partial=_partial(run),
+    )

@@ -1,0 +1,229 @@
+"""From a finding to the next step: the one knob to change, and the step file that changes it.
+
+The built-in image classifier's knobs are known (docs/experiment-files.md), so a finding on one
+of its stages maps to one knob and one value. For python, http and command targets optlab does
+not know what the knobs mean: the remedy is advice in prose and no file is written.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from optlab.diagnose.evidence import Evidence
+from optlab.diagnose.rules import Fired, Rule
+from optlab.errors import ConfigError
+
+__all__ = [
+    "Suggestion",
+    "advice_for",
+    "stamp",
+    "step_document",
+    "step_name",
+    "step_path",
+    "suggest",
+    "write_step",
+]
+
+BUILTIN = "image-classifier"
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    knob: str
+    value: Any
+    why: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"knob": self.knob, "value": self.value, "why": self.why}
+
+
+# What to do when no knob optlab knows is the remedy (and what to look at next).
+ADVICE: dict[str, str] = {
+    "load-generator": "measure the target as a service (kind command or http) so the generator "
+    "has its own process, lower the rate, or use a closed loop",
+    "noisy-neighbour": "stop the other work (or pin the run with taskset), then measure again; "
+    "`optlab run --paired` cancels a slow drift",
+    "errors": "read the errors with `optlab log`; lower the load or give the target room "
+    "(queue limits, timeouts) before tuning speed",
+    "memory-leak": "find what each request leaves behind (tracemalloc snapshots before and "
+    "after a burst of requests); a cache without a bound is the usual suspect",
+    "io-wait": "keep the data in memory, prefetch or read it in bigger blocks; move writes "
+    "off the request path",
+    "gpu-compute-bound": "make the model cheaper: fp16 or int8 precision, TensorRT, a smaller "
+    "model",
+    "gpu-starved": "move preprocessing to the GPU or vectorise it, and overlap it with "
+    "inference (more workers feeding the GPU)",
+    "gpu-throttled": "check power and cooling (nvidia-smi -q -d PERFORMANCE) before trusting "
+    "the timings",
+    "cpu-bound": "make the busiest stage cheaper (vectorise it, a faster engine) or give it "
+    "more cores",
+    "gil-bound": "move the Python work out of the GIL (vectorised numpy, a compiled "
+    "extension) or into processes instead of threads",
+    "serialised": "find the lock or the single worker the stage waits for; a pool of "
+    "workers or finer locking lets requests overlap",
+    "queueing": "serve more requests per engine pass (dynamic batching) or add instances",
+    "under-batching": "shorten the batch timeout, or send more concurrent requests",
+    "tail-stalls": "find the pause: gc.freeze() after start-up or higher gc thresholds for "
+    "Python, or a background task sharing the lock; `optlab run --profile` shows where",
+    "network": "keep connections alive, send smaller or binary payloads, or serve nearer",
+}
+
+
+def advice_for(rule: Rule) -> str:
+    return ADVICE.get(rule.id, "")
+
+
+def _builtin(evidence: Evidence) -> bool:
+    target = evidence.config.get("target") or {}
+    return target.get("kind") == "builtin" and target.get("name") == BUILTIN
+
+
+def suggest(rule: Rule, fired: Fired, evidence: Evidence) -> Suggestion | None:
+    """The one knob of the built-in classifier that answers `fired`; None where optlab knows
+    no knob for it (the finding's advice says what to try)."""
+    if not _builtin(evidence):
+        return None
+    knobs = evidence.knobs
+    stage = fired.stage
+    device = knobs.get("device", "cpu")
+    if rule.id in ("cpu-bound", "gil-bound", "gpu-starved") and stage == "preprocess":
+        current = knobs.get("preprocess", "python")
+        if current in ("python", "numpy"):
+            return Suggestion(
+                "preprocess",
+                "numpy-pooled",
+                f"preprocess ({current}) is the busiest stage: vectorised numpy into pooled "
+                "buffers does the same work in C and releases the GIL",
+            )
+        if device == "cuda" and current != "torch":
+            return Suggestion("preprocess", "torch", "run resize and normalise on the GPU")
+        return None
+    if rule.id == "gpu-compute-bound" or (rule.id == "cpu-bound" and stage == "infer"):
+        return _faster_engine(evidence, knobs, device)
+    if rule.id in ("queueing", "serialised"):
+        batching = knobs.get("batching") or {}
+        if batching.get("mode", "off") == "off":
+            return Suggestion(
+                "batching",
+                {"mode": "dynamic", "max_batch_size": 8, "max_wait_ms": 2},
+                "requests queue for an engine that is busy all the time: one pass over a "
+                "batch costs far less than a pass per request",
+            )
+        instances = int(knobs.get("instances", 1))
+        return Suggestion(
+            "instances",
+            instances + 1,
+            "the engine is batching already and still busy: another instance serves in parallel",
+        )
+    if rule.id == "under-batching":
+        batching = dict(knobs.get("batching") or {})
+        wait = float(batching.get("max_wait_ms", 10.0))
+        shorter = max(0.5, round(wait / 4, 1))
+        if shorter >= wait:
+            return None
+        return Suggestion(
+            "batching",
+            {**batching, "max_wait_ms": shorter},
+            f"batches close on the {wait:g} ms timeout mostly empty: a shorter wait gives "
+            "back that latency at this load",
+        )
+    return None
+
+
+def _faster_engine(evidence: Evidence, knobs: dict[str, Any], device: str) -> Suggestion | None:
+    inputs = (evidence.config.get("workload") or {}).get("inputs") or {}
+    cache = knobs.get("cache") or {}
+    if inputs.get("repeat_skew") and cache.get("mode", "off") == "off":
+        return Suggestion(
+            "cache",
+            {"mode": "lru", "max_entries": 1024},
+            "the workload repeats payloads: a response cache skips the engine for them",
+        )
+    engine, precision = knobs.get("engine", "torch"), knobs.get("precision", "fp32")
+    if device == "cuda":
+        if precision == "fp32":
+            return Suggestion("precision", "fp16", "the GPU's fp16 units do the pass faster")
+        if engine != "tensorrt":
+            return Suggestion("engine", "tensorrt", "TensorRT fuses and tunes the graph")
+        return None
+    if engine == "torch":
+        return Suggestion(
+            "engine",
+            "onnxruntime",
+            "the engine's pass is the busiest stage: onnxruntime's fused CPU kernels run the "
+            "same graph faster than torch eager",
+        )
+    if precision == "fp32":
+        return Suggestion("precision", "int8", "int8 kernels cut the CPU pass further")
+    return None
+
+
+# -- the step file ---------------------------------------------------------------------------
+
+_SAFE = re.compile(r"[^a-z0-9]+")
+
+
+def _slug(text: str) -> str:
+    return _SAFE.sub("-", text.lower()).strip("-")[:40] or "step"
+
+
+def step_document(
+    parent: str, suggestion: Suggestion, hypothesis: str, name: str
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "parent": parent,
+        "hypothesis": hypothesis,
+        "change": {suggestion.knob: suggestion.value},
+    }
+
+
+def step_path(folder: Path, parent_file: Path | None, suggestion: Suggestion) -> Path:
+    """Where the step goes: beside its parent, numbered one past the parent's own number
+    ("02-dynamic-batch.yaml" -> "03-..."; a baseline's step is 01), named by the change, so
+    asking twice for the same step finds the file already there."""
+    number = 0
+    if parent_file is not None and (match := re.match(r"(\d+)-", parent_file.name)):
+        number = int(match.group(1))
+    value = suggestion.value
+    label = value.get("mode", "") if isinstance(value, dict) else str(value)
+    return folder / f"{number + 1:02d}-{_slug(f'{suggestion.knob}-{label}')}.yaml"
+
+
+def write_step(path: Path, document: dict[str, Any], header: str) -> Path:
+    """Write the step file; refuses to overwrite anything."""
+    text = "".join(f"# {line}\n" for line in header.splitlines())
+    text += yaml.safe_dump(document, sort_keys=False, width=100, allow_unicode=True)
+    try:
+        with path.open("x", encoding="utf-8") as handle:  # "x": never overwrite
+            handle.write(text)
+    except FileExistsError:
+        raise ConfigError(
+            f"{path}: a file of that name exists; nothing was written",
+            hint="the step may be written already: run `optlab diff` on it, or move the file "
+            "away and ask again",
+        ) from None
+    except OSError as exc:
+        raise ConfigError(
+            f"{path}: cannot write the step file: {exc.strerror or exc}",
+            hint="write it into a folder you can write to (--output PATH)",
+        ) from None
+    return path
+
+
+def step_name(parent: str, suggestion: Suggestion, taken: set[str]) -> str:
+    base = _slug(f"{parent}-{suggestion.knob}")
+    name, suffix = base, 2
+    while name in taken:
+        name, suffix = f"{base}-{suffix}", suffix + 1
+    return name
+
+
+def stamp() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
