@@ -72,7 +72,18 @@ def cli(ctx: click.Context, db_url: str | None) -> None:
 
 
 def _register() -> None:
-    from optlab.cli import bundles, db, demo, env, experiments, reports, runs, serve, sweep
+    from optlab.cli import (
+        bundles,
+        db,
+        demo,
+        diagnose,
+        env,
+        experiments,
+        reports,
+        runs,
+        serve,
+        sweep,
+    )
 
     cli.add_command(env.env)
     cli.add_command(experiments.diff)
@@ -81,6 +92,7 @@ def _register() -> None:
     cli.add_command(runs.log)
     cli.add_command(sweep.sweep)
     cli.add_command(sweep.sweeps)
+    cli.add_command(diagnose.diagnose)
     cli.add_command(db.db)
     cli.add_command(demo.demo)
     cli.add_command(serve.serve)

@@ -429,6 +429,8 @@ def _gil(e: Evidence, p: Params) -> Outcome:
         return Passed(tuple(measures))
     top = _serial_stage(e)
     stage = top[0] if top else None
+    if top is not None:
+        measures.append(Measure(f"{top[0]}: requests in it (busiest work stage)", top[1], None))
     closeness = 1 - min(1.0, abs(cores_used - 1.0) / 0.25)
     return Fired(
         stage,
