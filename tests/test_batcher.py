@@ -100,6 +100,7 @@ def test_full_batches_close_at_once_and_results_go_to_their_callers(closing: lis
     metrics = batcher.metrics()
     assert metrics["batches"] == 4 and metrics["requests"] == 32
     assert metrics["mean_batch_size"] == 8.0 and metrics["rejected"] == 0
+    assert metrics["max_batch_size"] == 8  # the configured limit: full batches fill it
     assert 1 <= metrics["max_queue_depth_seen"] <= 32
 
 

@@ -3,7 +3,9 @@
 CPU figures come from `optlab.metrics.cpu` (our own deltas of psutil's CPU times), GPU figures
 from NVML through `optlab.metrics.gpu`; a reading the host cannot give is None. At the start of
 the measured phase and of the drain the sampler also notes every other process's CPU time, so
-that a run can name the neighbours that competed with it.
+that a run can name the neighbours that competed with it, and the counters of optlab's own
+process tree and of a started service's (`optlab.metrics.usage`): how each used the CPU over
+the measured phase. Those snapshots are taken by the sampler's thread, woken for them at once.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import psutil
 
 from optlab.metrics.cpu import HostCpu, TreeCpu
 from optlab.metrics.gpu import THERMAL_REASONS, GpuReading, NvmlDevices
+from optlab.metrics.usage import ProcessUsage, TreeSnapshot, snapshot_tree, usage_between
 
 __all__ = ["ResourceReading", "ResourceSampler"]
 
@@ -47,6 +50,10 @@ class ResourceReading:
 CHILDREN_REFRESH_S = 5.0  # how often new child processes are looked for
 # Phases at whose start every process's CPU is noted: the measured span's neighbours.
 NEIGHBOUR_SNAPSHOTS = ("measure", "drain")
+# The phase whose start reads optlab's and the service's trees on the caller's thread, at
+# once: the load has stopped being measured, and a moment later its threads are gone, their
+# counters with them.
+AT_ONCE = "drain"
 
 
 class ResourceSampler:
@@ -67,6 +74,8 @@ class ResourceSampler:
         self._thermal = False
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        # Set to end the thread's wait early: on stop(), and when a phase's snapshot is due.
+        self._wake = threading.Event()
         self._nvml: NvmlDevices | None = None
         self._process: psutil.Process | None = None
         self._procs: dict[int, psutil.Process] = {}
@@ -80,9 +89,11 @@ class ResourceSampler:
         self._service_cpu = TreeCpu()
         self._trees_at = -CHILDREN_REFRESH_S
         # CPU seconds of every process outside the run, when the measured phase started and
-        # when it ended: who else used the machine (see `neighbours`).
-        self._snapshot_due: str | None = None
+        # when it ended: who else used the machine (see `neighbours`); and the counters of
+        # optlab's tree and the service's at the same moments (see `usage`).
+        self._snapshots_due: list[str] = []
         self._snapshots: dict[str, tuple[float, float, dict[int, tuple[str, float, float]]]] = {}
+        self._trees: dict[str, tuple[TreeSnapshot | None, TreeSnapshot | None]] = {}
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -102,6 +113,7 @@ class ResourceSampler:
         self._host_cpu.sample()
         self._service_cpu_pct()
         self._stop.clear()
+        self._wake.clear()
         self._thread = threading.Thread(target=self._run, name="optlab-resources", daemon=True)
         self._thread.start()
 
@@ -111,14 +123,12 @@ class ResourceSampler:
         if thread is None:
             return
         self._stop.set()
+        self._wake.set()
         thread.join()
         self._thread = None
         if time.perf_counter() - self._last_sample >= 0.2 * self.interval_s:
             self._sample()
-        with self._lock:
-            due, self._snapshot_due = self._snapshot_due, None
-        if due is not None:  # the run ended before the next sample
-            self._snapshot(due)
+        self._take_due_snapshots()  # the run ended before the thread took them
         if self._nvml is not None:
             self._nvml.close()
             self._nvml = None
@@ -134,7 +144,14 @@ class ResourceSampler:
     def _run(self) -> None:
         deadline = time.perf_counter() + self.interval_s
         # A fixed schedule rather than sleep(interval) so slow NVML calls do not add drift.
-        while not self._stop.wait(max(0.0, deadline - time.perf_counter())):
+        while True:
+            self._wake.wait(max(0.0, deadline - time.perf_counter()))
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            self._take_due_snapshots()
+            if time.perf_counter() < deadline:  # woken for a snapshot only
+                continue
             self._sample()
             deadline += self.interval_s
             now = time.perf_counter()
@@ -142,12 +159,15 @@ class ResourceSampler:
                 deadline = now + self.interval_s
 
     def set_phase(self, phase: str) -> None:
+        if phase == AT_ONCE:
+            self._snapshot_trees(phase, refresh=False)
         with self._lock:
             self._phase = phase
             if phase in NEIGHBOUR_SNAPSHOTS:
-                # Taken by the sampler's thread at its next sample: a scan of every process
-                # on the caller's thread would stall the load right as the phase starts.
-                self._snapshot_due = phase
+                # Taken by the sampler's thread, woken for it: a scan of every process on the
+                # caller's thread would stall the load right as the phase starts.
+                self._snapshots_due.append(phase)
+                self._wake.set()
 
     # -- results -------------------------------------------------------------------------------
 
@@ -196,7 +216,45 @@ class ResourceSampler:
         used.sort(key=lambda entry: -float(entry["cpu_pct"]))
         return used[:most]
 
+    def usage(self, tree: str = "process") -> ProcessUsage | None:
+        """How optlab's process tree ("process") or the started service's ("service") used
+        the CPU over the measured phase; None when unknown (no service, a snapshot missing,
+        the process gone)."""
+        with self._lock:
+            start = self._trees.get("measure")
+            end = self._trees.get("drain")
+        if start is None or end is None:
+            return None
+        pick = 0 if tree == "process" else 1
+        before, after = start[pick], end[pick]
+        return None if before is None or after is None else usage_between(before, after)
+
+    def tree_rss(self) -> list[tuple[float, int | None, int | None]]:
+        """(seconds since start(), optlab's tree RSS, the service's) when the measured phase
+        started and when it ended, as the usage snapshots read them."""
+        started = self.started_ns / 1e9 if self.started_ns is not None else 0.0
+        with self._lock:
+            found = [self._trees[p] for p in NEIGHBOUR_SNAPSHOTS if p in self._trees]
+        marks = []
+        for own, service in found:
+            at = own.at_s if own is not None else service.at_s if service is not None else None
+            if at is not None:
+                marks.append(
+                    (
+                        at - started,
+                        own.rss_bytes if own is not None else None,
+                        service.rss_bytes if service is not None else None,
+                    )
+                )
+        return marks
+
     # -- sampling ------------------------------------------------------------------------------
+
+    def _take_due_snapshots(self) -> None:
+        with self._lock:
+            due, self._snapshots_due = self._snapshots_due, []
+        for phase in due:
+            self._snapshot(phase)
 
     def _sample(self) -> None:
         now = time.perf_counter()
@@ -208,10 +266,6 @@ class ResourceSampler:
         other_cpu = None
         if busy_cores is not None and cpu_process is not None:
             other_cpu = max(0.0, 100.0 * busy_cores - cpu_process - (service_cpu or 0.0))
-        with self._lock:
-            due, self._snapshot_due = self._snapshot_due, None
-        if due is not None:
-            self._snapshot(due)
         service_rss = self._tree_rss(self._service_tree()) if self._service is not None else None
         memory = psutil.virtual_memory()
         gpus = self._nvml.read() if self._nvml is not None else None
@@ -291,8 +345,26 @@ class ResourceSampler:
             return None
         return self._service_cpu.sample(self._service_tree(), self._service.pid)
 
+    def _snapshot_trees(self, phase: str, refresh: bool = True) -> None:
+        """The counters of optlab's tree and the service's (without `refresh`, the processes
+        already known: off the sampler's thread, the trees are not searched again)."""
+        if refresh:
+            self._refresh_trees()
+        own = service = None
+        if self._process is not None:
+            own = snapshot_tree([self._process, *self._procs.values()], self.pid)
+        if self._service is not None:
+            service = snapshot_tree(list(self._service_procs.values()), self._service.pid)
+        with self._lock:
+            self._trees.setdefault(phase, (own, service))
+
     def _snapshot(self, phase: str) -> None:
-        """CPU seconds of every process outside the run (optlab's tree and the service's)."""
+        """The counters of optlab's tree and the service's (unless taken already), then the
+        CPU seconds of every process outside the run."""
+        with self._lock:
+            taken = phase in self._trees
+        if not taken:
+            self._snapshot_trees(phase)
         inside = {self.pid, *self._procs, *self._service_procs}
         seen: dict[int, tuple[str, float, float]] = {}
         for proc in psutil.process_iter(["name", "cpu_times", "create_time"]):

@@ -11,6 +11,7 @@ target's hooks in `optlab.run.hooks`), the recorder that flushes and writes
 
 from __future__ import annotations
 
+import os
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from optlab.config.protocol import EffectiveProtocol
 from optlab.errors import OptlabError
 from optlab.load.base import LoadGenerator, StopReport
 from optlab.metrics.backlog import LoadTimeline
+from optlab.run.evidence import Observed
 from optlab.run.hooks import TargetHooks
 from optlab.run.phases import Interrupted, PhaseLoop, shielded, stop_signals
 from optlab.run.progress import GuardedProgress, LiveStatus, Progress
@@ -234,6 +236,29 @@ class _Run:
             plan=self.link.plan,
             who=who(),
             secrets=self.secrets,
+            observed=self._observed(),
+        )
+
+    def _observed(self) -> Observed:
+        """What the evidence section is made of, over the measured phase."""
+        loop, timeline = self.loop, self.loop.load
+        sampler, windows = loop.sampler, loop.collector.windows("measure")
+        start_ns = timeline.phase_start("measure")
+        measure_start_s = None
+        if start_ns is not None and sampler.started_ns is not None:
+            measure_start_s = (start_ns - sampler.started_ns) / 1e9
+        target = loop.target
+        return Observed(
+            cores=_cores(),
+            process=sampler.usage("process"),
+            service=sampler.usage("service"),
+            started_service=target is not None and target.service_pid is not None,
+            gc_pauses_ns=loop.gc.pauses_ns() if start_ns is not None else None,
+            windows=windows,
+            window_s=loop.collector.window_s,
+            window_in_flight=[timeline.window(w.phase, w.t_s, w.span_s)[1] for w in windows],
+            measure_start_s=measure_start_s,
+            tree_rss=sampler.tree_rss(),
         )
 
     def _in_flight_now(self) -> list[int]:
@@ -260,6 +285,14 @@ class _Run:
             resource_rows(loop.readings),
             error_rows(done.errors),
         )
+
+
+def _cores() -> int | None:
+    """The CPUs this process may run on (its affinity, which a container or taskset narrows)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count()
 
 
 def failure_text(exc: BaseException) -> str:

@@ -18,6 +18,7 @@ from types import FrameType
 from optlab.config.protocol import STABILITY_WINDOWS, EffectiveProtocol
 from optlab.load.base import LoadGenerator, StopReport
 from optlab.metrics.backlog import LoadTimeline
+from optlab.metrics.gcpause import GcPauses
 from optlab.metrics.log import Collector, Window
 from optlab.metrics.resources import ResourceReading, ResourceSampler
 from optlab.run.progress import LiveStatus, Progress
@@ -80,7 +81,8 @@ class PhaseLoop:
     """Warmup (fixed, or until stable), the measured phase, then the drain.
 
     After the loop, `warmup_s`, `measured_s` and `stabilised` say how it went, `collector`
-    holds every request, `readings` every resource sample and `load` what was offered.
+    holds every request, `readings` every resource sample, `load` what was offered and `gc`
+    the garbage collector's pauses while it was measured.
     """
 
     def __init__(
@@ -94,6 +96,7 @@ class PhaseLoop:
         self.name, self.protocol, self.progress = name, protocol, progress
         self.collector = Collector()
         self.sampler = ResourceSampler()
+        self.gc = GcPauses()  # the measured phase's garbage-collector pauses in this process
         self.readings: list[ResourceReading] = []
         # What the generator sent and had in flight, tick by tick: each window's offered load.
         self.load = load
@@ -214,18 +217,22 @@ class PhaseLoop:
     def _measure(self) -> None:
         if self.target is not None and self.target.reset_metrics is not None:
             self.target.reset_metrics()  # the target's own counters cover the measured phase
-        started = time.monotonic()
-        self.set_phase("measure")
-        self.sampler.set_phase("measure")
-        try:
-            while self.measured_s < self.protocol.duration_s:
-                self.measured_s = self._tick("measure", started, self.protocol.duration_s)
-                if self.early_stop is not None and self.measured_s < self.protocol.duration_s:
-                    self.stopped_early = self.early_stop()
-                    if self.stopped_early is not None:
-                        self.progress.note(f"[{self.name}] stopping early: {self.stopped_early}")
-                        break
-        finally:
-            self.measured_s = time.monotonic() - started
-            self.set_phase("drain")
-            self.sampler.set_phase("drain")
+        # The garbage collector is timed over the measured phase only, and let go of however
+        # the phase ends (Ctrl-C, a failed target).
+        with self.gc.recording():
+            started = time.monotonic()
+            self.set_phase("measure")
+            self.sampler.set_phase("measure")
+            try:
+                while self.measured_s < self.protocol.duration_s:
+                    self.measured_s = self._tick("measure", started, self.protocol.duration_s)
+                    if self.early_stop is not None and self.measured_s < self.protocol.duration_s:
+                        self.stopped_early = self.early_stop()
+                        if self.stopped_early is not None:
+                            note = f"[{self.name}] stopping early: {self.stopped_early}"
+                            self.progress.note(note)
+                            break
+            finally:
+                self.measured_s = time.monotonic() - started
+                self.set_phase("drain")
+                self.sampler.set_phase("drain")

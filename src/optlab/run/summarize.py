@@ -2,8 +2,8 @@
 collected (docs/run-json.md).
 
 Pure: `summarize()` reads only its `Collected` input (histograms, windows, resource readings,
-errors, what else used the machine, the protocol) and touches no clock, store or thread, so
-tests call it directly on hand-built inputs.
+errors, what else used the machine, the protocol, what it observed for the evidence section)
+and touches no clock, store or thread, so tests call it directly on hand-built inputs.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from optlab.metrics.change import percent_change
 from optlab.metrics.histogram import LatencyHistogram
 from optlab.metrics.resources import ResourceReading
 from optlab.metrics.stages import LAG_SERIES, SEND_LAG, START_LAG, TOTAL
+from optlab.run.evidence import Observed, run_evidence
 from optlab.run.summary import MAX_JSON_DEPTH, json_safe, latency_summary, resource_summary
 from optlab.run.validity import LoadFacts, RunFacts, Verdict, halves, verdict
 from optlab.store import LatencyStats, RunFinal, RunRecord, RunSummary
@@ -70,6 +71,7 @@ class Collected:
     plan: Plan | None = None
     who: str = "unknown"
     secrets: Secrets = field(default_factory=Secrets)  # every text stored is redacted
+    observed: Observed = field(default_factory=Observed)  # for the summary's evidence
 
 
 @dataclass(frozen=True)
@@ -210,7 +212,17 @@ def _summary(
     # (deeper than the hooks' own pass, which already cut what a target nested too deep)
     safe: dict[str, Any] = json_safe(summary, "summary", late_notes, max_depth=MAX_JSON_DEPTH + 4)
     safe["notes"] += late_notes
-    return RunSummary.from_json(safe)
+    measured = RunSummary.from_json(safe)
+    # The evidence reads the summary's series and the target's figures as the summary has them.
+    evidence = run_evidence(
+        c.observed,
+        c.readings,
+        measured_s=c.measured_s,
+        in_flight_max=c.in_flight[2],
+        in_process=c.in_process,
+        summary=measured,
+    )
+    return measured.model_copy(update={"evidence": evidence})
 
 
 def _split(

@@ -207,6 +207,9 @@ class DynamicBatcher(Generic[T, R]):
             "batches": batches,
             "requests": requests,
             "mean_batch_size": requests / batches if batches else None,
+            # The configured limit: mean / max is how full batches ran. The wait for a batch
+            # to close is each request's `queue` stage, not counted twice here.
+            "max_batch_size": self._max_batch,
             "batch_sizes": sizes,
             "rejected": rejected,
             "max_queue_depth_seen": depth,

@@ -1,0 +1,306 @@
+"""The evidence section of a run's summary (docs/run-json.md "evidence"): real runs through the
+library on python targets made to leak, sleep, spin and make cyclic garbage, the reference
+classifier batching, a command target's service; and the pure parts against numpy and scipy."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+from click.testing import Result
+from scipy import stats
+
+from optlab.chain.lineage import prepare
+from optlab.cli.runs import PlainProgress
+from optlab.config.models import ResolvedConfig
+from optlab.config.protocol import effective_protocol
+from optlab.metrics.gcpause import P99_LEAST_PAUSES, GcPauses, pause_figures
+from optlab.metrics.trend import least_squares, served_by
+from optlab.metrics.usage import snapshot_tree, usage_between
+from optlab.run.measurement import RunOptions, measure
+from optlab.store import RunEvidence, RunSummary, Store
+from tests.conftest import write
+from tests.test_http import command_experiment, free_port, summary_of
+from tests.test_pipeline import BATCHED
+
+Invoke = Callable[..., Result]
+LEAK_BYTES = 10 * 1024  # per request: 10 MiB per 1,000 requests less malloc's rounding
+EXPECTED_SLOPE = LEAK_BYTES * 1000 / 2**20  # MiB per 1,000 requests
+
+# One request: keep `leak_bytes` (written, so resident), make `cycles` self-referencing lists
+# (garbage only the collector frees), then spin `busy_ms` or sleep `sleep_ms`.
+TARGET = """\
+import time
+
+class Target:
+    def __init__(self, knobs):
+        self.knobs = knobs
+        self.kept = []
+
+    def __call__(self, request):
+        k = self.knobs
+        if k["leak_bytes"]:
+            self.kept.append(b"\\x01" * k["leak_bytes"])
+        for _ in range(k["cycles"]):
+            cycle = []
+            cycle.append(cycle)
+        if k["sleep_ms"]:
+            time.sleep(k["sleep_ms"] / 1000)
+        end = time.perf_counter() + k["busy_ms"] / 1000
+        while time.perf_counter() < end:
+            pass
+        return request
+
+    def close(self):
+        self.kept.clear()
+
+def build(knobs):
+    return Target(knobs)
+"""
+
+
+def measured(folder: Path, name: str, knobs: str, load: str, duration_s: float) -> RunSummary:
+    """One run of a python target from TARGET, measured through the library (quick protocol)."""
+    folder.mkdir(exist_ok=True)
+    write(folder, f"{name}_target.py", TARGET)
+    path = write(
+        folder,
+        f"{name}.yaml",
+        f"name: {name}\ntarget: {{kind: python, factory: '{name}_target:build'}}\n"
+        f"knobs: {knobs}\nworkload: {{load: {load}}}\n",
+    )
+    return run_file(folder, path, duration_s)
+
+
+def run_file(folder: Path, path: Path, duration_s: float) -> RunSummary:
+    store = Store.open(f"sqlite:///{folder / 'optlab.db'}")
+    link = prepare(path, store).head
+    config = ResolvedConfig.model_validate(link.stored.config)
+    protocol = effective_protocol(config.protocol, quick=True, duration_s=duration_s, warmup_s=0.3)
+    run_id = store.create_run(
+        experiment=link.name,
+        protocol_name=protocol.name,
+        protocol=protocol.as_dict(),
+        provisional=True,
+        environment_id=None,
+        code_identity={},
+        git_commit=None,
+        git_dirty=None,
+    )
+    options = RunOptions(quick=True)
+    done = measure(store, link, config, protocol, run_id, PlainProgress(), options, [folder])
+    assert done.status == "FINISHED", done.summary.reasons
+    stored = store.get_run(run_id).summary  # the evidence is stored with the run
+    assert stored is not None and stored.evidence == done.summary.evidence
+    return done.summary
+
+
+def evidence_of(summary: RunSummary) -> RunEvidence:
+    assert summary.evidence is not None
+    return summary.evidence
+
+
+def cpu_pct(evidence: RunEvidence) -> float:
+    process = evidence.process
+    assert process is not None
+    assert process.cpu_user_pct is not None and process.cpu_system_pct is not None
+    return process.cpu_user_pct + process.cpu_system_pct
+
+
+@pytest.mark.slow
+def test_a_leaking_spinning_target_against_a_sleeping_one(tmp_path: Path) -> None:
+    # One load thread spinning 0.3 ms a request, keeping 10 KiB and making cyclic garbage.
+    busy = evidence_of(
+        measured(
+            tmp_path / "busy",
+            "leaky",
+            f"{{leak_bytes: {LEAK_BYTES}, cycles: 20, busy_ms: 0.3, sleep_ms: 0}}",
+            "{mode: closed, concurrency: 1}",
+            4.0,
+        )
+    )
+    # Two load threads asleep 2 ms a request, keeping nothing.
+    sleepy = evidence_of(
+        measured(
+            tmp_path / "sleepy",
+            "sleepy",
+            "{leak_bytes: 0, cycles: 0, busy_ms: 0, sleep_ms: 2}",
+            "{mode: closed, concurrency: 2}",
+            4.0,
+        )
+    )
+    for evidence in (busy, sleepy):
+        assert evidence.cores == len(psutil.Process().cpu_affinity() or [])
+        assert evidence.service is None and evidence.network is None  # in process
+        assert evidence.batching is None and evidence.profile is None
+        assert evidence.in_flight_max is not None and evidence.in_flight_mean is not None
+        assert evidence.in_flight_mean <= evidence.in_flight_max
+    assert busy.in_flight_max == 1 and sleepy.in_flight_max == 2  # the closed loops' clients
+
+    # The leak: RSS climbs with the requests served, along a straight line.
+    leak = busy.memory
+    assert leak is not None and leak.series == "rss_bytes" and leak.samples >= 5
+    assert 0.7 * EXPECTED_SLOPE < leak.mib_per_1k_requests < 1.5 * EXPECTED_SLOPE, leak
+    assert leak.r2 > 0.9, leak
+    flat = sleepy.memory
+    assert flat is not None and abs(flat.mib_per_1k_requests) < 0.1 * EXPECTED_SLOPE, flat
+
+    # The spinner's thread is the busiest one and the process is busy; the sleeper's process
+    # mostly waits, switching out voluntarily at every sleep.
+    assert busy.process is not None and sleepy.process is not None
+    assert busy.process.threads and busy.process.threads[0].name == "optlab-load-0"
+    shares = [t.cpu_pct for t in busy.process.threads]
+    assert shares == sorted(shares, reverse=True) and min(shares) >= 1.0
+    assert cpu_pct(busy) > 2 * cpu_pct(sleepy)
+    assert sleepy.process.ctx_voluntary_per_s is not None
+    assert busy.process.ctx_voluntary_per_s is not None
+    assert sleepy.process.ctx_voluntary_per_s > 300  # ~2 clients x 1 sleep per ~2.1 ms
+    assert sleepy.process.ctx_voluntary_per_s > 5 * busy.process.ctx_voluntary_per_s
+
+    # Cyclic garbage: collections, each a pause.
+    collected = busy.gc
+    assert collected is not None and collected.collections > 0
+    assert 0 < collected.pause_max_ms <= collected.pause_total_ms
+    assert 0 < collected.share_pct < 100
+    assert sleepy.gc is not None and sleepy.gc.collections < collected.collections
+    assert not any(isinstance(getattr(cb, "__self__", None), GcPauses) for cb in gc.callbacks)
+
+
+@pytest.mark.slow
+def test_a_batching_run_of_the_reference_classifier(tmp_path: Path) -> None:
+    folder = tmp_path / "ic"
+    folder.mkdir()
+    summary = run_file(folder, write(folder, "base.yaml", BATCHED), 2.0)
+    batching = evidence_of(summary).batching
+    assert batching is not None and batching.max_batch == 8
+    reported = summary.target_figure("batching", "mean_batch_size")
+    assert batching.mean_batch is not None
+    assert batching.mean_batch == pytest.approx(reported, abs=1e-3)
+    assert batching.fill_ratio is not None and 0 < batching.fill_ratio <= 1
+    assert batching.fill_ratio == pytest.approx(batching.mean_batch / 8, abs=1e-3)
+    # The wait for a batch is the pipeline's own `queue` stage, not a second measurement.
+    assert batching.wait_ms_mean == summary.stages["queue"].mean
+    assert batching.wait_ms_p99 == summary.stages["queue"].p99
+    assert batching.wait_ms_mean is not None and batching.wait_ms_mean > 0
+
+
+@pytest.mark.slow
+def test_a_command_target_fills_service_and_network(tmp_path: Path, invoke: Invoke) -> None:
+    path = command_experiment(tmp_path, "svc", free_port())
+    result = invoke("run", str(path), "--quick", "--duration", "2", "--warmup", "0.5", "--json")
+    assert result.exit_code == 0, result.output
+    printed = summary_of(result)
+    assert "evidence" in printed  # `run --json` prints it
+    evidence = RunEvidence.model_validate(printed["evidence"])
+    service = evidence.service
+    assert service is not None and service.cpu_user_pct is not None
+    assert service.cpu_user_pct + (service.cpu_system_pct or 0) > 1  # aiohttp answered
+    assert service.ctx_voluntary_per_s is not None and service.ctx_voluntary_per_s > 0
+    assert service.threads and service.threads[0].cpu_pct >= 1.0
+    assert evidence.process is not None and evidence.process.threads  # the load generator
+    # The toy service's Server-Timing `total` (server_total) against the client's total.
+    network = evidence.network
+    assert network is not None
+    assert network.server_p50_ms < network.client_p50_ms
+    assert network.overhead_p50_ms == pytest.approx(
+        network.client_p50_ms - network.server_p50_ms, abs=1e-3
+    )
+    assert 0 < network.overhead_share < 1
+    if evidence.memory is not None:
+        assert evidence.memory.series == "service_rss_bytes"
+
+
+# -- pure parts ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_least_squares_agrees_with_numpy_and_scipy(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    xs = np.sort(rng.uniform(0, 50, 12))
+    ys = 3.0 + 0.8 * xs + rng.normal(0, 2.0, 12)
+    fit = least_squares(list(xs), list(ys))
+    assert fit is not None
+    slope, intercept = np.polyfit(xs, ys, 1)
+    reference = stats.linregress(xs, ys)
+    assert fit.slope == pytest.approx(slope, rel=1e-9)
+    assert fit.intercept == pytest.approx(intercept, rel=1e-9)
+    assert fit.r2 == pytest.approx(reference.rvalue**2, rel=1e-9)
+
+
+def test_least_squares_edges() -> None:
+    assert least_squares([1.0], [2.0]) is None  # one point
+    assert least_squares([2.0, 2.0, 2.0], [1.0, 2.0, 3.0]) is None  # no spread in x
+    flat = least_squares([1.0, 2.0, 3.0], [5.0, 5.0, 5.0])
+    # scipy's r is NaN here (0/0); a flat series has no trend to explain: R² 0, never NaN.
+    assert flat is not None and flat.slope == 0 and flat.r2 == 0
+    with pytest.raises(ValueError):
+        least_squares([1.0, 2.0], [1.0])
+
+
+def test_served_by_spreads_each_window_evenly() -> None:
+    windows = [(0.0, 1.0, 100), (1.0, 1.0, 300), (2.0, 0.5, 50)]
+    assert served_by([0.0, 0.5, 1.0, 1.5, 2.25, 9.0], windows) == [0, 50, 100, 250, 425, 450]
+
+
+def test_pause_figures_against_numpy() -> None:
+    pauses = [int(x) for x in np.random.default_rng(3).integers(10_000, 900_000, 250)]
+    figures = pause_figures(pauses, wall_s=2.0)
+    assert figures is not None and figures.collections == 250
+    ms = np.asarray(pauses) / 1e6
+    assert figures.total_ms == pytest.approx(ms.sum())
+    assert figures.max_ms == pytest.approx(ms.max())
+    assert figures.p99_ms == pytest.approx(np.percentile(ms, 99))
+    assert figures.share_pct == pytest.approx(100 * ms.sum() / 1000 / 2.0)
+    few = pause_figures(pauses[: P99_LEAST_PAUSES - 1], wall_s=2.0)
+    assert few is not None and few.p99_ms is None  # too few pauses for a P99
+    none = pause_figures([], wall_s=1.0)
+    assert none is not None and none.collections == 0 and none.total_ms == 0
+    assert pause_figures(pauses, wall_s=0) is None  # no span: unknown, not 0
+
+
+def test_gc_pauses_are_timed_only_inside_and_the_callback_always_goes() -> None:
+    pauses = GcPauses()
+    gc.collect()
+    with pytest.raises(KeyboardInterrupt), pauses.recording():
+        before = len(gc.callbacks)
+        gc.collect()
+        gc.collect()
+        assert len(gc.callbacks) == before
+        raise KeyboardInterrupt
+    assert all(cb != pauses._callback for cb in gc.callbacks)
+    gc.collect()  # outside: not timed
+    timed = pauses.pauses_ns()
+    assert len(timed) == 2 and all(ns > 0 for ns in timed)
+
+
+def test_usage_between_names_the_busy_thread_of_this_process() -> None:
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            sum(range(1000))
+
+    me = psutil.Process()
+    start = snapshot_tree([me], me.pid)
+    thread = threading.Thread(target=spin, name="evidence-spinner")
+    thread.start()
+    try:
+        time.sleep(0.6)
+        end = snapshot_tree([me], me.pid)  # while it runs: a thread gone takes its counters
+    finally:
+        stop.set()
+        thread.join()
+    usage = usage_between(start, end)
+    assert usage is not None and usage.threads
+    assert usage.threads[0][0] == "evidence-spinner"  # Python's name, not the kernel's
+    assert usage.cpu_user_pct + usage.cpu_system_pct >= usage.threads[0][1] * 0.9
+    assert usage.ctx_voluntary_per_s is not None and usage.ctx_voluntary_per_s >= 0
+    assert usage_between(end, start) is None  # an empty span is unknown
+    gone = snapshot_tree([], me.pid)
+    assert usage_between(start, gone) is None  # the root process missing
