@@ -223,3 +223,68 @@ def test_decode_throttle_reasons_uses_nvml_bits() -> None:
 def test_invalid_interval_is_rejected() -> None:
     with pytest.raises(ValueError):
         ResourceSampler(interval_s=0)
+
+
+def test_phase_snapshots_give_the_measured_span_usage_and_rss_marks() -> None:
+    # A 60 s interval: no regular sample comes in the test, so the snapshots are the wake-ups
+    # set_phase asks for, not a side effect of sampling.
+    sampler = ResourceSampler(interval_s=60.0)
+    sampler.start()
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            sum(range(1000))
+
+    thread = threading.Thread(target=spin, name="resources-spinner", daemon=True)
+    try:
+        sampler.set_phase("measure")
+        wait_until(lambda: sampler.tree_rss(), "the measure snapshot, taken at once")
+        thread.start()
+        time.sleep(0.5)
+        sampler.set_phase("drain")  # read on this thread, while the spinner still runs
+    finally:
+        stop.set()
+        thread.join()
+        sampler.stop()
+    usage = sampler.usage("process")
+    assert usage is not None
+    assert usage.threads and usage.threads[0][0] == "resources-spinner"
+    assert usage.threads[0][1] > 10.0  # it spun for most of the span, whatever share it got
+    assert usage.cpu_user_pct + usage.cpu_system_pct >= usage.threads[0][1] * 0.9
+    assert sampler.usage("service") is None  # no service tracked: unknown, not zero
+    marks = sampler.tree_rss()
+    assert len(marks) == 2 and marks[0][0] < marks[1][0]
+    assert all(own is not None and own > 0 and service is None for _, own, service in marks)
+
+
+def test_usage_is_unknown_without_the_measured_phase() -> None:
+    sampler = ResourceSampler(interval_s=INTERVAL)
+    sampler.start()
+    sampler.set_phase("warmup")
+    sampler.stop()
+    assert sampler.usage("process") is None and sampler.tree_rss() == []
+
+
+def test_a_tracked_service_has_its_own_usage() -> None:
+    code = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"
+    child = subprocess.Popen([sys.executable, "-c", code])
+    sampler = ResourceSampler(interval_s=60.0)
+    try:
+        sampler.track_service(child.pid)
+        sampler.start()
+        sampler.set_phase("measure")
+        wait_until(lambda: sampler.tree_rss(), "the measure snapshot")
+        time.sleep(0.5)
+        sampler.set_phase("drain")
+        sampler.stop()
+    finally:
+        child.kill()
+        child.wait()
+    service, own = sampler.usage("service"), sampler.usage("process")
+    assert service is not None and own is not None
+    assert service.cpu_user_pct + service.cpu_system_pct > 10.0  # the child spun
+    assert service.threads and service.threads[0][1] > 10.0
+    # optlab's own figures leave the service out: this process mostly slept.
+    assert own.cpu_user_pct + own.cpu_system_pct < service.cpu_user_pct + service.cpu_system_pct
+    assert all(svc is not None and svc > 0 for _, _, svc in sampler.tree_rss())

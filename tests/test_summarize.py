@@ -9,7 +9,10 @@ from typing import Any
 from optlab.config.models import ClosedLoad, OpenLoad
 from optlab.config.protocol import EffectiveProtocol
 from optlab.metrics.histogram import LatencyHistogram
+from optlab.metrics.log import Window
+from optlab.metrics.resources import ResourceReading
 from optlab.metrics.stages import SEND_LAG, START_LAG, TOTAL
+from optlab.run.evidence import Observed
 from optlab.run.summarize import Collected, summarize
 from optlab.targets.templates import Secrets
 
@@ -154,3 +157,88 @@ def test_what_strict_json_rejects_never_reaches_the_summary() -> None:
     assert done.summary.service == {"cpu": None}
     assert "summary.service.cpu was nan, stored as null" in done.summary.notes
     assert done.summary.paired is not None and done.summary.paired.model_dump() == tag
+
+
+def reading(t_s: float, rss_mib: float, **changes: Any) -> ResourceReading:
+    fields: dict[str, Any] = {
+        "t_s": t_s,
+        "phase": "measure",
+        "cpu_process_pct": 50.0,
+        "cpu_system_pct": 40.0,
+        "cpu_per_core": None,
+        "rss_bytes": round(rss_mib * 2**20),
+        "mem_used_bytes": None,
+        "mem_total_bytes": None,
+        "iowait_pct": None,
+        "gpus": None,
+    }
+    return ResourceReading(**(fields | changes))
+
+
+def test_the_evidence_from_what_the_run_observed() -> None:
+    # Ten 1 s windows of 100 requests from t_s 2.0 on the readings' clock; RSS grows 5 MiB a
+    # second, so 50 MiB per 1,000 requests, exactly.
+    windows = [Window("measure", i, 100, 0, 100.0, 1.0, 2.0, None) for i in range(10)]
+    readings = [
+        reading(2.0 + i, 100 + 5 * i, other_cpu_pct=10.0 * i, steal_pct=None) for i in range(1, 9)
+    ]
+    readings.insert(0, reading(1.5, 999, phase="warmup", other_cpu_pct=500.0))  # not measured
+    observed = Observed(
+        cores=2,
+        gc_pauses_ns=[2_000_000, 3_000_000],
+        windows=windows,
+        window_in_flight=[4, 4, None, 8],
+        measure_start_s=2.0,
+        tree_rss=[(2.0, round(100 * 2**20), None), (12.0, round(150 * 2**20), None)],
+    )
+    metrics = {"batching": {"mean_batch_size": 6.0, "max_batch_size": 8}}
+    histograms = {
+        TOTAL: histogram([float(i) for i in range(1, 1001)]),
+        "queue": histogram([2.0] * 1000),
+    }
+    done = summarize(
+        collected(
+            readings=readings,
+            observed=observed,
+            target_metrics=metrics,
+            histograms=histograms,
+            in_flight=(4, 8, 9),
+        )
+    )
+    evidence = done.summary.evidence
+    assert evidence is not None and evidence.cores == 2
+    assert evidence.process is None and evidence.service is None  # not observed: unknown
+    assert evidence.neighbour_cpu_pct == 45.0  # the mean of 10..80, the warmup left out
+    assert evidence.steal_pct is None  # never read: null, not 0
+    assert evidence.gc is not None and evidence.gc.collections == 2
+    assert evidence.gc.pause_total_ms == 5.0 and evidence.gc.pause_max_ms == 3.0
+    assert evidence.gc.pause_p99_ms is None and evidence.gc.share_pct == 0.05  # 5 ms of 10 s
+    memory = evidence.memory
+    assert memory is not None and memory.samples == 10 and memory.series == "rss_bytes"
+    assert memory.mib_per_1k_requests == 50.0 and memory.r2 == 1.0
+    assert evidence.in_flight_mean == 5.33 and evidence.in_flight_max == 9  # the marks saw 9
+    batching = evidence.batching
+    assert batching is not None and batching.fill_ratio == 0.75 and batching.max_batch == 8
+    assert batching.wait_ms_mean is not None
+    assert math.isclose(batching.wait_ms_mean, 2.0, rel_tol=2e-3)
+    assert evidence.network is None  # in process: no network between client and target
+    assert "evidence" in done.summary.to_json()
+
+
+def test_a_network_target_gets_its_overhead_from_server_timing() -> None:
+    histograms = {
+        TOTAL: histogram([10.0] * 1000),
+        "server_total": histogram([7.5] * 1000),
+    }
+    done = summarize(collected(histograms=histograms, in_process=False))
+    evidence = done.summary.evidence
+    assert evidence is not None and evidence.network is not None
+    network = evidence.network
+    assert math.isclose(network.overhead_p50_ms, 2.5, abs_tol=0.02)
+    assert math.isclose(network.overhead_share, 0.25, abs_tol=0.002)
+    # Nothing observed: no GC figures, no trend, no batching; unknown is null, never 0.
+    assert evidence.gc is None and evidence.memory is None and evidence.batching is None
+    assert evidence.in_flight_mean is None and evidence.in_flight_max is None
+    # Without a server total, no network figure.
+    plain = summarize(collected(in_process=False)).summary.evidence
+    assert plain is not None and plain.network is None
