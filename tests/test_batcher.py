@@ -192,6 +192,7 @@ def test_a_full_queue_sheds_load_and_counts_it(closing: list[Any]) -> None:
 
     batcher = make(closing, blocked, max_batch_size=1, max_queue=2)
     out: list[Any] = []
+
     def call(i: int) -> None:
         out.append(batcher.submit(i))
 

@@ -5,7 +5,8 @@ from NVML through `optlab.metrics.gpu`; a reading the host cannot give is None. 
 the measured phase and of the drain the sampler also notes every other process's CPU time, so
 that a run can name the neighbours that competed with it, and the counters of optlab's own
 process tree and of a started service's (`optlab.metrics.usage`): how each used the CPU over
-the measured phase. Those snapshots are taken by the sampler's thread, woken for them at once.
+the measured phase. Those snapshots are taken by the sampler's thread, woken for them at once;
+the trees' at the drain on the caller's thread (the load's threads end a moment later).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import psutil
 
@@ -216,7 +217,7 @@ class ResourceSampler:
         used.sort(key=lambda entry: -float(entry["cpu_pct"]))
         return used[:most]
 
-    def usage(self, tree: str = "process") -> ProcessUsage | None:
+    def usage(self, tree: Literal["process", "service"] = "process") -> ProcessUsage | None:
         """How optlab's process tree ("process") or the started service's ("service") used
         the CPU over the measured phase; None when unknown (no service, a snapshot missing,
         the process gone)."""
