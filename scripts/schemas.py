@@ -28,6 +28,7 @@ from optlab.config.models import (
     HttpInputs,
     StepFile,
 )
+from optlab.reports.diagnose_json import DiagnoseDocument
 from optlab.reports.sweep_json import SweepDocument
 from optlab.reports.table_json import TableDocument
 from optlab.store.summary import RunSummary
@@ -126,6 +127,11 @@ def sweep_schema() -> dict[str, Any]:
     return schema
 
 
+def diagnose_schema() -> dict[str, Any]:
+    schema, _ = _with_defs(DiagnoseDocument)
+    return schema
+
+
 def schemas() -> dict[str, dict[str, Any]]:
     """File name -> schema, each with its dialect first."""
     found = {
@@ -133,6 +139,7 @@ def schemas() -> dict[str, dict[str, Any]]:
         "run-summary.schema.json": run_summary_schema(),
         "table.schema.json": table_schema(),
         "sweep.schema.json": sweep_schema(),
+        "diagnose.schema.json": diagnose_schema(),
     }
     return {name: {"$schema": DIALECT, **schema} for name, schema in found.items()}
 

@@ -40,6 +40,7 @@ EXAMPLES = {
     ("run-json.md", "json"): "run-summary",
     ("table-json.md", "json"): "table",
     ("sweep-json.md", "json"): "sweep",
+    ("diagnose-json.md", "json"): "diagnose",
 }
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 

@@ -74,6 +74,14 @@ def diagnose(
         echo_or_reader_gone(text)
     if write_step:
         path = write_next_step(store, diagnosis, command, output)
+        disturbed = [f for f in diagnosis.findings if f.rule.invalidates]
+        if disturbed:
+            titles = "; ".join(f.rule.title for f in disturbed)
+            click.echo(
+                f"warning: the run was also disturbed ({titles}): measure the step and its "
+                "parent again on a quiet machine before trusting the comparison",
+                err=True,
+            )
         click.echo(
             f"wrote {path}: check it with `optlab diff {path}`, measure it with "
             f"`optlab run {path}`",

@@ -126,6 +126,8 @@ def diagnose(
             missing.append((rule.id, outcome.missing))
         elif isinstance(outcome, Passed):
             passed.append((rule.id, outcome.evidence))
+    covered = {r for f in findings for r in f.rule.subsumes}
+    findings = [f for f in findings if f.rule.id not in covered]
     order = {rule.id: i for i, rule in enumerate(RULES)}
     # Ranked by confidence; a tie goes to the rule listed first (measurement rules lead).
     findings.sort(key=lambda f: (-f.confidence, order[f.rule.id]))

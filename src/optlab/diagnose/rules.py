@@ -62,7 +62,7 @@ class Measure:
     metric: str
     value: float
     threshold: float | None
-    op: str = ">="  # the direction that counts as a symptom
+    op: Literal[">=", "<="] = ">="  # the direction that counts as a symptom
     unit: str = ""
 
     @property
@@ -120,6 +120,8 @@ class Rule:
     params: Mapping[str, float] = field(default_factory=dict)
     # Measurement rules: when they fire the run's other figures are suspect, so they rank first.
     invalidates: bool = False
+    # Rules whose finding this one's explains more precisely: dropped when both fire.
+    subsumes: tuple[str, ...] = ()
     check_fn: Callable[[Evidence, Params], Outcome] = field(default=lambda e, p: Passed())
 
     def check(self, evidence: Evidence, overrides: Params | None = None) -> Outcome:
@@ -177,18 +179,25 @@ def _target_process(e: Evidence) -> ProcessEvidence | None:
 
 
 def _serial_stage(e: Evidence) -> tuple[str, float, float] | None:
-    """The work stage with the highest occupancy: (name, occupancy, share of the total)."""
+    """The work stage that costs a request the most: (name, occupancy, share of the total).
+
+    Ranked by each stage's fastest time: under contention (the GIL, a saturated CPU) every
+    stage's wall time stretches with waits, even a stage that only sleeps, while the fastest
+    request's time stays close to what the stage itself costs. Ties (equal fastest times, or
+    none recorded) go to the mean.
+    """
     qps = _qps(e)
     if not qps:
         return None
     best: tuple[str, float, float] | None = None
+    best_key: tuple[float, float] = (-1.0, -1.0)
     for name, row in e.work_stages().items():
         if name in WAIT_STAGES or row.mean_ms is None:
             continue
-        occupancy = qps * row.mean_ms / 1000
-        share = e.share(name) or 0.0
-        if best is None or occupancy > best[1]:
-            best = (name, occupancy, share)
+        key = (row.min_ms if row.min_ms is not None else row.mean_ms, row.mean_ms)
+        if key > best_key:
+            best_key = key
+            best = (name, qps * row.mean_ms / 1000, e.share(name) or 0.0)
     return best
 
 
@@ -465,7 +474,7 @@ def _lock(e: Evidence, p: Params) -> Outcome:
     measures = [
         Measure(f"{stage}: throughput x fastest time", parallel, p["parallel_high"], "<=", "x"),
         Measure(f"{stage}: throughput x fastest time", parallel, p["parallel_low"], ">=", "x"),
-        Measure(f"{stage}: mean / fastest", (row.mean_ms or 0) / (row.min_ms or 1), None, "x"),
+        Measure(f"{stage}: mean / fastest", (row.mean_ms or 0) / (row.min_ms or 1), None, unit="x"),
         Measure("requests in flight", in_flight, p["in_flight"]),
     ]
     if cpu is not None and cores:
@@ -565,9 +574,8 @@ def _stalls(e: Evidence, p: Params) -> Outcome:
     spikes = e.window_p99s()
     if len(spikes) >= 3:
         typical = percentile(spikes, 50) or 0.0
-        measures.append(
-            Measure("worst 1 s window P99 / typical", max(spikes) / max(typical, 1e-6), None, "x")
-        )
+        worst = max(spikes) / max(typical, 1e-6)
+        measures.append(Measure("worst 1 s window P99 / typical", worst, None, unit="x"))
     return Fired(
         None,
         _confidence(_ramp(ratio, p["tail_ratio"], 6 * p["tail_ratio"]), base=0.58, span=0.32),
@@ -741,6 +749,7 @@ RULES: tuple[Rule, ...] = (
         "GPU utilisation low while the CPU is saturated: preprocessing starves the model",
         ("gpus", "cpu_process_pct", "stages"),
         {"util_p95_pct": 70.0, "cpu_pct": 85.0},
+        subsumes=("cpu-bound", "gil-bound"),
         check_fn=_gpu_starved,
     ),
     Rule(

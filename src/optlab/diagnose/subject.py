@@ -92,7 +92,10 @@ def write_next_step(
 ) -> Path:
     """Write the top finding's step: parent = the run's experiment, change = the one knob,
     hypothesis = the finding and its numbers. Refuses when there is no knob to change."""
-    top = diagnosis.top
+    # Measurement findings (a neighbour, a late generator, errors) rank first but name no knob:
+    # the step answers the first finding about the target itself, and the caller warns.
+    about_target = [f for f in diagnosis.findings if not f.rule.invalidates]
+    top = about_target[0] if about_target else diagnosis.top
     if top is None:
         raise ConfigError(
             f"run {diagnosis.run_id} of {diagnosis.experiment} is healthy: no rule fired, so "

@@ -1,0 +1,330 @@
+"""`optlab diagnose` (docs/diagnose.md, docs/diagnose-json.md): real quick runs of python targets
+made GIL-bound, serialised on a lock, failing, or healthy, read back by the rules; the JSON
+against its schema; the next step written for the reference classifier and accepted by
+`optlab diff`; bad input refused with nothing overwritten. The rule catalogue's GPU rules on
+telemetry fixtures (no GPU here)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import Result
+
+from optlab.diagnose import RULES, diagnose
+from optlab.diagnose.evidence import Evidence
+from optlab.store import RunRecord, RunSummary
+from optlab.store.records import GpuSample, ResourceSample, StageStatsRow
+from tests.conftest import REPO, write
+from tests.test_docs import problems
+
+Invoke = Callable[..., Result]
+
+TARGET = """\
+import threading
+import time
+
+from optlab.metrics.stages import stage
+
+LOCK = threading.Lock()
+
+
+class Target:
+    def __init__(self, knobs):
+        self.k = knobs
+
+    def __call__(self, request):
+        k = self.k
+        with stage("prepare"):
+            time.sleep(0.0002)
+        with stage("work"):
+            if k["mode"] == "gil":  # pure Python: holds the GIL
+                total = 0
+                for i in range(k["loops"]):
+                    total += i
+            elif k["mode"] == "lock":  # one request at a time, the CPU idle
+                with LOCK:
+                    time.sleep(k["hold_ms"] / 1000)
+            elif k["mode"] == "fail" and request % 2:
+                raise ValueError("every other request fails")
+            else:
+                time.sleep(k["sleep_ms"] / 1000)
+        return request
+
+
+def build(knobs):
+    return Target(knobs)
+
+
+def inputs(workload):
+    return list(range(64))
+"""
+
+
+def experiment(
+    folder: Path, name: str, knobs: str, load: str = "{mode: closed, concurrency: 8}"
+) -> Path:
+    write(folder, "faulty.py", TARGET)
+    return write(
+        folder,
+        f"{name}.yaml",
+        f"name: {name}\n"
+        "target: {kind: python, factory: 'faulty:build', inputs: 'faulty:inputs'}\n"
+        f"knobs: {knobs}\nworkload: {{load: {load}}}\nprotocol: {{name: quick}}\n",
+    )
+
+
+def run(invoke: Invoke, path: Path, *extra: str) -> None:
+    result = invoke(
+        "run",
+        str(path),
+        "--quick",
+        "--duration",
+        "3",
+        "--warmup",
+        "0.5",
+        "--allow-invalid",
+        *extra,
+    )
+    assert result.exit_code == 0, result.output
+
+
+# What the machine did to the run rather than the target: true findings on a shared machine (the
+# tests run beside other work), ranked first when they fire; the target's own finding follows.
+MACHINE = ("noisy-neighbour", "io-wait")
+
+
+def about_target(document: dict[str, Any]) -> list[dict[str, Any]]:
+    return [f for f in document["findings"] if f["rule"] not in MACHINE]
+
+
+def diagnosed(invoke: Invoke, *args: str) -> dict[str, Any]:
+    result = invoke("diagnose", *args, "--json")
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout.strip().splitlines()[-1])
+    assert not problems("diagnose", document), problems("diagnose", document)
+    return document
+
+
+@pytest.fixture
+def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.slow
+def test_a_pure_python_stage_is_gil_bound_and_a_lock_is_serialised(
+    invoke: Invoke, folder: Path
+) -> None:
+    run(invoke, experiment(folder, "spin", "{mode: gil, loops: 20000}"))
+    spin = diagnosed(invoke, "spin")
+    top = about_target(spin)[0]
+    assert top["rule"] == "gil-bound", spin["findings"]
+    assert top["bottleneck"] == {"stage": "work", "resource": "gil"}
+    cores = next(e for e in top["evidence"] if e["metric"] == "target CPU (cores)")
+    assert 0.75 <= cores["value"] <= 1.3
+    assert top["suggestion"] is None and "GIL" in top["advice"]  # a python target: prose only
+
+    run(invoke, experiment(folder, "locked", "{mode: lock, hold_ms: 4}"))
+    locked = diagnosed(invoke, "locked")
+    assert about_target(locked), invoke("diagnose", "locked").output
+    top = about_target(locked)[0]
+    assert top["rule"] == "serialised", locked["findings"]
+    assert top["bottleneck"] == {"stage": "work", "resource": "lock"}
+    # 4 ms held at a time: ~250/s at most, whatever the 8 clients ask.
+    parallel = next(e for e in top["evidence"] if "throughput x fastest" in e["metric"])
+    assert 0.6 <= parallel["value"] <= 1.4
+
+    # The text form shows the same finding with its numbers against the thresholds.
+    text = invoke("diagnose", "locked").output
+    assert "bottleneck: work · lock — serialised on a lock" in text
+    assert "requests in flight" in text and ">= 2" in text
+
+
+@pytest.mark.slow
+def test_healthy_failing_and_partial_runs(invoke: Invoke, folder: Path) -> None:
+    run(
+        invoke,
+        experiment(folder, "calm", "{mode: sleep, sleep_ms: 2}", "{mode: closed, concurrency: 2}"),
+    )
+    calm = diagnosed(invoke, "calm")
+    assert about_target(calm) == [] and not calm["partial"], calm
+    if calm["healthy"]:
+        assert "healthy: no rule fired" in invoke("diagnose", "calm").output
+
+    run(invoke, experiment(folder, "broken", "{mode: fail, sleep_ms: 1}"))
+    broken = diagnosed(invoke, "broken")
+    assert broken["partial"] and "INVALID" in broken["partial_reason"]  # error rate: INVALID
+    top = about_target(broken)[0]
+    assert top["rule"] == "errors" and top["bottleneck"]["resource"] == "errors"
+    rate = top["evidence"][0]
+    assert rate["metric"] == "error rate" and 40 <= rate["value"] <= 60
+
+
+def test_bad_subjects_exit_2_with_a_hint(invoke: Invoke, folder: Path) -> None:
+    nothing = invoke("diagnose")
+    assert nothing.exit_code == 2 and "there is no optlab database" in nothing.stderr
+    # An experiment stored (by `optlab diff`) but never measured.
+    path = experiment(folder, "fresh", "{mode: sleep, sleep_ms: 1}")
+    assert invoke("diff", str(path)).exit_code == 0
+    empty = invoke("diagnose")
+    assert empty.exit_code == 2 and "no runs" in empty.stderr and "optlab run" in empty.stderr
+    missing = invoke("diagnose", "99")
+    assert missing.exit_code == 2 and "run 99 does not exist" in missing.stderr
+    never = invoke("diagnose", "fresh")
+    assert never.exit_code == 2 and "has no runs yet" in never.stderr
+    assert "optlab run" in never.stderr
+    typo = invoke("diagnose", "frsh")
+    assert typo.exit_code == 2 and "did you mean 'fresh'" in typo.stderr
+    sweep = invoke("diagnose", "sweep:x")
+    assert sweep.exit_code == 2 and "sweep:3" in sweep.stderr
+    assert invoke("diagnose", "sweep:7").exit_code == 2
+
+
+@pytest.mark.slow
+def test_the_reference_baseline_writes_the_preprocess_step_once(
+    invoke: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "cpu"
+    shutil.copytree(REPO / "experiments" / "cpu", folder)
+    monkeypatch.chdir(tmp_path)
+    run(invoke, folder / "baseline.yaml", "--duration", "6")  # >= 662 queries: VALID
+    document = diagnosed(invoke, "cpu-baseline")
+    top = about_target(document)[0]
+    assert top["bottleneck"]["stage"] == "preprocess", document["findings"]
+    assert top["suggestion"]["knob"] == "preprocess"
+    assert top["suggestion"]["value"] == "numpy-pooled"
+
+    wrote = invoke("diagnose", "cpu-baseline", "--write-step")
+    assert wrote.exit_code == 0, wrote.output
+    step = folder / "01-preprocess-numpy-pooled.yaml"
+    text = step.read_text("utf-8")
+    assert "parent: cpu-baseline" in text and "preprocess: numpy-pooled" in text
+    assert "hypothesis: " in text and "diagnosis " in text
+    diff = invoke("diff", str(step))
+    assert diff.exit_code == 0, diff.output
+    assert "changes 1 variable against cpu-baseline" in diff.output
+    assert "preprocess: python -> numpy-pooled" in diff.output.replace("→", "->")
+
+    # Asked again: the same file is there; refused, and the file is untouched.
+    again = invoke("diagnose", "cpu-baseline", "--write-step")
+    assert again.exit_code == 2 and "exists; nothing was written" in again.stderr
+    assert step.read_text("utf-8") == text
+    # A target whose knobs optlab does not know gets advice, and no file.
+    python_target = experiment(folder, "spin", "{mode: sleep, sleep_ms: 1}")
+    monkeypatch.syspath_prepend(str(folder))
+    run(invoke, python_target)
+    before = sorted(p.name for p in folder.iterdir())
+    refused = invoke("diagnose", "spin", "--write-step")
+    assert refused.exit_code == 2
+    assert sorted(p.name for p in folder.iterdir()) == before
+
+
+# -- the catalogue on fixtures -----------------------------------------------------------------
+
+FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
+
+
+def _evidence(fixture: str) -> Evidence:
+    """A run's evidence from a telemetry fixture: NVML-shaped GPU samples as optlab stores
+    them (resource_samples.gpu_json), its stage breakdown and CPU."""
+    data = json.loads((FIXTURES / fixture).read_text("utf-8"))
+    samples = tuple(
+        ResourceSample(
+            phase="measure",
+            t_s=float(i),
+            cpu_process_pct=s["cpu_process_pct"],
+            cpu_system_pct=s["cpu_system_pct"],
+            gpus=tuple(GpuSample(index=0, **g) for g in s["gpus"]) if "gpus" in s else None,
+        )
+        for i, s in enumerate(data["samples"])
+    )
+    stages = {
+        name: StageStatsRow(stage=name, phase="measure", count=1000, histogram="", **row)
+        for name, row in data["stages"].items()
+    }
+    summary = RunSummary.model_validate(
+        {
+            "run_id": 1,
+            "experiment": "gpu",
+            "status": "FINISHED",
+            "valid": True,
+            "provisional": False,
+            "protocol": "full",
+            "load": "closed",
+            "requests": 1000,
+            "errors": 0,
+            "qps": data["qps"],
+            "warmup_s": 30.0,
+            "duration_s": 600.0,
+        }
+    )
+    run = RunRecord(
+        id=1,
+        uid="x",
+        experiment="gpu",
+        config_id=1,
+        config_hash="h",
+        environment_id=None,
+        status="FINISHED",
+        protocol_name="full",
+        protocol={},
+        provisional=False,
+        repeat=False,
+        code_identity={},
+        git_commit=None,
+        git_dirty=None,
+        hostname="h",
+        pid=1,
+        started_at=None,
+        heartbeat_at=None,
+        finished_at=None,  # type: ignore[arg-type]
+        warmup_s=30.0,
+        duration_s=600.0,
+        valid=True,
+        reasons=(),
+        requests=1000,
+        errors=0,
+        qps=data["qps"],
+        summary=summary,
+        error_message=None,
+    )
+    return Evidence(run=run, config=data["config"], stages=stages, samples=samples, cores=16)
+
+
+def test_gpu_rules_on_telemetry_fixtures() -> None:
+    busy = diagnose(_evidence("compute_bound.json"))
+    assert busy.top is not None and busy.top.rule.id == "gpu-compute-bound"
+    assert (busy.top.stage, busy.top.resource) == ("infer", "gpu")
+    assert busy.top.suggestion is not None
+    assert (busy.top.suggestion.knob, busy.top.suggestion.value) == ("precision", "fp16")
+
+    starved = diagnose(_evidence("starved.json"))
+    assert starved.top is not None and starved.top.rule.id == "gpu-starved"
+    assert (starved.top.stage, starved.top.resource) == ("preprocess", "cpu")
+    assert starved.top.suggestion is not None and starved.top.suggestion.knob == "preprocess"
+
+    throttled = diagnose(_evidence("throttled.json"))
+    assert any(f.rule.id == "gpu-throttled" for f in throttled.findings)
+
+
+def test_without_gpu_evidence_the_gpu_rules_say_so() -> None:
+    blind = diagnose(_evidence("no_telemetry.json"))
+    missing = dict(blind.not_evaluated)
+    for rule in ("gpu-compute-bound", "gpu-starved", "gpu-throttled"):
+        assert missing[rule].startswith("no GPU evidence"), missing
+    assert not any(f.resource == "gpu" for f in blind.findings)
+
+
+def test_every_rule_is_documented_with_its_parameters() -> None:
+    page = (REPO / "docs" / "diagnose.md").read_text("utf-8")
+    assert len({r.id for r in RULES}) == len(RULES)
+    for rule in RULES:
+        assert f"`{rule.id}`" in page, rule.id
+        for name, value in rule.params.items():
+            assert f"`{name}` {value:g}" in page, (rule.id, name)
