@@ -15,7 +15,7 @@ from optlab.reports.format import percent
 
 if TYPE_CHECKING:
     from optlab.run.runner import LiveStatus, RunOutcome
-    from optlab.store import RunSummary
+    from optlab.store import RunSummary, Store
 
 
 LOG_NAME_MAX = 40
@@ -152,6 +152,23 @@ def render_summary(outcome: RunOutcome) -> str:
     return "\n".join(lines)
 
 
+def diagnosis_line(store: Store, outcome: RunOutcome) -> str | None:
+    """The run's top finding (docs/diagnose.md), or None when the run was not stored or cannot
+    be diagnosed: a diagnosis never fails the measurement it reads."""
+    if outcome.pending or outcome.unstored or outcome.status == "FAILED":
+        return None
+    from optlab.diagnose import diagnose_run
+    from optlab.reports.diagnose import run_line
+
+    try:
+        diagnosis = diagnose_run(store, outcome.run_id)
+        config = store.get_config(store.get_run(outcome.run_id).config_id).config
+    except Exception:  # the run is stored; its diagnosis is a courtesy, never a failure
+        return None
+    knobs = config.get("knobs")
+    return "  " + run_line(diagnosis, knobs if isinstance(knobs, dict) else None)
+
+
 def _error_types(errors_by_type: dict[str, int]) -> str:
     """Errors by type, most frequent first: "nothing listening" (ClientConnectorError) must
     not look like "the server returns garbage" (HTTP 500)."""
@@ -262,8 +279,13 @@ def run(
     # Output that fails (a closed pipe, a terminal gone) must never fail the measurement.
     progress = GuardedProgress(shown)
 
+    store = open_store(ctx)
+
     def show(outcome: RunOutcome) -> None:
         progress.note(render_summary(outcome))
+        line = diagnosis_line(store, outcome)
+        if line is not None:
+            progress.note(line)
         if as_json:
             # One line per run as it is measured: an ancestor's, then the head's, last.
             # Strict JSON: the summary holds no NaN (the measurement made it JSON-safe).
@@ -272,7 +294,7 @@ def run(
 
     try:
         outcomes = run_experiment(
-            Path(experiment), open_store(ctx), options, progress, show, paired=paired or 0
+            Path(experiment), store, options, progress, show, paired=paired or 0
         )
     finally:
         shown.close()
