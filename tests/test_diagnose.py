@@ -193,8 +193,19 @@ def test_the_reference_baseline_writes_the_preprocess_step_once(
     folder = tmp_path / "cpu"
     shutil.copytree(REPO / "experiments" / "cpu", folder)
     monkeypatch.chdir(tmp_path)
-    run(invoke, folder / "baseline.yaml", "--duration", "6")  # >= 662 queries: VALID
+    measured = invoke(
+        "run", str(folder / "baseline.yaml"), "--quick", "--duration", "6", "--warmup", "0.5"
+    )  # >= 662 queries: VALID
+    assert measured.exit_code == 0, measured.output
     document = diagnosed(invoke, "cpu-baseline")
+    first = document["findings"][0]["bottleneck"]  # a neighbour, on a shared machine
+    shown = " · ".join(v for v in (first["stage"], first["resource"]) if v)
+    # `optlab run` printed the same top finding under the run, and the report shows it.
+    assert f"  diagnosis: {shown} — " in measured.stderr
+    report = tmp_path / "report.html"
+    assert invoke("report", "cpu-baseline", "--html", str(report)).exit_code == 0
+    html = report.read_text("utf-8")
+    assert '<section id="diagnosis">' in html and f"<code>{shown}</code>" in html
     top = about_target(document)[0]
     assert top["bottleneck"]["stage"] == "preprocess", document["findings"]
     assert top["suggestion"]["knob"] == "preprocess"

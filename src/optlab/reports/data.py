@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from optlab.diagnose import Diagnosis, diagnose_run
 from optlab.metrics.histogram import LatencyHistogram
 from optlab.metrics.stages import HARNESS_SERIES
 from optlab.reports.export import plain
@@ -78,6 +79,8 @@ class ReportData:
     environments: dict[int, dict[str, Any]] = field(default_factory=dict)
     # The swept steps' sweeps (a table with a capacity column), baseline first.
     sweeps: list[SweepCurve] = field(default_factory=list)
+    # (step, its run's diagnosis), for each step with a run (docs/diagnose.md).
+    diagnoses: list[tuple[str, Diagnosis]] = field(default_factory=list)
 
 
 def cdf_points(encoded: str) -> list[tuple[float, float]]:
@@ -140,6 +143,7 @@ def collect_report(store: Store, frame: pd.DataFrame) -> ReportData:
     """Read, for each row of the stacked table that has a run, what the HTML charts draw."""
     steps: list[StepData] = []
     environments: dict[int, dict[str, Any]] = {}
+    diagnoses: list[tuple[str, Diagnosis]] = []
     run_ids = frame["run_id"] if "run_id" in frame else [None] * len(frame)
     for experiment, raw_id in zip(frame["experiment"], run_ids, strict=True):
         run_id = _run_id(raw_id)
@@ -151,6 +155,7 @@ def collect_report(store: Store, frame: pd.DataFrame) -> ReportData:
         total = next((row for row in stats if row.stage == "total"), None)
         if run.environment_id is not None and run.environment_id not in environments:
             environments[run.environment_id] = store.get_environment(run.environment_id).fingerprint
+        diagnoses.append((str(experiment), diagnose_run(store, run_id)))
         steps.append(
             StepData(
                 experiment=str(experiment),
@@ -168,4 +173,4 @@ def collect_report(store: Store, frame: pd.DataFrame) -> ReportData:
             sweep_id = _run_id(raw_id)
             if sweep_id is not None:
                 sweeps.append(sweep_curve(store, str(experiment), sweep_id))
-    return ReportData(steps=steps, environments=environments, sweeps=sweeps)
+    return ReportData(steps=steps, environments=environments, sweeps=sweeps, diagnoses=diagnoses)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from optlab.reports.charts import Series, latency_throughput_chart, line_chart, stage_waterfall
 from optlab.reports.data import ReportData, StepData, collect_report
+from optlab.reports.diagnose import render_diagnosis_html
 from optlab.reports.export import plain, present, records
 from optlab.reports.format import (
     capacity_label,
@@ -425,6 +426,7 @@ def render_html(frame: pd.DataFrame, data: ReportData) -> str:
     parts += [
         "<h2>Steps</h2>",
         _steps_detail(frame),
+        *([diagnosed] if (diagnosed := render_diagnosis_html(data.diagnoses)) else []),
         _charts(frame, data),
         "<h2>Environment</h2>",
         _environment(frame, data),
