@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from click.testing import Result
 
+from optlab import api
 from optlab.diagnose import RULES, diagnose
 from optlab.diagnose.evidence import Evidence
 from optlab.store import RunRecord, RunSummary
@@ -119,10 +120,11 @@ def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.mark.slow
 def test_a_pure_python_stage_is_gil_bound_and_a_lock_is_serialised(
-    invoke: Invoke, folder: Path
+    invoke: Invoke, folder: Path, sqlite_url: str
 ) -> None:
     run(invoke, experiment(folder, "spin", "{mode: gil, loops: 20000}"))
     spin = diagnosed(invoke, "spin")
+    assert api.diagnosis(sqlite_url, "spin") == spin  # what a notebook gets
     top = about_target(spin)[0]
     assert top["rule"] == "gil-bound", spin["findings"]
     assert top["bottleneck"] == {"stage": "work", "resource": "gil"}

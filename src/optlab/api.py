@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "chain_table",
+    "diagnosis",
     "resources",
     "run_row",
     "runs",
@@ -177,3 +178,14 @@ def sweep_levels(db_url: str | None, sweep_id: int) -> pd.DataFrame:
     with _store(db_url) as store:
         document = sweep_json(load_sweep(store, sweep_id))
     return pd.DataFrame(document["levels"])
+
+
+def diagnosis(db_url: str | None = None, subject: str | int | None = None) -> dict[str, Any]:
+    """`optlab diagnose SUBJECT --json`'s document (docs/diagnose-json.md): a run id, an
+    experiment (its newest run), `sweep:ID`, or None (the newest run)."""
+    from optlab.diagnose import diagnose_run
+    from optlab.diagnose.subject import resolve
+
+    with _store(db_url) as store:
+        chosen = resolve(store, None if subject is None else str(subject))
+        return diagnose_run(store, chosen.run_id, source=chosen.source).to_json()
