@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ from optlab.diagnose import RULES, diagnose
 from optlab.diagnose.evidence import Evidence
 from optlab.store import RunRecord, RunSummary
 from optlab.store.records import GpuSample, ResourceSample, StageStatsRow
-from tests.conftest import REPO, write
+from tests.conftest import REPO, wait_for_measure, write
 from tests.test_docs import problems
 
 Invoke = Callable[..., Result]
@@ -341,3 +343,32 @@ def test_every_rule_is_documented_with_its_parameters() -> None:
         assert f"`{rule.id}`" in page, rule.id
         for name, value in rule.params.items():
             assert f"`{name}` {value:g}" in page, (rule.id, name)
+
+
+@pytest.mark.slow
+def test_running_and_killed_runs_are_diagnosed_as_partial(
+    synth: Path, invoke: Invoke, sqlite_url: str
+) -> None:
+    from tests.test_reliability import _spawn
+
+    db = Path(sqlite_url.removeprefix("sqlite:///"))
+    args = ["run", str(synth / "baseline.yaml"), "--quick", "--duration", "60", "--warmup", "0.3"]
+    proc = _spawn(args, db, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        run_id = wait_for_measure(db)
+        running = diagnosed(invoke, str(run_id))
+        assert running["status"] == "RUNNING" and running["partial"]
+        assert "still RUNNING" in running["partial_reason"]
+        # What it can still say: the windows written so far are there; the stage breakdown
+        # comes at the end, so the rules that need it say so.
+        missing = {entry["rule"]: entry["missing"] for entry in running["not_evaluated"]}
+        assert "no stage timings" in missing["cpu-bound"]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    killed = diagnosed(invoke, str(run_id))
+    assert killed["status"] == "KILLED" and killed["partial"]
+    assert "KILLED" in killed["partial_reason"] and "before it stopped" in killed["partial_reason"]
+    text = invoke("diagnose", str(run_id)).output
+    assert "partial evidence: the run was KILLED" in text
