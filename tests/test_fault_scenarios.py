@@ -1,0 +1,118 @@
+"""The labelled fault targets of optlab.reference.faults: each builds and serves, records its
+stages, and a short run of a few shows its fault in the stored figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from optlab.metrics.stages import CURRENT, RequestTiming
+from optlab.reference.faults import SCENARIOS, Scenario, by_name
+from optlab.run.runner import RunOptions, run
+from optlab.store import RunSummary, Store
+
+# Smaller than the benchmark's, so that one call each stays quick.
+SMALL: dict[str, dict[str, Any]] = {
+    "cpu-preprocess": {"elements": 10_000},
+    "gil": {"iterations": 1_000},
+    "periodic-stall": {"stall_every_s": 0.05, "stall_ms": 10.0},
+}
+
+
+class _Quiet:
+    def update(self, status: Any) -> None:
+        return None
+
+    def note(self, text: str) -> None:
+        return None
+
+
+def _serve(scenario: Scenario) -> tuple[Any, dict[str, int]]:
+    from optlab.reference import faults
+
+    knobs = {**scenario.config(1)["knobs"], **SMALL.get(scenario.name, {})}
+    target = getattr(faults, scenario.factory)(knobs)
+    timing = RequestTiming()
+    token = CURRENT.set(timing)
+    try:
+        for request in range(3):
+            target(request)
+    finally:
+        CURRENT.reset(token)
+        target.close()
+    return target, timing.stages or {}
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name)
+def test_each_factory_serves_and_records_its_stages(scenario: Scenario) -> None:
+    target, stages = _serve(scenario)
+    assert stages, "no stage recorded"
+    if scenario.label is not None and scenario.label[0] is not None:
+        assert scenario.label[0] in stages  # the labelled stage is one the target records
+    assert "total" not in stages
+    assert isinstance(target.metrics(), dict)
+
+
+def test_configs_name_the_factory_and_vary_with_the_seed() -> None:
+    for scenario in SCENARIOS:
+        first, second = scenario.config(0), scenario.config(1)
+        assert first["target"] == {"kind": "python", "factory": scenario.reference}
+        assert first["name"] != second["name"] and first["knobs"]["seed"] == 0
+    assert by_name("lock,healthy") == [by_name()[2], by_name()[-1]]
+    with pytest.raises(ValueError, match="unknown scenario"):
+        by_name("lock,nope")
+
+
+def _measure(tmp_path: Path, name: str, seed: int = 0) -> RunSummary:
+    config = by_name(name)[0].config(seed)
+    path = tmp_path / f"{config['name']}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    store = Store.open(f"sqlite:///{tmp_path / 'runs.db'}")
+    try:
+        outcome = run(path, store, RunOptions(quick=True, duration_s=2.0, warmup_s=0.3), _Quiet())
+    finally:
+        store.close()
+    assert outcome[-1].status == "FINISHED"
+    return outcome[-1].summary
+
+
+@pytest.mark.slow
+def test_lock_throughput_is_one_over_the_hold_time(tmp_path: Path) -> None:
+    hold_ms = by_name("lock")[0].config(0)["knobs"]["hold_ms"]
+    summary = _measure(tmp_path, "lock")
+    assert summary.qps is not None
+    # Serialised on the lock: ~1000 / hold_ms per second, whatever the 8 clients (timer
+    # overshoot and the harness only slow it).
+    assert 0.6 * 1000 / hold_ms < summary.qps < 1.05 * 1000 / hold_ms
+    # Eight clients queue for it: each request waits for the other seven.
+    assert summary.total.p50 is not None and summary.total.p50 > 4 * hold_ms
+    evidence = summary.evidence
+    if evidence is not None and evidence.process is not None:  # the CPU is idle meanwhile
+        assert (evidence.process.cpu_user_pct or 0) + (evidence.process.cpu_system_pct or 0) < 60
+
+
+@pytest.mark.slow
+def test_leak_grows_the_resident_size(tmp_path: Path) -> None:
+    summary = _measure(tmp_path, "memory-leak")
+    rss = summary.resources.rss_bytes
+    assert rss is not None and summary.requests
+    # 50-200 KiB kept per request: the peak is at least the measured requests' worth above
+    # the mean (the mean is halfway up a straight line), with room for noise.
+    assert summary.resources.rss_peak_bytes is not None
+    assert summary.resources.rss_peak_bytes - rss.mean > summary.requests * 50 * 1024 / 4
+    evidence = summary.evidence
+    if evidence is not None and evidence.memory is not None:
+        assert evidence.memory.mib_per_1k_requests > 40  # ~122 MiB per 1,000 requests
+
+
+@pytest.mark.slow
+def test_under_batching_waits_out_its_timeout(tmp_path: Path) -> None:
+    wait_ms = by_name("under-batching")[0].config(0)["knobs"]["batching"]["max_wait_ms"]
+    summary = _measure(tmp_path, "under-batching")
+    batching = summary.target_figure("batching", "mean_batch_size")
+    assert batching is not None and batching <= 2.5  # of 32
+    queue = summary.stages["queue"]
+    assert queue.p50 is not None and wait_ms * 0.9 < queue.p50 < wait_ms + 3
