@@ -102,6 +102,14 @@ MACHINE = ("noisy-neighbour", "io-wait")
 
 
 def about_target(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """The findings about the target. When other processes took a whole core or more, the
+    target's own CPU figures say more about them than about it: that is the finding (the
+    neighbour rule's), and the test cannot judge the target's; it skips, saying so."""
+    for finding in document["findings"]:
+        if finding["rule"] == "noisy-neighbour":
+            share = finding["evidence"][0]["value"]  # other processes, % of the machine
+            if share >= 45:
+                pytest.skip(f"other processes used {share:.0f}% of the machine meanwhile")
     return [f for f in document["findings"] if f["rule"] not in MACHINE]
 
 
@@ -124,19 +132,23 @@ def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_a_pure_python_stage_is_gil_bound_and_a_lock_is_serialised(
     invoke: Invoke, folder: Path, sqlite_url: str
 ) -> None:
-    run(invoke, experiment(folder, "spin", "{mode: gil, loops: 20000}"))
+    run(invoke, experiment(folder, "spin", "{mode: gil, loops: 20000}"), "--profile")
     spin = diagnosed(invoke, "spin")
     assert api.diagnosis(sqlite_url, "spin") == spin  # what a notebook gets
+    assert about_target(spin), json.dumps(spin)[:4000]
     top = about_target(spin)[0]
     assert top["rule"] == "gil-bound", spin["findings"]
     assert top["bottleneck"] == {"stage": "work", "resource": "gil"}
     cores = next(e for e in top["evidence"] if e["metric"] == "target CPU (cores)")
-    assert 0.75 <= cores["value"] <= 1.3
+    assert 0.65 <= cores["value"] <= 1.3
     assert top["suggestion"] is None and "GIL" in top["advice"]  # a python target: prose only
+    # --profile: py-spy saw the GIL held in most samples, and the rule shows it.
+    held = next(e for e in top["evidence"] if e["metric"].startswith("py-spy"))
+    assert held["value"] >= 50, held
 
     run(invoke, experiment(folder, "locked", "{mode: lock, hold_ms: 4}"))
     locked = diagnosed(invoke, "locked")
-    assert about_target(locked), invoke("diagnose", "locked").output
+    assert about_target(locked), json.dumps(locked)[:3000]
     top = about_target(locked)[0]
     assert top["rule"] == "serialised", locked["findings"]
     assert top["bottleneck"] == {"stage": "work", "resource": "lock"}

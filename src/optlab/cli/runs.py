@@ -242,6 +242,12 @@ def _iso(value: Any) -> str:
     help="One stdout line per run measured, in order: its summary JSON (the head's is last).",
 )
 @click.option(
+    "--profile",
+    is_flag=True,
+    help="Sample the target's process with py-spy over the measured phase (threads' top "
+    "frames, GIL and idle shares; `pip install 'optlab[profile]'`).",
+)
+@click.option(
     "--allow-invalid",
     is_flag=True,
     help=f"Exit 0, not {EXIT_INVALID}, when a run measured is INVALID (it is stored either way).",
@@ -257,6 +263,7 @@ def run(
     repeats: int,
     paired: int | None,
     as_json: bool,
+    profile: bool,
     allow_invalid: bool,
 ) -> None:
     """Measure EXPERIMENT: one-variable check, warmup, measurement, validity, storage.
@@ -273,7 +280,11 @@ def run(
     from optlab.run.runner import RunOptions
     from optlab.run.runner import run as run_experiment
 
-    options = RunOptions(quick, duration, warmup, chain, repeats)
+    if profile:
+        from optlab.metrics.profile import find_py_spy
+
+        find_py_spy()  # missing: exit 2 with how to install it, before anything is measured
+    options = RunOptions(quick, duration, warmup, chain, repeats, profile=profile)
     live = sys.stderr.isatty() and not as_json
     shown: PlainProgress | LiveProgress = LiveProgress() if live else PlainProgress()
     # Output that fails (a closed pipe, a terminal gone) must never fail the measurement.

@@ -776,7 +776,7 @@ RULES: tuple[Rule, ...] = (
         "GIL-bound",
         "one core's worth of CPU on a multi-core machine with work waiting",
         ("cpu_process_pct", "threads", "in_flight", "profile"),
-        {"low_cores": 0.75, "high_cores": 1.3},
+        {"low_cores": 0.65, "high_cores": 1.3},
         check_fn=_gil,
     ),
     Rule(

@@ -7,6 +7,7 @@ could not observe is None, never 0.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from typing import Any
 
 from optlab.metrics.gcpause import pause_figures
 from optlab.metrics.log import Window
+from optlab.metrics.profile import Profile
 from optlab.metrics.resources import ResourceReading
 from optlab.metrics.trend import least_squares, served_by
 from optlab.metrics.usage import ProcessUsage
@@ -23,6 +25,7 @@ from optlab.store.summary import (
     MemoryTrend,
     NetworkEvidence,
     ProcessEvidence,
+    ProfileEvidence,
     RunEvidence,
     RunSummary,
     ThreadCpu,
@@ -53,6 +56,7 @@ class Observed:
     measure_start_s: float | None = None
     # (t_s, optlab's RSS, the service's RSS) read when the phase began and when it ended.
     tree_rss: Sequence[tuple[float, int | None, int | None]] = ()
+    profile: Profile | None = None  # `optlab run --profile`: py-spy's samples
 
 
 def run_evidence(
@@ -80,7 +84,12 @@ def run_evidence(
         in_flight_max=most,
         batching=_batching(summary),
         network=None if in_process else _network(summary),
+        profile=None if observed.profile is None else _profile(observed.profile),
     )
+
+
+def _profile(profile: Profile) -> ProfileEvidence:
+    return ProfileEvidence.model_validate(dataclasses.asdict(profile))
 
 
 def _mean(values: Sequence[float | None], digits: int) -> float | None:

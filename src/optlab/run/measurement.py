@@ -64,6 +64,8 @@ class RunOptions:
     drain_timeout_s: float = 5.0
     # A sweep's open-loop level ends early once it is plainly saturated (validity.py).
     stop_when_saturated: bool = False
+    # `optlab run --profile`: py-spy samples the target's process over the measured phase.
+    profile: bool = False
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,7 @@ class _Run:
         # `${ENV_VAR}` values resolved for this run: every text stored about it is redacted.
         self.secrets = Secrets()
         self.hooks = TargetHooks(link.name, self.secrets, progress)
+        self.loop.profile = options.profile
         load = config.workload.load
         if options.stop_when_saturated and isinstance(load, OpenLoad):
             rate, limit = load.rate, load.max_in_flight
@@ -230,7 +233,7 @@ class _Run:
             max_accuracy_drop_pts=self.config.slo.max_accuracy_drop_pts,
             target_metrics=hooks.metrics,
             service=hooks.service,
-            hook_notes=hooks.notes,
+            hook_notes=[*hooks.notes, *([loop.profile_note] if loop.profile_note else [])],
             paired=paired,
             parent=parent,
             plan=self.link.plan,
@@ -259,6 +262,7 @@ class _Run:
             window_in_flight=[timeline.window(w.phase, w.t_s, w.span_s)[1] for w in windows],
             measure_start_s=measure_start_s,
             tree_rss=sampler.tree_rss(),
+            profile=loop.profiled,
         )
 
     def _in_flight_now(self) -> list[int]:

@@ -8,6 +8,7 @@ same way: the load stops, what is in flight drains (bounded), and the partial ru
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -20,6 +21,7 @@ from optlab.load.base import LoadGenerator, StopReport
 from optlab.metrics.backlog import LoadTimeline
 from optlab.metrics.gcpause import GcPauses
 from optlab.metrics.log import Collector, Window
+from optlab.metrics.profile import Profile, Profiler, ProfilerError
 from optlab.metrics.resources import ResourceReading, ResourceSampler
 from optlab.run.progress import LiveStatus, Progress
 from optlab.run.validity import is_stable
@@ -34,6 +36,10 @@ TICK_S = 0.25
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 Offer = Callable[[Sequence[Window], Sequence[ResourceReading]], None]
+
+# py-spy stops by itself this long after the measured phase should have ended: the cap that
+# holds when optlab itself is killed outright and cannot stop it.
+PROFILE_SLACK_S = 60.0
 
 
 class Interrupted(KeyboardInterrupt):
@@ -110,6 +116,10 @@ class PhaseLoop:
         # Asked every tick of the measured phase: a reason to stop now, or None.
         self.early_stop: Callable[[], str | None] | None = None
         self.stopped_early: str | None = None
+        # `optlab run --profile`: py-spy samples the target's process over the measured phase.
+        self.profile = False
+        self.profiled: Profile | None = None
+        self.profile_note: str | None = None  # why there is no profile, when one was asked for
 
     def start(self, target: LoadedTarget, generator: LoadGenerator) -> None:
         """Enter the warmup and start the load."""
@@ -214,12 +224,32 @@ class PhaseLoop:
         p50 = [sum(v) / len(v) if v else None for v in p50s]
         return is_stable(qps, p50, STABILITY_WINDOWS, self.protocol.stability_tolerance)
 
+    @contextmanager
+    def _profiling(self) -> Iterator[None]:
+        """py-spy on the target's process (a started service's, else optlab's own) while the
+        block runs; a profiler that cannot attach leaves a note, never a failed run."""
+        if not self.profile or self.target is None:
+            yield
+            return
+        pid = self.target.service_pid or os.getpid()
+        profiler = Profiler(pid, max_s=self.protocol.duration_s + PROFILE_SLACK_S)
+        try:
+            profiler.start()
+        except ProfilerError as exc:
+            self.profile_note = f"no profile: {exc.message}"
+            yield
+            return
+        try:
+            yield
+        finally:
+            self.profiled = profiler.stop()
+
     def _measure(self) -> None:
         if self.target is not None and self.target.reset_metrics is not None:
             self.target.reset_metrics()  # the target's own counters cover the measured phase
         # The garbage collector is timed over the measured phase only, and let go of however
         # the phase ends (Ctrl-C, a failed target).
-        with self.gc.recording():
+        with self.gc.recording(), self._profiling():
             started = time.monotonic()
             self.set_phase("measure")
             self.sampler.set_phase("measure")
