@@ -145,6 +145,8 @@ def test_a_pure_python_stage_is_gil_bound_and_a_lock_is_serialised(
     # --profile: py-spy saw the GIL held in most samples, and the rule shows it.
     held = next(e for e in top["evidence"] if e["metric"].startswith("py-spy"))
     assert held["value"] >= 50, held
+    text = invoke("diagnose", "spin").output
+    assert "profile (py-spy, " in text and "(faulty.py:" in text  # the threads' top frames
 
     run(invoke, experiment(folder, "locked", "{mode: lock, hold_ms: 4}"))
     locked = diagnosed(invoke, "locked")

@@ -11,6 +11,7 @@ from optlab.diagnose.evidence import Evidence, gather
 from optlab.diagnose.remedies import Suggestion, advice_for, suggest
 from optlab.diagnose.rules import RULES, Fired, Measure, Passed, Rule, Unevaluable
 from optlab.store import Store
+from optlab.store.summary import ProfileEvidence
 
 __all__ = ["DIAGNOSE_SCHEMA_VERSION", "Diagnosis", "Finding", "diagnose", "diagnose_run"]
 
@@ -74,6 +75,7 @@ class Diagnosis:
     passed: tuple[tuple[str, tuple[Measure, ...]], ...]  # rule id, what it read
     not_evaluated: tuple[tuple[str, str], ...]  # rule id, what evidence is missing
     source: str | None = None  # e.g. "sweep 3, the level at the knee"
+    profile: ProfileEvidence | None = None  # `optlab run --profile`: shown beside the findings
 
     @property
     def healthy(self) -> bool:
@@ -142,6 +144,7 @@ def diagnose(
         passed=tuple(passed),
         not_evaluated=tuple(missing),
         source=source,
+        profile=evidence.recorded.profile if evidence.recorded is not None else None,
     )
 
 

@@ -74,6 +74,7 @@ def render_diagnosis(
                 lines.append(f"    write it: {command} --write-step")
         elif f.advice:
             lines += _wrap(f"try: {f.advice}", "  ")
+    lines += _profile_lines(d)
     if d.passed:
         lines.append("")
         lines += _wrap("checked, nothing found: " + ", ".join(r for r, _ in d.passed), "")
@@ -82,6 +83,29 @@ def render_diagnosis(
         for rule, why in d.not_evaluated:
             lines += _wrap(f"{rule}: {why}", "  ")
     return "\n".join(lines)
+
+
+def _profile_lines(d: Diagnosis, threads: int = 3) -> list[str]:
+    """py-spy's view (`optlab run --profile`): the GIL and idle shares, and the top frame of
+    the busiest threads."""
+    profile = d.profile
+    if profile is None:
+        return []
+    shares = []
+    if profile.gil_pct is not None:
+        shares.append(f"the GIL held in {profile.gil_pct:.0f}% of samples")
+    if profile.idle_pct is not None:
+        shares.append(f"threads idle (waiting) {profile.idle_pct:.0f}%")
+    lines = ["", f"profile (py-spy, {profile.samples} samples): " + ", ".join(shares)]
+    seen: list[str] = []
+    for frame in profile.frames:
+        if frame.thread in seen:
+            continue
+        seen.append(frame.thread)
+        lines += _wrap(f"{frame.thread}: {frame.frame} ({frame.share_pct:.0f}%)", "  ")
+        if len(seen) == threads:
+            break
+    return lines
 
 
 def render_diagnosis_markdown(d: Diagnosis, knobs: dict[str, Any] | None = None) -> str:
