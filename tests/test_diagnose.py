@@ -386,3 +386,21 @@ def test_running_and_killed_runs_are_diagnosed_as_partial(
     assert "KILLED" in killed["partial_reason"] and "before it stopped" in killed["partial_reason"]
     text = invoke("diagnose", str(run_id)).output
     assert "partial evidence: the run was KILLED" in text
+
+
+def test_a_sweep_is_diagnosed_at_its_knee_or_busiest_level(
+    invoke: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.test_sweep import _json, _server
+
+    monkeypatch.chdir(tmp_path)
+    path = _server(tmp_path, "slow", ms=1)  # one client: ~1,000 queries in a 1 s level
+    swept = invoke("sweep", str(path), "--slo", "p99=0.5ms", "--quick", "--level-duration", "1",
+                   "--json")  # fmt: skip
+    assert swept.exit_code == 0, swept.output
+    sweep = _json(swept)
+    assert sweep["knee_qps"] is None  # no rate met the SLO: the busiest level is read
+    busiest = max(sweep["levels"], key=lambda level: level["achieved_qps"] or 0)
+    document = diagnosed(invoke, f"sweep:{sweep['sweep_id']}")
+    assert document["run_id"] == busiest["run_id"]
+    assert document["source"] == f"sweep {sweep['sweep_id']}: its busiest level (no knee was found)"

@@ -70,21 +70,22 @@ def _sweep_level(store: Store, ident: str) -> Subject:
             f"sweep:{ident}: a sweep is named by its number", hint="e.g. sweep:3 (`optlab sweeps`)"
         )
     sweep = store.get_sweep(int(ident))
-    result = sweep.result or {}
-    levels = [lv for lv in result.get("levels") or [] if lv.get("run_id") is not None]
-    if not levels:
+    # Each level is a stored run; its achieved throughput is the run's own QPS.
+    achieved = {level.run_id: store.get_run(level.run_id).qps or 0.0 for level in sweep.levels}
+    if not achieved:
         raise NotFoundError(
             f"sweep {sweep.id} has no measured levels",
             hint="diagnose one of its experiment's runs instead (`optlab log`)",
         )
-    knee = result.get("knee_qps") or result.get("capacity_qps")
-    if knee is None:
-        chosen = max(levels, key=lambda lv: lv.get("achieved_qps") or 0.0)
-        why = "its busiest level (no knee was found)"
-    else:
-        chosen = min(levels, key=lambda lv: abs((lv.get("achieved_qps") or 0.0) - knee))
+    result = sweep.result or {}
+    knee = result.get("knee_qps")
+    if isinstance(knee, int | float):
+        chosen = min(achieved, key=lambda run_id: abs(achieved[run_id] - knee))
         why = f"the level at its knee ({knee:,.1f}/s)"
-    return Subject(int(chosen["run_id"]), f"sweep {sweep.id}: {why}")
+    else:
+        chosen = max(achieved, key=lambda run_id: achieved[run_id])
+        why = "its busiest level (no knee was found)"
+    return Subject(chosen, f"sweep {sweep.id}: {why}")
 
 
 def write_next_step(
