@@ -65,6 +65,7 @@ GOAL_SEEDS = 10
 GOAL_SCENARIOS = 9
 GOAL_FALSE_ALARMS = 1  # in 10 healthy runs
 GOAL_DIAGNOSE_S = 5.0
+QUIET_NEIGHBOUR_PCT = 25.0  # other processes' CPU below which a run counts as undisturbed
 SMOKE = "lock,memory-leak,noisy-neighbour,healthy"
 CODE = ("reference/faults.py", "run/measurement.py")
 
@@ -336,6 +337,7 @@ def matrix(results: list[Outcome]) -> dict[str, Any]:
     faulty = [r for r in results if r.label != HEALTHY and r.predicted is not None]
     healthy = [r for r in results if r.label == HEALTHY and r.predicted is not None]
     times = [r.diagnose_s for r in results if r.diagnose_s is not None]
+    quiet = [r for r in faulty if _quiet(r)]
     return {
         "columns": columns,
         "rows": {name: dict(rows[name]) for name in labels},
@@ -344,12 +346,22 @@ def matrix(results: list[Outcome]) -> dict[str, Any]:
         "faulty_runs": len(faulty),
         "faulty_correct": sum(r.correct for r in faulty),
         "accuracy": sum(r.correct for r in faulty) / len(faulty) if faulty else None,
+        "quiet_runs": len(quiet),
+        "quiet_correct": sum(r.correct for r in quiet),
         "healthy_runs": len(healthy),
         "false_alarms": sum(not r.correct for r in healthy),
         "diagnose_s_max": max(times) if times else None,
         "diagnosed": diagnose_run is not None,
         "runs": [asdict(r) for r in results],
     }
+
+
+def _quiet(result: Outcome) -> bool:
+    """A run that other processes left alone (the neighbour scenario's own neighbour aside)."""
+    if result.scenario == "noisy-neighbour":
+        return True
+    other = result.figures.get("neighbour_pct")
+    return other is not None and other < QUIET_NEIGHBOUR_PCT
 
 
 def print_matrix(found: dict[str, Any]) -> None:
@@ -380,6 +392,12 @@ def print_goals(found: dict[str, Any], seeds: int, scenarios: int) -> None:
         f"stage and resource right in >= 90% of faulty runs (>= {GOAL_SEEDS} seeds x >= "
         f"{GOAL_SCENARIOS} scenarios): {found['faulty_correct']}/{found['faulty_runs']} = "
         f"{_fmt(accuracy, '.1%')}{scope}: {verdict(acc_ok)}"
+    )
+    quiet, right = found["quiet_runs"], found["quiet_correct"]
+    print(
+        f"  on the runs other processes left alone (< {QUIET_NEIGHBOUR_PCT:g}% of a core "
+        f"beside the noisy-neighbour scenario's own): {right}/{quiet} = "
+        f"{_fmt(right / quiet if quiet else None, '.1%')}"
     )
     healthy = found["healthy_runs"]
     alarms = found["false_alarms"]
