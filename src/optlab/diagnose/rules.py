@@ -142,6 +142,25 @@ def _confidence(*strengths: float, base: float = 0.55, span: float = 0.4) -> flo
     return round(min(1.0, base + span * mean), 3)
 
 
+def _past(
+    m: Measure,
+    stage: str | None,
+    full: float,
+    summary: str,
+    *,
+    base: float = 0.55,
+    span: float = 0.4,
+    context: tuple[Measure, ...] = (),
+) -> Outcome:
+    """A rule one threshold decides: Passed short of it; past it, Fired with a confidence from
+    `base` at the threshold to `base + span` at `full`."""
+    measures = (m, *context)
+    if not m.met or m.threshold is None:
+        return Passed(measures)
+    strength = _ramp(m.value, m.threshold, full)
+    return Fired(stage, _confidence(strength, base=base, span=span), measures, summary)
+
+
 # -- shared readings ----------------------------------------------------------------------------
 
 
@@ -240,28 +259,28 @@ def _generator(e: Evidence, p: Params) -> Outcome:
             return Unevaluable("no start-lag series recorded")
         limit = p["start_lag_p99_ms"]
         m = Measure("start-lag P99", lag, limit, unit="ms")
-        if not m.met:
-            return Passed((m,))
-        return Fired(
+        return _past(
+            m,
             None,
-            _confidence(_ramp(lag, limit, 5 * limit), base=0.8, span=0.15),
-            (m,),
+            5 * limit,
             f"clients started requests {lag:.2f} ms late (P99): the load generator, not the "
             "target, set the pace",
+            base=0.8,
+            span=0.15,
         )
     lag = e.harness_p99("send_lag")
     if lag is None:
         return Unevaluable("no send-lag series recorded")
     limit = float(e.run.protocol.get("max_send_lag_p99_ms") or p["send_lag_p99_ms"])
     m = Measure("send-lag P99", lag, limit, unit="ms")
-    if not m.met:
-        return Passed((m,))
-    return Fired(
+    return _past(
+        m,
         None,
-        _confidence(_ramp(lag, limit, 5 * limit), base=0.85, span=0.14),
-        (m,),
+        5 * limit,
         f"the load generator sent {lag:.2f} ms late (P99, limit {limit:g} ms): it could not "
         "keep the schedule, so the latency and the rate are its own, not the target's",
+        base=0.85,
+        span=0.14,
     )
 
 
@@ -310,16 +329,18 @@ def _errors(e: Evidence, p: Params) -> Outcome:
     rate = 100 * failed / total
     limit = 100 * float(e.run.protocol.get("max_error_rate") or p["error_rate"])
     m = Measure("error rate", rate, limit, unit="%")
-    if not m.met or failed == 0:
+    if failed == 0:
         return Passed((m,))
     kinds = e.summary.errors_by_type if e.summary is not None else {}
     top = max(kinds, key=lambda k: kinds[k]) if kinds else "errors"
-    return Fired(
+    return _past(
+        m,
         None,
-        _confidence(_ramp(rate, limit, 10 * limit), base=0.8, span=0.18),
-        (m,),
+        10 * limit,
         f"{rate:.1f}% of requests failed (mostly {top}): an overloaded or broken target; "
         "latency of the survivors flatters it",
+        base=0.8,
+        span=0.18,
     )
 
 
@@ -352,13 +373,11 @@ def _io(e: Evidence, p: Params) -> Outcome:
     if iowait is None:
         return Unevaluable("no I/O-wait readings on this host")
     m = Measure("I/O wait (of the machine)", iowait, p["iowait_pct"], unit="%")
-    if not m.met:
-        return Passed((m,))
     top = _serial_stage(e)
-    return Fired(
+    return _past(
+        m,
         top[0] if top else None,
-        _confidence(_ramp(iowait, p["iowait_pct"], 4 * p["iowait_pct"])),
-        (m,),
+        4 * p["iowait_pct"],
         f"the CPUs sat waiting for I/O {iowait:.0f}% of the time"
         + (f", in the {top[0]} stage" if top else "")
         + ": data loading or writes, not compute",
@@ -603,14 +622,13 @@ def _network(e: Evidence, p: Params) -> Outcome:
     m = Measure(
         "network + HTTP (share of latency)", 100 * network.overhead_share, p["share_pct"], unit="%"
     )
-    if not m.met:
-        return Passed((m,))
-    return Fired(
+    return _past(
+        m,
         None,
-        _confidence(_ramp(100 * network.overhead_share, p["share_pct"], 80)),
-        (m, Measure("server's own P50", network.server_p50_ms, None, unit="ms")),
+        80,
         f"{network.overhead_p50_ms:.2f} ms of a {network.client_p50_ms:.2f} ms request (P50) "
         "is spent outside the server: connection, serialisation, the network",
+        context=(Measure("server's own P50", network.server_p50_ms, None, unit="ms"),),
     )
 
 
@@ -629,14 +647,14 @@ def _gpu_compute(e: Evidence, p: Params) -> Outcome:
         return utils
     p95 = percentile(utils, 50) or 0.0
     m = Measure("GPU utilisation (median sample)", p95, p["util_pct"], unit="%")
-    if not m.met:
-        return Passed((m,))
     top = _serial_stage(e)
-    return Fired(
+    return _past(
+        m,
         top[0] if top else None,
-        _confidence(_ramp(p95, p["util_pct"], 99), base=0.65, span=0.3),
-        (m,),
+        99,
         f"the GPU is busy {p95:.0f}% of the time: the model's own compute is the limit",
+        base=0.65,
+        span=0.3,
     )
 
 
@@ -677,12 +695,10 @@ def _gpu_throttled(e: Evidence, p: Params) -> Outcome:
         return reading if isinstance(reading, Unevaluable) else Passed()
     share = 100 * seen / total
     m = Measure("samples with GPU clocks lowered", share, p["share_pct"], unit="%")
-    if not m.met:
-        return Passed((m,))
-    return Fired(
+    return _past(
+        m,
         None,
-        _confidence(_ramp(share, p["share_pct"], 100)),
-        (m,),
+        100,
         "the GPU ran below its clocks (power, thermal or sync boost limits) for "
         f"{share:.0f}% of the run",
     )

@@ -10,22 +10,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["DiagnoseDocument", "DiagnoseFinding"]
+from optlab.diagnose.rules import Resource
 
-Resource = Literal[
-    "cpu",
-    "gil",
-    "gpu",
-    "memory",
-    "io",
-    "lock",
-    "queue",
-    "generator",
-    "network",
-    "stall",
-    "errors",
-    "neighbour",
-]
+__all__ = ["DiagnoseDocument", "DiagnoseFinding"]
 
 
 class _Closed(BaseModel):
