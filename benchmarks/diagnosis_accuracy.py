@@ -29,6 +29,7 @@ Run: ``PYTHONPATH=src python benchmarks/diagnosis_accuracy.py [--seeds 10]
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -227,6 +228,11 @@ def measure(
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     options = RunOptions(quick=True, duration_s=duration_s, warmup_s=WARMUP_S)
     check: dict[str, Any] = {}
+    # What earlier runs left in this process (their stores, configs, results) is frozen out
+    # of the collector: a fresh `optlab run` has none of it, and a full collection over 100
+    # runs' worth paused everything ~70 ms, long enough to make the generator late.
+    gc.collect()
+    gc.freeze()
     started = time.monotonic()
     with neighbour(scenario.neighbour), cross_check(check):
         outcome = run(path, store, options, _Quiet())[-1]
