@@ -130,10 +130,28 @@ class Evidence:
 
     def target_cpu_pct(self) -> float | None:
         """CPU of the process that runs the target, percent of one core: optlab's own for an
-        in-process target, the service's tree for a service optlab started, None otherwise."""
+        in-process target, the service's tree for a service optlab started, None otherwise.
+
+        From the readings taken when the measured phase began and ended (the evidence's user +
+        system CPU) where the run has them: the once-a-second sampler is a thread of optlab's
+        own, and a target that holds the GIL delays it, so its per-interval figures misread
+        (1.7 cores for a process getrusage puts at 1.0). Else the samples' mean."""
+        recorded = self.recorded
+        usage = None
+        if recorded is not None:
+            usage = recorded.process if self.in_process else recorded.service
+        if usage is not None and usage.cpu_user_pct is not None:
+            return usage.cpu_user_pct + (usage.cpu_system_pct or 0.0)
         if self.in_process:
             return self.mean_of("cpu_process_pct")
         return self.mean_of("service_cpu_pct")
+
+    def rss_series(self) -> list[tuple[float, float]]:
+        """(t_s, RSS in MiB) of the process tree that runs the target, over the measured
+        phase: a started service's when there is one, else optlab's own."""
+        name = "rss_bytes" if self.in_process else "service_rss_bytes"
+        points = [(s.t_s, getattr(s, name)) for s in self.samples]
+        return [(t, v / 2**20) for t, v in points if v is not None]
 
     def machine_cpu_pct(self) -> float | None:
         """The whole machine, all cores, 0..100."""

@@ -350,11 +350,18 @@ def _memory(e: Evidence, p: Params) -> Outcome:
     if trend is None:
         return Unevaluable("no RSS-against-requests trend recorded (too few samples?)")
     grown = trend.mib_per_1k_requests * (e.run.requests or 0) / 1000
-    measures = (
+    measures: tuple[Measure, ...] = (
         Measure("RSS slope", trend.mib_per_1k_requests, p["mib_per_1k"], unit="MiB/1k req"),
         Measure("fit R²", trend.r2, p["r2"]),
         Measure("RSS growth over the run", grown, p["growth_mib"], unit="MiB"),
     )
+    # A pool warming up (threads created, buffers first touched) also grows RSS steadily for
+    # a while, then stops; a leak keeps its pace: the second half must grow at least
+    # `late_share` as fast as the first.
+    halves = _half_slopes(e.rss_series())
+    if halves is not None and halves[0] > 0:
+        measures = (*measures, Measure("second half's RSS growth / first's", halves[1] / halves[0],
+                                       p["late_share"], unit="x"))  # fmt: skip
     if not all(m.met for m in measures):
         return Passed(measures)
     return Fired(
@@ -366,6 +373,24 @@ def _memory(e: Evidence, p: Params) -> Outcome:
         f"memory grows with every request ({trend.mib_per_1k_requests:.2f} MiB per 1,000, "
         f"R² {trend.r2:.2f}): a leak; a longer run will run out of memory",
     )
+
+
+def _half_slopes(points: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """Least-squares slopes (per second) of the first and second half of `points`; None with
+    fewer than 6 points."""
+    if len(points) < 6:
+        return None
+    middle = len(points) // 2
+
+    def slope(part: list[tuple[float, float]]) -> float:
+        mean_t = sum(t for t, _ in part) / len(part)
+        mean_v = sum(v for _, v in part) / len(part)
+        spread = sum((t - mean_t) ** 2 for t, _ in part)
+        if spread == 0:
+            return 0.0
+        return sum((t - mean_t) * (v - mean_v) for t, v in part) / spread
+
+    return slope(points[:middle]), slope(points[middle:])
 
 
 def _io(e: Evidence, p: Params) -> Outcome:
@@ -741,7 +766,7 @@ RULES: tuple[Rule, ...] = (
         "memory leak",
         "memory that only grows is a leak",
         ("memory",),
-        {"mib_per_1k": 0.5, "r2": 0.8, "growth_mib": 16.0},
+        {"mib_per_1k": 0.5, "r2": 0.8, "growth_mib": 16.0, "late_share": 0.5},
         check_fn=_memory,
     ),
     Rule(
@@ -788,6 +813,7 @@ RULES: tuple[Rule, ...] = (
         "CPU saturated in one stage",
         ("cpu_process_pct", "threads", "stages"),
         {"machine_pct": 85.0, "thread_pct": 85.0},
+        subsumes=("tail-stalls",),
         check_fn=_cpu,
     ),
     Rule(
@@ -797,6 +823,7 @@ RULES: tuple[Rule, ...] = (
         "one core's worth of CPU on a multi-core machine with work waiting",
         ("cpu_process_pct", "threads", "in_flight", "profile"),
         {"low_cores": 0.65, "high_cores": 1.3},
+        subsumes=("tail-stalls",),
         check_fn=_gil,
     ),
     Rule(
