@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,9 @@ from click.testing import Result
 from optlab import api
 from optlab.diagnose import RULES, diagnose
 from optlab.diagnose.evidence import Evidence
-from optlab.store import RunRecord, RunSummary
+from optlab.store import RunEvidence, RunRecord, RunSummary
 from optlab.store.records import GpuSample, ResourceSample, StageStatsRow
+from optlab.store.summary import MemoryTrend
 from tests.conftest import REPO, wait_for_measure, write
 from tests.test_docs import problems
 
@@ -404,3 +406,36 @@ def test_a_sweep_is_diagnosed_at_its_knee_or_busiest_level(
     document = diagnosed(invoke, f"sweep:{sweep['sweep_id']}")
     assert document["run_id"] == busiest["run_id"]
     assert document["source"] == f"sweep {sweep['sweep_id']}: its busiest level (no knee was found)"
+
+
+def _leak_evidence(rss_mib: list[float], requests: int = 10_000) -> Evidence:
+    """A run whose RSS over the measured phase (one sample a second) is `rss_mib`."""
+    base = _evidence("no_telemetry.json")
+    slope = (rss_mib[-1] - rss_mib[0]) / requests * 1000
+    summary = base.run.summary
+    assert summary is not None
+    evidence = summary.evidence or RunEvidence()
+    recorded = evidence.model_copy(
+        update={"memory": MemoryTrend(mib_per_1k_requests=slope, r2=0.95, samples=len(rss_mib))}
+    )
+    run = replace(
+        base.run, requests=requests, summary=summary.model_copy(update={"evidence": recorded})
+    )
+    samples = tuple(
+        ResourceSample(phase="measure", t_s=float(t), rss_bytes=int(v * 2**20))
+        for t, v in enumerate(rss_mib)
+    )
+    knobs = {**base.config, "target": {"kind": "python", "factory": "m:build"}}
+    return Evidence(run=run, config=knobs, stages=base.stages, samples=samples, cores=2)
+
+
+def test_a_leak_keeps_growing_and_a_warming_pool_stops() -> None:
+    leak = diagnose(_leak_evidence([100 + 10 * t for t in range(10)]))
+    assert leak.top is not None and leak.top.rule.id == "memory-leak"
+    assert (leak.top.stage, leak.top.resource) == (None, "memory")
+    # The same growth, all of it in the first seconds: threads and buffers touched once.
+    warming = diagnose(_leak_evidence([100, 130, 160, 185, 190, 190, 190, 190, 191, 190]))
+    assert not any(f.rule.id == "memory-leak" for f in warming.findings)
+    said = dict(warming.passed)["memory-leak"]
+    late = next(m for m in said if m.metric.startswith("second half"))
+    assert late.value < 0.5 and not late.met
