@@ -115,26 +115,27 @@ def cpu_pct(evidence: RunEvidence) -> float:
 
 @pytest.mark.slow
 def test_a_leaking_spinning_target_against_a_sleeping_one(tmp_path: Path) -> None:
-    # One load thread spinning 0.3 ms a request, keeping 10 KiB and making cyclic garbage.
+    # One load thread spinning 0.3 ms a request (then 0.2 ms asleep: a thread that never lets
+    # go of the GIL starves optlab's sampler thread of its once-a-second readings), keeping
+    # 10 KiB and making cyclic garbage.
     busy = evidence_of(
         measured(
             tmp_path / "busy",
             "leaky",
-            f"{{leak_bytes: {LEAK_BYTES}, cycles: 20, busy_ms: 0.3, sleep_ms: 0}}",
+            f"{{leak_bytes: {LEAK_BYTES}, cycles: 20, busy_ms: 0.3, sleep_ms: 0.2}}",
             "{mode: closed, concurrency: 1}",
             4.0,
         )
     )
     # Two load threads asleep 2 ms a request, keeping nothing.
-    sleepy = evidence_of(
-        measured(
-            tmp_path / "sleepy",
-            "sleepy",
-            "{leak_bytes: 0, cycles: 0, busy_ms: 0, sleep_ms: 2}",
-            "{mode: closed, concurrency: 2}",
-            4.0,
-        )
+    sleeper = measured(
+        tmp_path / "sleepy",
+        "sleepy",
+        "{leak_bytes: 0, cycles: 0, busy_ms: 0, sleep_ms: 2}",
+        "{mode: closed, concurrency: 2}",
+        4.0,
     )
+    sleepy = evidence_of(sleeper)
     for evidence in (busy, sleepy):
         assert evidence.cores == len(psutil.Process().cpu_affinity() or [])
         assert evidence.service is None and evidence.network is None  # in process
@@ -160,9 +161,10 @@ def test_a_leaking_spinning_target_against_a_sleeping_one(tmp_path: Path) -> Non
     assert cpu_pct(busy) > 2 * cpu_pct(sleepy)
     assert sleepy.process.ctx_voluntary_per_s is not None
     assert busy.process.ctx_voluntary_per_s is not None
-    assert sleepy.process.ctx_voluntary_per_s > 300  # ~2 clients x 1 sleep per ~2.1 ms
-    # (A busy machine preempts the spinner and hands its GIL around more: 2x, not 5x, holds.)
-    assert sleepy.process.ctx_voluntary_per_s > 2 * busy.process.ctx_voluntary_per_s
+    # Every sleep is a voluntary switch: at least one per request served. (The spinner's own
+    # count depends on how often other threads ask it for the GIL: not compared.)
+    assert sleeper.qps is not None and sleeper.qps > 0
+    assert sleepy.process.ctx_voluntary_per_s >= 0.9 * sleeper.qps
 
     # Cyclic garbage: collections, each a pause.
     collected = busy.gc

@@ -241,7 +241,9 @@ def test_phase_snapshots_give_the_measured_span_usage_and_rss_marks() -> None:
         sampler.set_phase("measure")
         wait_until(lambda: sampler.tree_rss(), "the measure snapshot, taken at once")
         thread.start()
-        time.sleep(0.5)
+        # Long enough that the GIL hand-overs inside a snapshot's reads (5 ms each while the
+        # spinner holds it) are a small part of the span.
+        time.sleep(1.5)
         sampler.set_phase("drain")  # read on this thread, while the spinner still runs
     finally:
         stop.set()

@@ -6,6 +6,11 @@ A snapshot reads every thread of every process of the tree, so it is taken twice
 the measured phase starts and when it ends, by the resource sampler's thread), never per sample.
 Context switches are counted thread by thread (/proc/PID/task/TID/status): a process's own
 /proc/PID/status counts its main thread's only, which in optlab mostly sleeps.
+
+Each figure is divided by the span between its own two reads (the clock is read right before
+the counter): reading the threads' /proc files hands the GIL back and forth, and while a target
+holds the GIL one snapshot can take seconds. A clock read once, after all of them, made the span
+look short and the CPU high (1.87 cores for a process getrusage put at 1.02).
 """
 
 from __future__ import annotations
@@ -50,6 +55,10 @@ class ProcessSnapshot:
     ctx_involuntary: int | None
     rss_bytes: int | None
     threads: dict[int, ThreadSnapshot]
+    # time.perf_counter() right before the process's times and right before its threads'
+    # were read: each figure is divided by the span of its own reads (module docstring).
+    read_at_s: float = 0.0
+    threads_at_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -80,25 +89,24 @@ def snapshot_tree(procs: list[psutil.Process], root_pid: int) -> TreeSnapshot:
     """The counters of `procs` (a tree rooted at `root_pid`) now; unreadable processes are
     left out, unreadable figures are None."""
     found: dict[int, ProcessSnapshot] = {}
-    # The clock is read before the counters, and the root (first in `procs`) is read first:
-    # reading every thread's /proc files takes the GIL back and forth, and while a target
-    # holds the GIL that can take seconds. A clock read after them made the span look short
-    # and the CPU high (1.87 cores for a process getrusage put at 1.02).
     at_s = time.perf_counter()
-    for proc in sorted(procs, key=lambda p: p.pid != root_pid):
+    for proc in sorted(procs, key=lambda p: p.pid != root_pid):  # the root first
         snap = _snapshot(proc)
         if snap is not None:
             found[proc.pid] = snap
-    return TreeSnapshot(at_s, root_pid, found)
+    root = found.get(root_pid)
+    return TreeSnapshot(root.read_at_s if root is not None else at_s, root_pid, found)
 
 
 def _snapshot(proc: psutil.Process) -> ProcessSnapshot | None:
     try:
         with proc.oneshot():
+            read_at_s = time.perf_counter()
             times = proc.cpu_times()
+            threads_at_s = time.perf_counter()
+            threads = proc.threads()
             created = proc.create_time()
             name = proc.name()
-            threads = proc.threads()
             voluntary: int | None
             involuntary: int | None
             try:
@@ -129,6 +137,8 @@ def _snapshot(proc: psutil.Process) -> ProcessSnapshot | None:
         ctx_involuntary=involuntary,
         rss_bytes=rss,
         threads=found,
+        read_at_s=read_at_s,
+        threads_at_s=threads_at_s,
     )
 
 
@@ -194,13 +204,14 @@ def usage_between(start: TreeSnapshot, end: TreeSnapshot) -> ProcessUsage | None
             )
         voluntary = _add(voluntary, switches[0])
         involuntary = _add(involuntary, switches[1])
+        span = after.threads_at_s - before.threads_at_s if before is not _EMPTY else wall
         for tid, thread in after.threads.items():
             was = before.threads.get(tid)
             if was is not None and thread.cpu_s < was.cpu_s:
                 was = None  # a new thread under a reused id: all its CPU is the span's
             spent = thread.cpu_s - (was.cpu_s if was is not None else 0.0)
             label = thread.name if pid == end.root_pid else f"{thread.name} (pid {pid})"
-            threads.append((label, 100.0 * spent / wall))
+            threads.append((label, 100.0 * spent / (span if span > 0 else wall)))
     busiest = sorted((t for t in threads if t[1] >= BUSY_THREAD_PCT), key=lambda t: -t[1])
     return ProcessUsage(
         cpu_user_pct=100.0 * user / wall,
