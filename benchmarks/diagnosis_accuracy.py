@@ -262,7 +262,7 @@ def diagnose(store: Store, result: Outcome) -> None:
         result.predicted = "error"
         return
     result.diagnose_s = time.perf_counter() - started
-    result.rules = [f.rule for f in found.findings]
+    result.rules = [f.rule.id for f in found.findings]
     if found.healthy or not found.findings:
         result.predicted = HEALTHY
         return

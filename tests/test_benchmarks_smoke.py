@@ -6,6 +6,7 @@ machine (a shared CI runner would fail any threshold), and PASS/MISS is the scri
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -133,3 +134,26 @@ def test_sweep_accuracy_smoke() -> None:
         assert any(re.search(pattern, line) for line in lines), (
             f"sweep_accuracy.py: no line matches {pattern!r}\n{done.stdout}"
         )
+
+
+@pytest.mark.slow
+def test_diagnosis_accuracy_smoke() -> None:
+    """benchmarks/diagnosis_accuracy.py on two of its scenarios, one seed (~15 s): each run
+    measured, stored and diagnosed within the 5 s goal, its JSON the matrix the full run
+    prints. Which rule wins is the benchmark's figure, not this test's (a shared machine's
+    neighbours rank first)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"), env.get("PYTHONPATH")) if p)
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "diagnosis_accuracy.py"), "--scenarios",
+         "lock,healthy", "--seeds", "1", "--json"],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert found["diagnosed"] and found["labels"] == {"lock": "infer/lock", "healthy": "healthy"}
+    assert [run["scenario"] for run in found["runs"]] == ["lock", "healthy"]
+    for run in found["runs"]:
+        assert run["status"] == "FINISHED" and run["predicted"] is not None
+        assert 0 <= run["diagnose_s"] < 5
+    assert sum(sum(row.values()) for row in found["rows"].values()) == 2
