@@ -170,7 +170,7 @@ _SAFE = re.compile(r"[^a-z0-9]+")
 
 
 def _slug(text: str) -> str:
-    return _SAFE.sub("-", text.lower()).strip("-")[:40] or "step"
+    return _SAFE.sub("-", text.lower())[:40].strip("-") or "step"
 
 
 def step_document(
@@ -218,7 +218,12 @@ def write_step(path: Path, document: dict[str, Any], header: str) -> Path:
 
 
 def step_name(parent: str, suggestion: Suggestion, taken: set[str]) -> str:
-    base = _slug(f"{parent}-{suggestion.knob}")
+    """The chain's prefix (the parent's first word: "cpu" of "cpu-baseline") and the change,
+    so names stay short down a chain: cpu-preprocess-numpy-pooled, cpu-batching-dynamic."""
+    value = suggestion.value
+    label = value.get("mode", "") if isinstance(value, dict) else str(value)
+    prefix = parent.split("-", 1)[0] if "-" in parent else parent
+    base = _slug(f"{prefix}-{suggestion.knob}-{label}")
     name, suffix = base, 2
     while name in taken:
         name, suffix = f"{base}-{suffix}", suffix + 1
