@@ -161,6 +161,14 @@ def _faster_engine(evidence: Evidence, knobs: dict[str, Any], device: str) -> Su
         )
     if precision == "fp32":
         return Suggestion("precision", "int8", "int8 kernels cut the CPU pass further")
+    threads = int(knobs.get("threads", 1))
+    if evidence.cores is not None and threads < evidence.cores:
+        return Suggestion(
+            "threads",
+            threads + 1,
+            f"the engine's pass is the limit and it runs on {threads} of {evidence.cores} "
+            "cores: one more intra-op thread shares the pass",
+        )
     return None
 
 
