@@ -201,6 +201,8 @@ def test_bad_subjects_exit_2_with_a_hint(invoke: Invoke, folder: Path) -> None:
     assert "optlab run" in never.stderr
     typo = invoke("diagnose", "frsh")
     assert typo.exit_code == 2 and "did you mean 'fresh'" in typo.stderr
+    gone = invoke("diagnose", "nowhere/base.yaml")
+    assert gone.exit_code == 2 and "nowhere/base.yaml: no such file" in gone.stderr
     sweep = invoke("diagnose", "sweep:x")
     assert sweep.exit_code == 2 and "sweep:3" in sweep.stderr
     assert invoke("diagnose", "sweep:7").exit_code == 2

@@ -42,7 +42,12 @@ def resolve(store: Store, text: str | None) -> Subject:
         return _sweep_level(store, text.split(":", 1)[1])
     name = text
     path = Path(text)
-    if path.suffix in EXPERIMENT_SUFFIXES and path.is_file():
+    if path.suffix in EXPERIMENT_SUFFIXES and not path.is_file():
+        raise NotFoundError(
+            f"{path}: no such file",
+            hint="give an experiment file that exists, its name, a run id or sweep:ID",
+        )
+    if path.suffix in EXPERIMENT_SUFFIXES:
         found = read_name(path)
         if found is None:
             raise ConfigError(f"{path}: no `name`", hint="an experiment file names itself")
