@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from optlab.diagnose.evidence import Evidence, gather
+from optlab.diagnose.findings import Fired, Measure, Passed, Unevaluable
 from optlab.diagnose.remedies import Suggestion, advice_for, suggest
-from optlab.diagnose.rules import RULES, Fired, Measure, Passed, Rule, Unevaluable
+from optlab.diagnose.rules import RULES, Rule
 from optlab.store import Store
 from optlab.store.summary import ProfileEvidence
 

@@ -16,7 +16,8 @@ from typing import Any
 import yaml
 
 from optlab.diagnose.evidence import Evidence
-from optlab.diagnose.rules import Fired, Rule
+from optlab.diagnose.findings import Fired
+from optlab.diagnose.rules import Rule
 from optlab.errors import ConfigError
 
 __all__ = [

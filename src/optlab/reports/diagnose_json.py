@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from optlab.diagnose.rules import Resource
+from optlab.diagnose.findings import Resource
 
 __all__ = ["DiagnoseDocument", "DiagnoseFinding"]
 

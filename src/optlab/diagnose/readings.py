@@ -1,0 +1,130 @@
+"""Readings the rules share: the stage that costs a request the most, the wait stage, the
+engine's busy time, the busiest thread, requests in flight (docs/diagnose.md "How a run is
+read")."""
+
+from __future__ import annotations
+
+from optlab.diagnose.evidence import WAIT_STAGES, Evidence
+from optlab.diagnose.findings import Unevaluable
+from optlab.store.summary import ProcessEvidence
+
+__all__ = [
+    "batching_on",
+    "busy_engine",
+    "half_slopes",
+    "hot_thread",
+    "in_flight",
+    "no_cpu",
+    "throughput",
+    "serial_stage",
+    "target_process",
+    "wait_stage",
+]
+
+
+def throughput(e: Evidence) -> float | None:
+    return e.run.qps
+
+
+def busy_engine(e: Evidence) -> tuple[float, int] | None:
+    """(fraction of the measured time the engine instances were busy per instance, instances),
+    from what the target reported ("infer": busy_ms); None when it reports no such thing."""
+    summary = e.summary
+    if summary is None or not e.run.duration_s:
+        return None
+    busy = summary.target_figure("infer", "busy_ms")
+    if not isinstance(busy, int | float):
+        return None
+    instances = summary.target.get("instances") if isinstance(summary.target, dict) else None
+    count = instances if isinstance(instances, int) and instances > 0 else 1
+    return float(busy) / 1000 / e.run.duration_s / count, count
+
+
+def hot_thread(e: Evidence) -> tuple[str, float] | None:
+    process = target_process(e)
+    if process is None or not process.threads:
+        return None
+    top = max(process.threads, key=lambda t: t.cpu_pct)
+    return top.name, top.cpu_pct
+
+
+def target_process(e: Evidence) -> ProcessEvidence | None:
+    recorded = e.recorded
+    if recorded is None:
+        return None
+    return recorded.process if e.in_process else recorded.service
+
+
+def serial_stage(e: Evidence) -> tuple[str, float, float] | None:
+    """The work stage that costs a request the most: (name, occupancy, share of the total).
+
+    Ranked by each stage's fastest time: under contention (the GIL, a saturated CPU) every
+    stage's wall time stretches with waits, even a stage that only sleeps, while the fastest
+    request's time stays close to what the stage itself costs. Ties (equal fastest times, or
+    none recorded) go to the mean.
+    """
+    qps = throughput(e)
+    if not qps:
+        return None
+    best: tuple[str, float, float] | None = None
+    best_key: tuple[float, float] = (-1.0, -1.0)
+    for name, row in e.work_stages().items():
+        if name in WAIT_STAGES or row.mean_ms is None:
+            continue
+        key = (row.min_ms if row.min_ms is not None else row.mean_ms, row.mean_ms)
+        if key > best_key:
+            best_key = key
+            best = (name, qps * row.mean_ms / 1000, e.share(name) or 0.0)
+    return best
+
+
+def wait_stage(e: Evidence) -> tuple[str, float] | None:
+    shares = {name: e.share(name) for name in e.work_stages() if name in WAIT_STAGES}
+    known = {n: s for n, s in shares.items() if s is not None}
+    if not known:
+        return None
+    name = max(known, key=lambda n: known[n])
+    return name, known[name]
+
+
+def in_flight(e: Evidence) -> float | None:
+    recorded = e.recorded
+    if recorded is not None and recorded.in_flight_mean is not None:
+        return recorded.in_flight_mean
+    counts = [w.in_flight for w in e.windows if w.in_flight is not None]
+    if counts:
+        return sum(counts) / len(counts)
+    concurrency = e.load.get("concurrency")
+    return float(concurrency) if isinstance(concurrency, int | float) else None
+
+
+def no_cpu(e: Evidence) -> Unevaluable:
+    if not e.in_process and e.target_kind == "http":
+        return Unevaluable(
+            "no CPU figures for a service optlab did not start (kind http): start it with "
+            "kind command so its process tree is sampled"
+        )
+    return Unevaluable("no CPU samples in the measured phase")
+
+
+def batching_on(e: Evidence) -> bool:
+    batching = e.knobs.get("batching")
+    return isinstance(batching, dict) and batching.get("mode") not in (None, "off")
+
+
+def half_slopes(points: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """Least-squares slopes (per second) of the first and second half of `points`; None with
+    fewer than 6 points."""
+    if len(points) < 6:
+        return None
+    middle = len(points) // 2
+
+    def slope(part: list[tuple[float, float]]) -> float:
+        mean_t = sum(t for t, _ in part) / len(part)
+        mean_v = sum(v for _, v in part) / len(part)
+        spread = sum((t - mean_t) ** 2 for t, _ in part)
+        if spread == 0:
+            return 0.0
+        return sum((t - mean_t) * (v - mean_v) for t, v in part) / spread
+
+    return slope(points[:middle]), slope(points[middle:])
