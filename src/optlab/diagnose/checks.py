@@ -255,12 +255,14 @@ def check_lock(e: Evidence, p: Params) -> Outcome:
         return Unevaluable("no throughput")
     best: tuple[str, float] | None = None
     for name, row in e.work_stages().items():
-        if name in WAIT_STAGES or row.min_ms is None or row.mean_ms is None:
+        fastest = e.fastest_ms(name)
+        if name in WAIT_STAGES or fastest is None or row.mean_ms is None:
             continue
-        # A stage whose bare service time (its fastest request) times the throughput is ~1
-        # while its mean is far above its minimum: requests queue INSIDE it, one at a time.
-        parallel = qps * row.min_ms / 1000
-        inflation = row.mean_ms / max(row.min_ms, 1e-6)
+        # A stage whose bare service time (its fastest request in the run) times the
+        # throughput is ~1 while its mean is far above it: requests queue INSIDE it, one at a
+        # time.
+        parallel = qps * fastest / 1000
+        inflation = row.mean_ms / max(fastest, 1e-6)
         if inflation >= p["inflation"] and (best is None or parallel > best[1]):
             best = (name, parallel)
     in_flight = readings.in_flight(e) or 0.0
@@ -268,10 +270,11 @@ def check_lock(e: Evidence, p: Params) -> Outcome:
         return Passed((Measure("requests in flight", in_flight, p["in_flight"]),))
     stage, parallel = best
     row = e.stages[stage]
+    fastest_ms = e.fastest_ms(stage) or 1.0
     measures = [
         Measure(f"{stage}: throughput x fastest time", parallel, p["parallel_high"], "<=", "x"),
         Measure(f"{stage}: throughput x fastest time", parallel, p["parallel_low"], ">=", "x"),
-        Measure(f"{stage}: mean / fastest", (row.mean_ms or 0) / (row.min_ms or 1), None, unit="x"),
+        Measure(f"{stage}: mean / fastest", (row.mean_ms or 0) / fastest_ms, None, unit="x"),
         Measure("requests in flight", in_flight, p["in_flight"]),
     ]
     if cpu is not None and cores:
@@ -282,7 +285,7 @@ def check_lock(e: Evidence, p: Params) -> Outcome:
         stage,
         confidence(1 - min(1.0, abs(parallel - 1.0) / 0.5), base=0.62, span=0.3),
         tuple(measures),
-        f"{stage} serves one request at a time ({qps:.0f}/s x {row.min_ms:.2f} ms fastest = "
+        f"{stage} serves one request at a time ({qps:.0f}/s x {fastest_ms:.2f} ms fastest = "
         f"{parallel:.2f}) while {in_flight:.0f} are in flight and the CPU idles: a lock or a "
         "single worker serialises it",
     )

@@ -51,6 +51,8 @@ class Evidence:
     samples: tuple[ResourceSample, ...] = ()
     cores: int | None = None
     partial: str | None = None  # why the evidence is incomplete; None when complete
+    # Each stage's fastest request over the whole run, warmup included (ms).
+    fastest: dict[str, float] = field(default_factory=dict)
 
     # -- the run and its config ------------------------------------------------------------
 
@@ -115,6 +117,14 @@ class Evidence:
             return None
         name = max(known, key=lambda n: known[n])
         return name, known[name]
+
+    def fastest_ms(self, stage: str) -> float | None:
+        """The fastest a request went through `stage` in the whole run: the best estimate of
+        the stage's own service time. The warmup counts: its first requests find the service
+        idle, while under a fair lock every measured request may wait for all the others."""
+        row = self.stages.get(stage)
+        found = [v for v in (self.fastest.get(stage), row.min_ms if row else None) if v]
+        return min(found) if found else None
 
     def harness_p99(self, series: str) -> float | None:
         """send_lag / start_lag P99 in ms, from the summary's harness series."""
@@ -210,6 +220,10 @@ def gather(store: Store, run_id: int) -> Evidence:
     run = store.get_run(run_id)
     config = store.get_config(run.config_id).config
     stages = {row.stage: row for row in store.get_stage_stats(run_id, MEASURED)}
+    fastest: dict[str, float] = {}
+    for row in store.get_stage_stats(run_id):
+        if row.min_ms is not None and row.count > 0:
+            fastest[row.stage] = min(fastest.get(row.stage, row.min_ms), row.min_ms)
     return Evidence(
         run=run,
         config=config,
@@ -218,4 +232,5 @@ def gather(store: Store, run_id: int) -> Evidence:
         samples=tuple(store.get_resource_samples(run_id, MEASURED)),
         cores=_cores(store, run),
         partial=_partial(run),
+        fastest=fastest,
     )

@@ -71,7 +71,8 @@ def serial_stage(e: Evidence) -> tuple[str, float, float] | None:
     for name, row in e.work_stages().items():
         if name in WAIT_STAGES or row.mean_ms is None:
             continue
-        key = (row.min_ms if row.min_ms is not None else row.mean_ms, row.mean_ms)
+        fastest = e.fastest_ms(name)
+        key = (fastest if fastest is not None else row.mean_ms, row.mean_ms)
         if key > best_key:
             best_key = key
             best = (name, qps * row.mean_ms / 1000, e.share(name) or 0.0)
