@@ -87,8 +87,9 @@ def test_lock_throughput_is_one_over_the_hold_time(tmp_path: Path) -> None:
     # Serialised on the lock: ~1000 / hold_ms per second, whatever the 8 clients (timer
     # overshoot and the harness only slow it).
     assert 0.6 * 1000 / hold_ms < summary.qps < 1.05 * 1000 / hold_ms
-    # Eight clients queue for it: each request waits for the other seven.
-    assert summary.total.p50 is not None and summary.total.p50 > 4 * hold_ms
+    # The 8 clients wait their turn: the mean holds ~8 holds (Little's law), whatever order
+    # the lock hands itself out in (an unfair hand-off leaves the median near one hold).
+    assert summary.total.mean is not None and summary.total.mean > 4 * hold_ms
     evidence = summary.evidence
     if evidence is not None and evidence.process is not None:  # the CPU is idle meanwhile
         assert (evidence.process.cpu_user_pct or 0) + (evidence.process.cpu_system_pct or 0) < 60
