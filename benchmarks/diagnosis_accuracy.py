@@ -49,7 +49,7 @@ import psutil
 import yaml
 from provenance import SRC, source_hashes
 
-from optlab.reference.faults import Scenario, by_name
+from optlab.reference.fault_scenarios import Scenario, by_name
 from optlab.run.runner import RunOptions, run
 from optlab.store import RunSummary, Store
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from optlab.metrics.stages import CURRENT, RequestTiming
-from optlab.reference.faults import SCENARIOS, Scenario, by_name
+from optlab.reference.fault_scenarios import SCENARIOS, Scenario, by_name
 from optlab.run.runner import RunOptions, run
 from optlab.store import RunSummary, Store
 
