@@ -61,8 +61,7 @@ def diagnose(
     store = open_store(ctx, read_only=not write_step)
     chosen = resolve(store, subject)
     diagnosis = diagnose_run(store, chosen.run_id, source=chosen.source)
-    knobs = store.get_config(store.get_run(chosen.run_id).config_id).config.get("knobs")
-    knobs = knobs if isinstance(knobs, dict) else None
+    knobs = diagnosis.knobs
     command = "optlab diagnose" + (f" {subject}" if subject else f" {chosen.run_id}")
     if fmt == "markdown":
         text = render_diagnosis_markdown(diagnosis, knobs)

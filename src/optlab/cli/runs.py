@@ -162,11 +162,9 @@ def diagnosis_line(store: Store, outcome: RunOutcome) -> str | None:
 
     try:
         diagnosis = diagnose_run(store, outcome.run_id)
-        config = store.get_config(store.get_run(outcome.run_id).config_id).config
     except Exception:  # the run is stored; its diagnosis is a courtesy, never a failure
         return None
-    knobs = config.get("knobs")
-    return "  " + run_line(diagnosis, knobs if isinstance(knobs, dict) else None)
+    return "  " + run_line(diagnosis, diagnosis.knobs)
 
 
 def _error_types(errors_by_type: dict[str, int]) -> str:

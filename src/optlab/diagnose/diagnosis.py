@@ -77,6 +77,7 @@ class Diagnosis:
     not_evaluated: tuple[tuple[str, str], ...]  # rule id, what evidence is missing
     source: str | None = None  # e.g. "sweep 3, the level at the knee"
     profile: ProfileEvidence | None = None  # `optlab run --profile`: shown beside the findings
+    knobs: dict[str, Any] | None = None  # the run's knobs: a suggestion shown as old -> new
 
     @property
     def healthy(self) -> bool:
@@ -146,6 +147,7 @@ def diagnose(
         not_evaluated=tuple(missing),
         source=source,
         profile=evidence.recorded.profile if evidence.recorded is not None else None,
+        knobs=evidence.knobs,
     )
 
 
