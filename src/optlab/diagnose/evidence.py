@@ -219,9 +219,10 @@ def gather(store: Store, run_id: int) -> Evidence:
     """The evidence of run `run_id` (NotFoundError when there is no such run)."""
     run = store.get_run(run_id)
     config = store.get_config(run.config_id).config
-    stages = {row.stage: row for row in store.get_stage_stats(run_id, MEASURED)}
+    rows = store.get_stage_stats(run_id)  # every phase: the warmup's fastest counts too
+    stages = {row.stage: row for row in rows if row.phase == MEASURED}
     fastest: dict[str, float] = {}
-    for row in store.get_stage_stats(run_id):
+    for row in rows:
         if row.min_ms is not None and row.count > 0:
             fastest[row.stage] = min(fastest.get(row.stage, row.min_ms), row.min_ms)
     return Evidence(
