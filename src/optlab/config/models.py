@@ -146,18 +146,22 @@ class _LoadCommon(StrictModel):
         return data
 
 
+MAX_CONCURRENCY = 4096  # closed-loop clients
+MAX_RATE = 1_000_000.0  # open-loop requests/s
+
+
 class ClosedLoad(_LoadCommon):
     """N clients, each sending its next request as soon as the last one returns."""
 
     mode: Literal["closed"]
-    concurrency: int = Field(ge=1, le=4096)
+    concurrency: int = Field(ge=1, le=MAX_CONCURRENCY)
 
 
 class OpenLoad(_LoadCommon):
     """Requests at a fixed rate whatever the service does; latency from the intended send time."""
 
     mode: Literal["open"]
-    rate: float = Field(gt=0, le=1_000_000, description="requests per second")
+    rate: float = Field(gt=0, le=MAX_RATE, description="requests per second")
     arrival: Literal["constant", "poisson"] = "poisson"
     max_in_flight: int = Field(
         512,
