@@ -86,7 +86,7 @@ def sweep(
     """
     from optlab.reports.sweep import load_sweep, render_sweep, render_sweep_markdown, sweep_json
     from optlab.run.progress import GuardedProgress
-    from optlab.sweep.driver import SweepOptions
+    from optlab.sweep.driver import SweepOptions, check_options
     from optlab.sweep.driver import sweep as run_sweep
     from optlab.sweep.slo import parse_slo
 
@@ -101,6 +101,7 @@ def sweep(
         budget_s=budget_s,
         chain=chain,
     )
+    check_options(options)  # before the database is opened: a refusal leaves nothing behind
     store = open_store(ctx)
     live = sys.stderr.isatty() and not as_json
     shown: PlainProgress | LiveProgress = LiveProgress() if live else PlainProgress()

@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from optlab.chain.lineage import Link
-from optlab.config.models import ClosedLoad, OpenLoad, ResolvedConfig
+from optlab.config.models import (
+    MAX_CONCURRENCY,
+    MAX_RATE,
+    ClosedLoad,
+    OpenLoad,
+    ResolvedConfig,
+)
 from optlab.config.protocol import EffectiveProtocol, effective_protocol
 from optlab.env.compare import compare_fingerprints
 from optlab.errors import OptlabError
@@ -30,13 +36,14 @@ from optlab.sweep.levels import level_of
 from optlab.sweep.slo import Slo
 from optlab.sweep.strategy import Level, Mode, Probe, Result, Settings, conclude, next_probe
 
-__all__ = ["SweepOptions", "SweepOutcome", "sweep"]
+__all__ = ["SweepOptions", "SweepOutcome", "check_options", "sweep"]
 
 # A level gets this many more requests than the P99 bound needs, so that one it measures at
 # the planned rate is not INVALID for a handful of queries.
 QUERY_MARGIN = 1.1
 SIZING = "sizing"  # a level too short to count, measured again at the length its rate needs
 FULL_MAX_LEVEL_S = 900.0
+MAX_LEVEL_S = FULL_MAX_LEVEL_S  # --level-duration's highest value: a full run's longest
 
 
 @dataclass(frozen=True)
@@ -89,11 +96,36 @@ class SweepOutcome:
 
 
 def check_options(options: SweepOptions) -> None:
+    """Refuse what no level could measure before anything is stored, each naming the option
+    the user typed and its accepted range."""
     low, high = options.min_rate, options.max_rate
-    unit = "requests/s" if options.mode == "open" else "clients"
+    closed = options.mode == "closed"
+    unit = "clients" if closed else "requests/s"
+    most = MAX_CONCURRENCY if closed else MAX_RATE
     for name, value in (("--min-rate", low), ("--max-rate", high)):
-        if value is not None and not (math.isfinite(value) and value > 0):
-            raise OptlabError(f"{name} {value:g} must be a positive number of {unit}")
+        if value is None:
+            continue
+        if not (math.isfinite(value) and value > 0):
+            raise OptlabError(
+                f"{name} {value:g} must be a positive, finite number of {unit}",
+                hint=f"give a number in (0, {most:,.0f}], or leave {name} out",
+            )
+        if closed and value < 1:
+            raise OptlabError(
+                f"{name} {value:g} is below one client",
+                hint=f"a closed-loop sweep counts clients: give a whole number in [1, {most:,}]",
+            )
+        if value > most:
+            what = "a closed loop runs at most" if closed else "the open loop sends at most"
+            raise OptlabError(
+                f"{name} {value:,.0f} is more than {what} {most:,.0f} {unit}",
+                hint=f"give {name} at most {most:,.0f}"
+                + (
+                    " (--min-rate and --max-rate count clients with --mode closed)"
+                    if closed
+                    else " (spread more load over several hosts: workload.load.hosts)"
+                ),
+            )
     if low is not None and high is not None and high < low:
         raise OptlabError(
             f"--max-rate {high:g} is below --min-rate {low:g}",
@@ -104,8 +136,19 @@ def check_options(options: SweepOptions) -> None:
             f"--tolerance {options.tolerance:.0%} must be between 0% and 100%",
             hint="the default, 5%, stops when the bracket is within 5% of the capacity",
         )
-    if options.budget_s is not None and options.budget_s <= 0:
-        raise OptlabError("--budget-s must be positive", hint="leave it out for no limit")
+    budget = options.budget_s
+    if budget is not None and not (math.isfinite(budget) and budget > 0):
+        raise OptlabError(
+            f"--budget-s {budget:g} must be a positive, finite number of seconds",
+            hint="give the most measured seconds the sweep may spend, or leave it out for no limit",
+        )
+    duration = options.level_duration_s
+    if duration is not None and not (math.isfinite(duration) and 0 < duration <= MAX_LEVEL_S):
+        raise OptlabError(
+            f"--level-duration {duration:g} s is outside (0, {MAX_LEVEL_S:g}] s",
+            hint="give the measured seconds of one level (a few seconds with --quick), or "
+            "leave it out for the protocol's own",
+        )
 
 
 def base_protocol(config: ResolvedConfig, options: SweepOptions) -> EffectiveProtocol:

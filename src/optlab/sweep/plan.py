@@ -8,6 +8,7 @@ from typing import Literal
 
 import numpy as np
 
+from optlab.config.models import MAX_CONCURRENCY, MAX_RATE
 from optlab.sweep.model import (
     FIT_SLACK,
     INTERVAL_CONFIDENCE,
@@ -64,7 +65,7 @@ def _first_rate(levels: Sequence[Level], settings: Settings) -> float | None:
     pilot = next((lv for lv in levels if lv.mode == "closed"), None)
     if pilot is None or not pilot.achieved_qps:
         return None
-    rate = max(pilot.achieved_qps * FIRST_RATE_FRACTION, MIN_RATE_FLOOR)
+    rate = min(max(pilot.achieved_qps * FIRST_RATE_FRACTION, MIN_RATE_FLOOR), MAX_RATE)
     if settings.max_rate is not None:
         rate = min(rate, settings.max_rate)
     return rate
@@ -81,14 +82,12 @@ def _next_open(levels: Sequence[Level], settings: Settings) -> Probe | None:
         first = _first_rate(levels, settings)
         return None if first is None else Probe("open", first, "growth")
     lo, hi = bracket(opened, settings)
-    if hi is None:  # every level passed: grow, up to --max-rate
+    if hi is None:  # every level passed: grow, up to --max-rate (and the open loop's most)
         top = max(lv.load for lv in opened)
-        if settings.max_rate is not None and top >= settings.max_rate * (1 - 1e-9):
+        ceiling = min(settings.max_rate or MAX_RATE, MAX_RATE)
+        if top >= ceiling * (1 - 1e-9):
             return None
-        rate = top * GROWTH
-        if settings.max_rate is not None:
-            rate = min(rate, settings.max_rate)
-        return Probe("open", rate, "growth")
+        return Probe("open", min(top * GROWTH, ceiling), "growth")
     if lo is None:
         # The lowest rate tried already fails. Look lower once (the one-client level passed),
         # unless the user fixed the lowest rate.
@@ -146,16 +145,16 @@ def _refine(fit: Fit, lo: float, hi: float) -> float:
 def _next_closed(levels: Sequence[Level], settings: Settings) -> Probe | None:
     closed = sorted((lv for lv in levels if lv.mode == "closed"), key=lambda lv: lv.load)
     start = max(1, round(settings.min_rate or 1))
-    cap = None if settings.max_rate is None else max(start, math.floor(settings.max_rate))
+    most = MAX_CONCURRENCY if settings.max_rate is None else math.floor(settings.max_rate)
+    cap = max(start, min(most, MAX_CONCURRENCY))
     if not closed:
         return Probe("closed", start, "one client" if start == 1 else "growth")
     fails = [lv for lv in closed if closed_limit(lv, closed, settings) is not None]
     if not fails:
         top = int(closed[-1].load)
-        if cap is not None and top >= cap:
+        if top >= cap:
             return None
-        nxt = top * 2 if cap is None else min(top * 2, cap)
-        return Probe("closed", nxt, "growth")
+        return Probe("closed", min(top * 2, cap), "growth")
     hi = int(min(lv.load for lv in fails))
     passes = [int(lv.load) for lv in closed if lv.load < hi]
     if not passes or hi - max(passes) <= 1:
