@@ -291,7 +291,8 @@ def run(
             raise RefusedError(
                 f"{link.name}'s run {outcome.run_id} is {outcome.status}"
                 f"{'' if outcome.summary.valid else ' and INVALID'}; the chain stops here",
-                hint="see its reasons with `optlab log`; fix them and run again",
+                hint=f"see its reasons with `optlab --db {store.url} log {link.name}`; fix "
+                "them and run again",
             )
     return outcomes
 
