@@ -116,6 +116,8 @@ def _capacity(row: dict[str, Any], slo: dict[str, Any]) -> dict[str, Any]:
         "cumulative_delta": delta("cumulative"),
         "significant": row.get("capacity_significant"),
         "cumulative_significant": row.get("capacity_cumulative_significant"),
+        "verdict": row.get("capacity_verdict"),
+        "loop": row.get("capacity_loop"),
         "reason": row.get("capacity_reason"),
     }
 
