@@ -4,9 +4,15 @@ CPU figures come from `optlab.metrics.cpu` (our own deltas of psutil's CPU times
 from NVML through `optlab.metrics.gpu`; a reading the host cannot give is None. At the start of
 the measured phase and of the drain the sampler also notes every other process's CPU time, so
 that a run can name the neighbours that competed with it, and the counters of optlab's own
-process tree and of a started service's (`optlab.metrics.usage`): how each used the CPU over
+process tree and of the target's service (`optlab.metrics.usage`): how each used the CPU over
 the measured phase. Those snapshots are taken by the sampler's thread, woken for them at once;
-the trees' at the drain on the caller's thread (the load's threads end a moment later).
+the trees' at the drain on the caller's thread (the load's threads end a moment later). In
+between, a child process (`optlab.metrics.procwatch`) notes every process's CPU twice a second,
+so that a neighbour that exited before the phase's end is named too.
+
+A service is a process tree apart from optlab's, the target's own: a command target's process,
+or the process listening on an http target's port on this host. It is never a neighbour, and
+neither is any descendant of optlab's process or of the service.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import psutil
 
 from optlab.metrics.cpu import HostCpu, TreeCpu
 from optlab.metrics.gpu import THERMAL_REASONS, GpuReading, NvmlDevices
+from optlab.metrics.procwatch import ProcessWatch, Seen
 from optlab.metrics.usage import ProcessUsage, TreeSnapshot, snapshot_tree, usage_between
 
 __all__ = ["ResourceReading", "ResourceSampler"]
@@ -38,7 +45,8 @@ class ResourceReading:
     mem_total_bytes: int | None
     iowait_pct: float | None
     gpus: list[GpuReading] | None
-    # A service optlab started (a command target): its process tree, apart from optlab's.
+    # The target's service (a command target's, an http target's on this host): its process
+    # tree, apart from optlab's.
     service_cpu_pct: float | None = None
     service_rss_bytes: int | None = None
     # The machine taken away: CPU stolen by the hypervisor (all cores, 0..100, where
@@ -51,6 +59,11 @@ class ResourceReading:
 CHILDREN_REFRESH_S = 5.0  # how often new child processes are looked for
 # Phases at whose start every process's CPU is noted: the measured span's neighbours.
 NEIGHBOUR_SNAPSHOTS = ("measure", "drain")
+# How far up a process's parents are followed to tell whether optlab or the service started it.
+ANCESTRY_DEPTH = 64
+
+# Another process as a snapshot notes it: (name, CPU seconds, create time, parent pid).
+_Other = tuple[str, float, float, int | None]
 # The phase whose start reads optlab's and the service's trees on the caller's thread, at
 # once: the load has stopped being measured, and a moment later its threads are gone, their
 # counters with them.
@@ -93,8 +106,13 @@ class ResourceSampler:
         # when it ended: who else used the machine (see `neighbours`); and the counters of
         # optlab's tree and the service's at the same moments (see `usage`).
         self._snapshots_due: list[str] = []
-        self._snapshots: dict[str, tuple[float, float, dict[int, tuple[str, float, float]]]] = {}
+        self._snapshots: dict[str, tuple[float, float, dict[int, _Other]]] = {}
         self._trees: dict[str, tuple[TreeSnapshot | None, TreeSnapshot | None]] = {}
+        # Every process seen in between (the watcher's last reading of each), and every pid
+        # that was ever part of optlab's tree or the service's: never a neighbour.
+        self._watch: ProcessWatch | None = None
+        self._watched: list[Seen] = []
+        self._inside_ever: set[int] = set()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -130,16 +148,20 @@ class ResourceSampler:
         if time.perf_counter() - self._last_sample >= 0.2 * self.interval_s:
             self._sample()
         self._take_due_snapshots()  # the run ended before the thread took them
+        self._stop_watch()  # a run that never reached its drain
         if self._nvml is not None:
             self._nvml.close()
             self._nvml = None
 
     def track_service(self, pid: int) -> None:
-        """Sample the process tree of `pid` separately (call before start())."""
+        """Sample the process tree of `pid` separately, as the target's (call before
+        start()): its CPU is the service's, never a neighbour's."""
         try:
             self._service = psutil.Process(pid)
         except psutil.Error:
             self._service = None
+        else:
+            self._inside_ever.add(pid)
         self._trees_at = -CHILDREN_REFRESH_S
 
     def _run(self) -> None:
@@ -192,17 +214,36 @@ class ResourceSampler:
 
     def neighbours(self, least_pct: float = 5.0, most: int = 3) -> list[dict[str, Any]]:
         """The processes outside the run that used the most CPU while it was measured
-        (percent of one core over the measured phase), most first; [] when unknown."""
+        (percent of one core over the measured phase), most first; [] when unknown.
+
+        A process that exited before the phase's end counts with the CPU it had used when the
+        watcher last saw it (a floor). optlab's process, the service's, and every process
+        either of them started are the run's own, never neighbours.
+        """
         with self._lock:
             start = self._snapshots.get("measure")
             end = self._snapshots.get("drain")
+            watched = list(self._watched)
+            inside = {self.pid, *self._inside_ever}
         if start is None or end is None or end[0] <= start[0]:
             return []
         wall = end[0] - start[0]
+        # The last reading of each process (a pid and its start time): the end snapshot's for
+        # those alive then, else the watcher's.
+        last: dict[tuple[int, float], _Other] = {}
+        for pid, ppid, name, cpu, created in watched:
+            last[(pid, round(created, 2))] = (name, cpu, created, ppid)
+        for pid, other in end[2].items():
+            last[(pid, round(other[2], 2))] = other
+        parents = {pid: other[3] for (pid, _), other in last.items()}
+        parents.update({pid: other[3] for pid, other in start[2].items()})
+        owners = inside if self.children else inside - {self.pid}
         used: list[dict[str, Any]] = []
-        for pid, (name, cpu, created) in end[2].items():
+        for (pid, _), (name, cpu, created, _ppid) in last.items():
+            if pid in inside or _descends(pid, parents, owners):
+                continue
             before = start[2].get(pid)
-            if before is not None and before[0] == name and before[2] == created:
+            if before is not None and before[0] == name and abs(before[2] - created) < 0.01:
                 spent = cpu - before[1]
             elif before is None or created > before[2]:
                 # Started during the phase (or a pid reused by a newer process): all its CPU
@@ -256,6 +297,19 @@ class ResourceSampler:
             due, self._snapshots_due = self._snapshots_due, []
         for phase in due:
             self._snapshot(phase)
+            if phase == "measure" and self._watch is None:
+                self._watch = ProcessWatch()
+                if not self._watch.start():
+                    self._watch = None
+            elif phase == "drain":
+                self._stop_watch()
+
+    def _stop_watch(self) -> None:
+        watch, self._watch = self._watch, None
+        seen = watch.stop() if watch is not None else None
+        if seen:
+            with self._lock:
+                self._watched = seen
 
     def _sample(self) -> None:
         now = time.perf_counter()
@@ -327,6 +381,8 @@ class ResourceSampler:
                 if kid.pid not in service:
                     mine[kid.pid] = self._procs.get(kid.pid, kid)
         self._procs = mine
+        with self._lock:
+            self._inside_ever.update(service, mine)
 
     def _tracked(self) -> list[psutil.Process]:
         if self._process is None:
@@ -367,14 +423,20 @@ class ResourceSampler:
         if not taken:
             self._snapshot_trees(phase)
         inside = {self.pid, *self._procs, *self._service_procs}
-        seen: dict[int, tuple[str, float, float]] = {}
-        for proc in psutil.process_iter(["name", "cpu_times", "create_time"]):
+        seen: dict[int, _Other] = {}
+        for proc in psutil.process_iter(["ppid", "name", "cpu_times", "create_time"]):
             info = proc.info
             times, created = info.get("cpu_times"), info.get("create_time")
             if proc.pid in inside or times is None or created is None:
                 continue
             name = str(info.get("name") or "?")
-            seen[proc.pid] = (name, float(times.user + times.system), float(created))
+            ppid = info.get("ppid")
+            seen[proc.pid] = (
+                name,
+                float(times.user + times.system),
+                float(created),
+                None if ppid is None else int(ppid),
+            )
         with self._lock:
             self._snapshots[phase] = (time.perf_counter(), time.time(), seen)
 
@@ -391,3 +453,15 @@ class ResourceSampler:
                 continue
             total = rss if total is None else total + rss
         return total
+
+
+def _descends(pid: int, parents: dict[int, int | None], owners: set[int]) -> bool:
+    """Whether one of `pid`'s ancestors (as far as the readings know them) is an owner."""
+    at: int | None = pid
+    for _ in range(ANCESTRY_DEPTH):
+        at = parents.get(at) if at is not None else None
+        if at is None or at <= 1:
+            return False
+        if at in owners:
+            return True
+    return False

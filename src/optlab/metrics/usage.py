@@ -7,6 +7,12 @@ the measured phase starts and when it ends, by the resource sampler's thread), n
 Context switches are counted thread by thread (/proc/PID/task/TID/status): a process's own
 /proc/PID/status counts its main thread's only, which in optlab mostly sleeps.
 
+In optlab's own process a thread is named by Python when it is one of Python's threads; any
+other is a native thread, started by a C library (OpenBLAS's or OpenMP's pool under numpy or
+torch, onnxruntime's): the kernel names it after the process, so its `comm` would pass it off
+as the interpreter's. It is named `native thread TID (LIBRARY)`, the library being the thread
+pool library the process has loaded (all of those loaded when more than one is).
+
 Each figure is divided by the span between its own two reads (the clock is read right before
 the counter): reading the threads' /proc files hands the GIL back and forth, and while a target
 holds the GIL one snapshot can take seconds. A clock read once, after all of them, made the span
@@ -121,13 +127,20 @@ def _snapshot(proc: psutil.Process) -> ProcessSnapshot | None:
     except psutil.Error:
         return None
     names = _thread_names(proc.pid)
+    # (the main thread's comm, the thread-pool libraries): read once a native thread is met
+    native: tuple[str, str] | None = None
     found: dict[int, ThreadSnapshot] = {}
     for thread in threads:
         tid = thread.id
-        name = names.get(tid) or _comm(proc.pid, tid)
+        if tid in names or proc.pid != os.getpid():
+            thread_name = names.get(tid) or _comm(proc.pid, tid)
+        else:
+            if native is None:
+                native = (_comm(proc.pid, proc.pid), _thread_pools())
+            thread_name = _native_name(tid, _comm(proc.pid, tid), *native)
         thread_voluntary, thread_involuntary = _thread_switches(proc.pid, tid)
         cpu = float(thread.user_time + thread.system_time)
-        found[tid] = ThreadSnapshot(name, cpu, thread_voluntary, thread_involuntary)
+        found[tid] = ThreadSnapshot(thread_name, cpu, thread_voluntary, thread_involuntary)
     return ProcessSnapshot(
         name=name,
         created=float(created),
@@ -148,6 +161,40 @@ def _thread_names(pid: int) -> dict[int, str]:
     if pid != os.getpid():
         return {}
     return {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+
+
+# Thread-pool libraries by a part of their file's name, as /proc/self/maps lists it.
+THREAD_POOLS = (
+    ("openblas", "OpenBLAS"),
+    ("libmkl", "MKL"),
+    ("libgomp", "OpenMP"),
+    ("libiomp", "OpenMP"),
+    ("libomp", "OpenMP"),
+    ("libblis", "BLIS"),
+    ("libtbb", "TBB"),
+    ("onnxruntime", "onnxruntime"),
+)
+
+
+def _thread_pools() -> str:
+    """The thread-pool libraries this process has loaded ("" when none is known, or unknown)."""
+    found: list[str] = []
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as handle:
+            files = {line.rsplit("/", 1)[-1].strip().lower() for line in handle if "/" in line}
+    except OSError:
+        return ""
+    for part, library in THREAD_POOLS:
+        if library not in found and any(part in f for f in files):
+            found.append(library)
+    return ", ".join(found)
+
+
+def _native_name(tid: int, comm: str, main_comm: str, pools: str) -> str:
+    """A thread of optlab's process that Python did not start: named for what started it."""
+    if comm and comm != main_comm and not comm.startswith("thread "):
+        return f"native thread {tid} ({comm})"  # the library named it
+    return f"native thread {tid} ({pools or 'a C library'})"
 
 
 def _comm(pid: int, tid: int) -> str:

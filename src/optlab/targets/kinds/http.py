@@ -1,7 +1,9 @@
 """`kind: http`: a service already listening at `url`, measured over HTTP.
 
 optlab cannot see its code or its environment: the `code_version` the user declares is its
-whole identity, and reports say that its environment was not checked.
+whole identity, and reports say that its environment was not checked. When it listens on this
+host, its process (found by the port, `optlab.targets.listener`) is the target's service: its
+CPU is sampled as the service's, like a command target's, and it is never a neighbour.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from optlab.config.source import SourceFile
 from optlab.targets.base import LoadedTarget
 from optlab.targets.http import check_listening
 from optlab.targets.kind import TargetKind
+from optlab.targets.listener import local_listener
 from optlab.targets.network import (
     check_templates,
     network_inputs,
@@ -59,6 +62,11 @@ class Http(TargetKind):
     ) -> LoadedTarget:
         loaded = network_target(config, paths, secrets)
         loaded.description = f"http {loaded.description}"
+        assert loaded.client is not None
+        listener = local_listener(loaded.client.spec.url)
+        if listener is not None:
+            loaded.service_pid = listener.pid
+            loaded.service_info = listener.info
         return loaded
 
 
