@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,7 @@ from optlab.store.summary import (
     BatchingEvidence,
     GcEvidence,
     MemoryTrend,
+    Neighbour,
     NetworkEvidence,
     ProcessEvidence,
     ProfileEvidence,
@@ -46,8 +47,13 @@ class Observed:
 
     cores: int | None = None  # CPUs the run may use (its affinity)
     process: ProcessUsage | None = None  # optlab's process tree
-    service: ProcessUsage | None = None  # a started service's tree
-    started_service: bool = False  # optlab started the target's service (a command target)
+    service: ProcessUsage | None = None  # the target's service's tree
+    # The target has a service apart from optlab's process: a command target's, or an http
+    # target's found listening on this host.
+    started_service: bool = False
+    # The processes outside the run that used the most CPU over the phase, as the resource
+    # sampler names them: {"name", "pid", "cpu_pct"}.
+    neighbours: Sequence[Mapping[str, Any]] = ()
     gc_pauses_ns: Sequence[int] | None = None  # None: not timed (the phase never began)
     windows: Sequence[Window] = ()  # the measured phase's windows
     window_s: float = 1.0
@@ -77,6 +83,7 @@ def run_evidence(
         process=_process(observed.process),
         service=_process(observed.service),
         neighbour_cpu_pct=_mean([r.other_cpu_pct for r in measured], 2),
+        neighbours=tuple(Neighbour.model_validate(n) for n in observed.neighbours),
         steal_pct=_mean([r.steal_pct for r in measured], 2),
         gc=_gc(observed.gc_pauses_ns, measured_s),
         memory=memory_trend(observed, measured),

@@ -66,6 +66,9 @@ class RunOptions:
     stop_when_saturated: bool = False
     # `optlab run --profile`: py-spy samples the target's process over the measured phase.
     profile: bool = False
+    # The latency bound the load generator's send lag is weighed against (a sweep's SLO);
+    # unset, the config's slo (p99_ms, else the tightest other percentile's bound).
+    slo_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -240,6 +243,8 @@ class _Run:
             who=who(),
             secrets=self.secrets,
             observed=self._observed(),
+            slo_ms=self.options.slo_ms if self.options.slo_ms is not None else _slo_ms(self.config),
+            timeout_ms=self.config.workload.timeout_ms,
         )
 
     def _observed(self) -> Observed:
@@ -255,6 +260,7 @@ class _Run:
             cores=_cores(),
             process=sampler.usage("process"),
             service=sampler.usage("service"),
+            neighbours=sampler.neighbours(),
             started_service=target is not None and target.service_pid is not None,
             gc_pauses_ns=loop.gc.pauses_ns() if start_ns is not None else None,
             windows=windows,
@@ -289,6 +295,14 @@ class _Run:
             resource_rows(loop.readings),
             error_rows(done.errors),
         )
+
+
+def _slo_ms(config: ResolvedConfig) -> float | None:
+    """The config's latency bound at P99, else at the nearest percentile it gives."""
+    slo = config.slo
+    return next(
+        (v for v in (slo.p99_ms, slo.p999_ms, slo.p95_ms, slo.p50_ms) if v is not None), None
+    )
 
 
 def _cores() -> int | None:

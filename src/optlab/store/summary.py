@@ -30,6 +30,7 @@ __all__ = [
     "BatchingEvidence",
     "GcEvidence",
     "MemoryTrend",
+    "Neighbour",
     "NetworkEvidence",
     "ParentStep",
     "ProcessEvidence",
@@ -230,14 +231,24 @@ class ProfileEvidence(_Frozen):
     frames: tuple[ProfileFrame, ...] = ()  # the top frames per thread, most first
 
 
+class Neighbour(_Frozen):
+    """A process outside the run (neither optlab's nor the target service's, nor one they
+    started) that used the CPU while it was measured; one that exited in the phase too."""
+
+    name: str
+    pid: int
+    cpu_pct: float  # percent of one core over the measured phase
+
+
 class RunEvidence(_Frozen):
     """What `optlab diagnose` reads beyond latency and resources (docs/run-json.md
     "evidence"); a field is None when the run could not measure it, never a guess."""
 
     cores: int | None = None  # logical CPUs the run could use
     process: ProcessEvidence | None = None  # optlab's process (and an in-process target)
-    service: ProcessEvidence | None = None  # a service optlab started, its whole tree
+    service: ProcessEvidence | None = None  # the target's service, its whole tree
     neighbour_cpu_pct: float | None = None  # other processes, percent of one core (mean)
+    neighbours: tuple[Neighbour, ...] = ()  # the busiest of them, most first
     steal_pct: float | None = None  # hypervisor steal, all cores 0..100 (mean)
     gc: GcEvidence | None = None
     memory: MemoryTrend | None = None
