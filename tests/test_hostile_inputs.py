@@ -92,7 +92,8 @@ def test_split_derives_safe_unique_file_names_from_any_knob_name(
     write(
         folder,
         "odd.yaml",
-        f'name: odd\nparent: base\nchange:\n  "..": 1\n  "a/b": 2\n  "a.b": 3\n  {long}: 4\n'
+        "name: odd\nparent: base\nnew_knob: true\n"  # every key but lr.decay is a new knob
+        f'change:\n  "..": 1\n  "a/b": 2\n  "a.b": 3\n  {long}: 4\n'
         "  lr.decay: 0.7\n",
     )
     (folder / "odd.yaml").chmod(0o640)
@@ -121,7 +122,8 @@ def test_split_derives_safe_unique_file_names_from_any_knob_name(
 
 
 def test_split_refusal_writes_nothing_and_a_retry_works(folder: Path, invoke: Invoke) -> None:
-    write(folder, "two.yaml", 'name: two\nparent: base\nchange: {"a/b": 1, threads: 2}\n')
+    two = 'name: two\nparent: base\nnew_knob: true\nchange: {"a/b": 1, threads: 2}\n'
+    write(folder, "two.yaml", two)
     # A neighbour already holds the name the split would give the first step.
     write(folder, "taken.yaml", "name: two-a-b\nparent: base\nchange: {threads: 4}\n")
     before = sorted(p.name for p in folder.iterdir())

@@ -85,6 +85,7 @@ def plan_file(experiment: ExperimentFile, parent: StoredConfig | None) -> Plan:
         change=spec.change,
         repeat=spec.repeat,
         source=experiment.source,
+        new_knob=spec.new_knob,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -93,6 +94,7 @@ def plan_step(
     change: dict[str, Any],
     repeat: bool,
     source: SourceFile,
+    new_knob: bool = False,
 ) -> Plan:
     """Allow exactly one changed variable; refuse with everything the user needs to fix it."""
     hidden = [
@@ -109,6 +111,7 @@ def plan_step(
             hint="these define a baseline; start a new baseline with a new name",
         )
     variables = group_by_variable(parent_config["knobs"], config["knobs"])
+    check_new_knobs(variables, parent, parent_config["knobs"], source, new_knob)
     if not variables:
         if repeat:
             return Plan(name, parent, config, config_hash, None, repeat=True)
@@ -137,6 +140,41 @@ def plan_step(
             hint="remove `repeat: true` (it is only for measuring the parent's config again)",
         )
     return Plan(name, parent, config, config_hash, variables[0])
+
+
+def check_new_knobs(
+    variables: list[VariableChange],
+    parent: str,
+    parent_knobs: dict[str, Any],
+    source: SourceFile,
+    declared: bool,
+) -> None:
+    """A key the parent's knobs lack is a new variable only when the step says so: a
+    misspelt knob (`batchsize` for `batch_size`) would otherwise pass as one, and measure
+    the parent's config again under a new name. `new_knob: true` on a step that adds no
+    knob is refused too, so the marker never waves a later misspelling through."""
+    new = [v for v in variables if v.old is ABSENT]
+    if declared:
+        if variables and not new:
+            raise RefusedError(
+                f"{source.path}: refused: `new_knob: true` but the change only sets knobs "
+                f"{parent!r} already has ({', '.join(describe_key(v.name) for v in variables)})",
+                hint="remove `new_knob: true` (it is only for a step that adds a knob)",
+            )
+        return
+    if not new:
+        return
+    variable = new[0]
+    close = difflib.get_close_matches(str(variable.name), [str(k) for k in parent_knobs], n=1)
+    names = [str(k) for k in parent_knobs]
+    known = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+    raise RefusedError(
+        f"{source.where(('change', variable.name))}: refused: {describe_key(variable.name)} is "
+        f"not a knob of {parent!r} (its knobs: {known or 'none'})",
+        hint=(f"did you mean {close[0]!r}? " if close else "")
+        + "fix the key, or add `new_knob: true` to the file if the step adds this knob on "
+        "purpose",
+    )
 
 
 MAX_NAME_CHARS = 100  # models.NAME_PATTERN

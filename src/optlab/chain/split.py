@@ -15,7 +15,8 @@ from pydantic import ValidationError
 
 from optlab.chain.catalog import Catalog
 from optlab.chain.lineage import prepare, resolve_step
-from optlab.chain.plan import SplitFile, group_by_variable, propose_split
+from optlab.chain.plan import SplitFile, check_new_knobs, group_by_variable, propose_split
+from optlab.config.diff import ABSENT
 from optlab.config.loading import load_experiment
 from optlab.config.models import StepFile
 from optlab.config.source import parse_yaml, read_bytes
@@ -39,7 +40,9 @@ class _NoAliases(yaml.SafeDumper):
         return True
 
 
-def _render(entry: SplitFile, spec: StepFile, original: str, last: bool) -> str:
+def _render(
+    entry: SplitFile, spec: StepFile, original: str, last: bool, added: set[str]
+) -> str:
     document: dict[str, Any] = {"name": entry.name, "parent": entry.parent}
     variable = next(iter(entry.change))
     if last:
@@ -49,6 +52,8 @@ def _render(entry: SplitFile, spec: StepFile, original: str, last: bool) -> str:
             document["hypothesis"] = spec.hypothesis
     else:
         document["description"] = f"{variable} only, split from {original}"
+    if variable in added:
+        document["new_knob"] = True  # the original declared its new knobs; this one is one
     document["change"] = entry.change
     return yaml.dump(
         document, Dumper=_NoAliases, sort_keys=False, default_flow_style=False, width=100
@@ -80,9 +85,12 @@ def split_experiment(path: Path, store: Store, *, write: bool = True) -> SplitRe
             "there is nothing to split",
             hint=f"`optlab diff {path}` shows the change",
         )
+    knobs = parent.config["knobs"]
+    check_new_knobs(variables, spec.parent, knobs, experiment.source, spec.new_knob)
+    added = {v.name for v in variables if v.old is ABSENT}
     entries = propose_split(spec.name, spec.parent, experiment.source, variables, spec.change)
     files = [
-        (path.parent / e.filename, _render(e, spec, spec.name, i == len(entries) - 1))
+        (path.parent / e.filename, _render(e, spec, spec.name, i == len(entries) - 1, added))
         for i, e in enumerate(entries)
     ]
     backup = path.with_name(path.name + ".orig")

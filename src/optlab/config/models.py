@@ -295,6 +295,11 @@ class StepFile(_FileCommon):
     parent: str = Field(pattern=NAME_PATTERN)
     change: dict[str, Any] = Field(default_factory=dict)
     repeat: bool = Field(False, description="allow an empty change: measure the parent again")
+    new_knob: bool = Field(
+        False,
+        description="the change adds a knob the parent does not have (without it, such a key "
+        "is refused as a likely misspelling)",
+    )
 
     @model_validator(mode="after")
     def _not_own_parent(self) -> StepFile:
