@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from optlab.chain.plan import render_value
-from optlab.cli.common import EXPERIMENT_PATH, open_store
+from optlab.cli.common import EXPERIMENT_PATH, experiment_store
 from optlab.config.diff import describe_path
 
 
@@ -24,7 +24,8 @@ def diff(ctx: click.Context, experiment: str, as_json: bool) -> None:
     """
     from optlab.chain.lineage import prepare
 
-    prepared = prepare(Path(experiment), open_store(ctx))
+    with experiment_store(ctx, experiment) as store:
+        prepared = prepare(Path(experiment), store)
     plan = prepared.plan
     variable = plan.variable
     if as_json:
@@ -78,7 +79,8 @@ def split(ctx: click.Context, experiment: str, dry_run: bool) -> None:
     """
     from optlab.chain.split import split_experiment
 
-    result = split_experiment(Path(experiment), open_store(ctx), write=not dry_run)
+    with experiment_store(ctx, experiment) as store:
+        result = split_experiment(Path(experiment), store, write=not dry_run)
     for path, text in result.files:
         if dry_run:
             click.echo(f"--- {path}\n{text}")

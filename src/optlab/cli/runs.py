@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from optlab.cli.common import EXPERIMENT_PATH, open_store, silence_stdout
+from optlab.cli.common import EXPERIMENT_PATH, experiment_store, open_store, silence_stdout
 from optlab.reports.format import percent
 
 if TYPE_CHECKING:
@@ -288,25 +288,25 @@ def run(
     # Output that fails (a closed pipe, a terminal gone) must never fail the measurement.
     progress = GuardedProgress(shown)
 
-    store = open_store(ctx)
+    with experiment_store(ctx, experiment) as store:
 
-    def show(outcome: RunOutcome) -> None:
-        progress.note(render_summary(outcome))
-        line = diagnosis_line(store, outcome)
-        if line is not None:
-            progress.note(line)
-        if as_json:
-            # One line per run as it is measured: an ancestor's, then the head's, last.
-            # Strict JSON: the summary holds no NaN (the measurement made it JSON-safe).
-            summary = outcome.summary.to_json()
-            echo_or_reader_gone(json.dumps(summary, default=str, allow_nan=False))
+        def show(outcome: RunOutcome) -> None:
+            progress.note(render_summary(outcome))
+            line = diagnosis_line(store, outcome)
+            if line is not None:
+                progress.note(line)
+            if as_json:
+                # One line per run as it is measured: an ancestor's, then the head's, last.
+                # Strict JSON: the summary holds no NaN (the measurement made it JSON-safe).
+                summary = outcome.summary.to_json()
+                echo_or_reader_gone(json.dumps(summary, default=str, allow_nan=False))
 
-    try:
-        outcomes = run_experiment(
-            Path(experiment), store, options, progress, show, paired=paired or 0
-        )
-    finally:
-        shown.close()
+        try:
+            outcomes = run_experiment(
+                Path(experiment), store, options, progress, show, paired=paired or 0
+            )
+        finally:
+            shown.close()
     if any(o.status == "KILLED" for o in outcomes):
         ctx.exit(130)
     if any(o.status == "FAILED" or o.pending or o.unstored for o in outcomes):
