@@ -283,6 +283,7 @@ def reference(scn: Scenario, seed: int, start: float, truth: float) -> tuple[flo
 @dataclass
 class Tally:
     within: int = 0
+    within10: int = 0
     above: int = 0
     covered: int = 0
     none: int = 0
@@ -299,6 +300,7 @@ class Tally:
             return
         error = (capacity / truth - 1) * 100
         self.within += abs(error) <= 5
+        self.within10 += abs(error) <= 10
         self.above += error > 5
         self.worst = max(self.worst, error, key=abs)
         if interval is not None and interval[0] <= truth <= interval[1]:
@@ -308,7 +310,8 @@ class Tally:
         cover = f"covers {self.covered:2d}/{self.runs}" if interval else "covers    -"
         none = f", no answer {self.none}" if self.none else ""
         return (
-            f"{who:9s} within +-5% {self.within:2d}/{self.runs}  >5% above {self.above:2d}  "
+            f"{who:9s} within +-5% {self.within:2d}/{self.runs}  "
+            f"+-10% {self.within10:2d}/{self.runs}  >5% above {self.above:2d}  "
             f"worst {self.worst:+6.1f}%  {cover}  measured {self.seconds / self.runs:6.1f} s{none}"
         )
 

@@ -129,7 +129,7 @@ def test_max_rate_reached_is_a_lower_bound() -> None:
     assert max(lv.load for lv in levels if lv.mode == "open") == pytest.approx(80.0)
 
 
-def test_a_generator_bound_level_stops_the_search_below_it() -> None:
+def test_a_generator_bound_rate_is_measured_again_then_caps_the_search() -> None:
     def generator_bound(level: Level) -> Level:
         if level.mode == "open" and level.load >= 90:
             return Level(**{**level.__dict__, "generator": "send-lag P99 12 ms"})
@@ -139,8 +139,47 @@ def test_a_generator_bound_level_stops_the_search_below_it() -> None:
     assert result.limited_by == "generator"
     assert result.capacity_qps is not None and result.capacity_qps < 90
     assert any("load generator" in note for note in result.notes)
+    first = next(lv.load for lv in levels if lv.generator is not None)
+    assert all(lv.load <= first for lv in levels)  # nothing above it was probed
     bound = min(lv.load for lv in levels if lv.generator is not None)
-    assert all(lv.load <= bound for lv in levels)  # nothing above it was probed
+    assert 90 <= bound <= result.interval[1] if result.interval else False
+    for rate in {lv.load for lv in levels if lv.generator is not None}:
+        # Each rate the generator decided was measured twice before it was believed.
+        assert [lv.purpose for lv in levels if lv.load == rate][1:] == ["again"]
+
+
+def test_one_generator_bound_level_does_not_end_the_sweep() -> None:
+    # Send lag moves between identical runs: the first level at each rate the generator
+    # "decided" is noise, and the same rate measured again (its own seed) is fine.
+    seen: set[float] = set()
+
+    def first_time_generator_bound(level: Level) -> Level:
+        if level.mode == "open" and level.load not in seen:
+            seen.add(level.load)
+            return Level(**{**level.__dict__, "generator": "send-lag P99 3.6 ms", "valid": False})
+        return level
+
+    result, levels = sweep(_open(), seed=1, alter=first_time_generator_bound)
+    assert result.capacity_qps is not None
+    assert result.limited_by in ("slo", "saturation")
+    assert abs(result.capacity_qps / MM2_CAPACITY - 1) <= 0.15
+    assert sum(lv.purpose == "again" for lv in levels) >= 2
+
+
+def test_an_unstable_level_that_met_the_slo_is_measured_again() -> None:
+    flagged: list[float] = []
+
+    def unstable_once(level: Level) -> Level:
+        if level.mode == "open" and not flagged:
+            flagged.append(level.load)
+            return Level(**{**level.__dict__, "valid": False, "reasons": ("unstable: QPS ...",)})
+        return level
+
+    result, levels = sweep(_open(), seed=2, alter=unstable_once)
+    again = [lv for lv in levels if lv.purpose == "again"]
+    assert [lv.load for lv in again] == flagged
+    assert result.capacity_qps is not None and result.capacity_qps > flagged[0]
+    assert abs(result.capacity_qps / MM2_CAPACITY - 1) <= 0.15
 
 
 def test_errors_above_the_limit() -> None:

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from optlab.chain.lineage import Link
 from optlab.config.models import (
     MAX_CONCURRENCY,
@@ -43,6 +45,7 @@ __all__ = ["SweepOptions", "SweepOutcome", "check_options", "sweep"]
 QUERY_MARGIN = 1.1
 SIZING = "sizing"  # a level too short to count, measured again at the length its rate needs
 FULL_MAX_LEVEL_S = 900.0
+SEED_MASK = 0x7FFFFFFF  # a level's seed stays a non-negative 31-bit integer
 MAX_LEVEL_S = FULL_MAX_LEVEL_S  # --level-duration's highest value: a full run's longest
 
 
@@ -194,9 +197,21 @@ def _expected_qps(probe: Probe, levels: list[Level]) -> float | None:
     return (nearest.achieved_qps or 0.0) * min(probe.load / nearest.load, 1.0)
 
 
-def level_config(config: ResolvedConfig, probe: Probe) -> ResolvedConfig:
+def level_seed(base: int, position: int) -> int:
+    """The workload seed of the sweep's level at `position`: its own, derived from the
+    experiment's. One seed for every level would give every level the same arrival draws (and
+    the synthetic target the same service draws), so an unlucky seed (arrivals that run 10%
+    fast, halves that differ) would bias or fail every level alike instead of one."""
+    state = np.random.SeedSequence([base, position]).generate_state(1, dtype=np.uint32)
+    return int(state[0]) & SEED_MASK
+
+
+def level_config(
+    config: ResolvedConfig, probe: Probe, position: int | None = None
+) -> ResolvedConfig:
     """The experiment's config with the sweep's load: `probe.load` clients, or that rate
-    with the experiment's arrival process and in-flight limit when it has an open loop."""
+    with the experiment's arrival process and in-flight limit when it has an open loop; with
+    `position`, the level's own workload seed (`level_seed`)."""
     current = config.workload.load
     load: ClosedLoad | OpenLoad
     if probe.mode == "closed":
@@ -206,7 +221,10 @@ def level_config(config: ResolvedConfig, probe: Probe) -> ResolvedConfig:
         if isinstance(current, OpenLoad):
             extra = {"arrival": current.arrival, "max_in_flight": current.max_in_flight}
         load = OpenLoad(mode="open", rate=probe.load, processes=current.processes, **extra)
-    workload = config.workload.model_copy(update={"load": load})
+    update: dict[str, Any] = {"load": load}
+    if position is not None:
+        update["seed"] = level_seed(config.workload.seed, position)
+    workload = config.workload.model_copy(update=update)
     return config.model_copy(update={"workload": workload})
 
 
@@ -369,7 +387,7 @@ class _Sweep:
         outcome = measure_level(
             self.store,
             self.link,
-            level_config(self.config, probe),
+            level_config(self.config, probe, position),
             protocol,
             RunOptions(quick=self.options.quick, stop_when_saturated=True),
             self.progress,

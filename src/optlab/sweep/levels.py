@@ -8,40 +8,87 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from optlab.metrics.stages import SEND_LAG
 from optlab.store import RunRecord, WindowStats
+from optlab.sweep.probe import SATURATION_SHORTFALL
 from optlab.sweep.slo import Slo
 from optlab.sweep.strategy import Level, Mode
 
-__all__ = ["LITTLE_TOLERANCE", "level_of", "littles_law_gap"]
+__all__ = ["LITTLE_TOLERANCE", "held_back_ms", "level_of", "littles_law_gap"]
 
-# Mean in flight against achieved rate x mean latency: off by more than this (and by more
+# Mean in flight against achieved rate x mean latency: short by more than this (and by more
 # than the samples' own noise), the latency was not measured where the requests were.
 LITTLE_TOLERANCE = 0.05
-LITTLE_SIGMAS = 3.0
+# One-sided false-alarm rate of the Little's-law test on an honest level: 3 sigma's.
+LITTLE_ALPHA = 0.00135
 GENERATOR_REASON = "the load generator fell behind"
 NOT_STEADY = ("the target is saturated", "stopped after", "unstable")
 
 
 def littles_law_gap(
     windows: Sequence[WindowStats], qps: float | None, mean_ms: float | None
-) -> tuple[float, float] | None:
-    """(relative gap, its standard error) between the mean of the in-flight samples and
-    achieved rate x mean latency (Little's law, L = lambda W); None without samples.
+) -> tuple[float, float, float] | None:
+    """(relative gap, its standard error, the one-sided critical ratio) between the mean of
+    the in-flight samples and achieved rate x mean latency (Little's law, L = lambda W); None
+    without samples.
 
     In the open loop latency is counted from the INTENDED send time, and in flight from the
     actual send: when the generator holds requests back (no worker free, the GIL), L falls
-    short of lambda W. The samples are each second's last in-flight count, so the gap has
-    noise of its own; its standard error says how much.
+    short of lambda W. The samples are each second's last in-flight count: a handful of small
+    integers, often all 0 at a low rate, so their own spread says little about their noise.
+    Under Little's law each is a draw of the number in the system, whose variance is at least
+    about its mean (Poisson: exactly so for a queue with a server per request, more for one
+    that queues), and one second apart they are close to independent while a request takes
+    well under a second. So the standard error is the larger of the samples' own and that
+    Poisson floor, and the gap is judged against Student's t for the samples' count: an honest
+    level fires at about LITTLE_ALPHA, not at the 3-7% a 3-sigma rule on the bare sample
+    spread gave on simulated M/M/c levels.
     """
     samples = np.array([w.in_flight for w in windows if w.in_flight is not None], dtype=float)
-    if len(samples) < 3 or not qps or mean_ms is None or mean_ms <= 0:
+    n = len(samples)
+    if n < 3 or not qps or mean_ms is None or mean_ms <= 0:
         return None
     expected = qps * mean_ms / 1000
     if expected <= 0:
         return None
     gap = (float(samples.mean()) - expected) / expected
-    se = float(samples.std(ddof=1)) / math.sqrt(len(samples)) / expected
-    return gap, se
+    variance = max(float(samples.var(ddof=1)), expected)
+    se = math.sqrt(variance / n) / expected
+    from scipy import stats  # type: ignore[import-untyped]  # no stubs; only when judged
+
+    return gap, se, float(stats.t.ppf(1 - LITTLE_ALPHA, n - 1))
+
+
+def held_back_ms(record: RunRecord, windows: Sequence[WindowStats]) -> tuple[float, str] | None:
+    """How long the load generator held requests back, in ms, and what says so; None when
+    nothing says it did. The send-lag P99 when the verdict says the generator fell behind;
+    the Little's-law shortfall (mean in flight short of rate x mean latency, beyond its noise)
+    as a mean hold-back per request."""
+    summary = record.summary
+    found: tuple[float, str] | None = None
+    for reason in record.reasons:
+        if reason.startswith(GENERATOR_REASON):
+            lag = summary.harness_ms.get(SEND_LAG) if summary is not None else None
+            found = ((lag.p99 if lag is not None else None) or 0.0, reason)
+            break
+    if summary is None or any(reason.startswith(NOT_STEADY) for reason in record.reasons):
+        # Little's law holds for a steady queue; a backlog that grows breaks it by itself.
+        return found
+    total = summary.total
+    gap = littles_law_gap(windows, record.qps, total.mean)
+    if gap is None or total.mean is None:
+        return found
+    relative, se, critical = gap
+    if relative < -LITTLE_TOLERANCE and -relative > critical * se:
+        hidden = -relative * total.mean
+        why = (
+            f"Little's law is off by {relative:+.0%}: mean in flight vs achieved rate x mean "
+            f"latency ({record.qps:.1f}/s x {total.mean:.2f} ms); the generator held requests "
+            f"back ~{hidden:.2f} ms each"
+        )
+        if found is None or hidden > found[0]:
+            return hidden, why
+    return found
 
 
 def _value_se(windows: Sequence[WindowStats], value: float | None) -> float | None:
@@ -62,29 +109,31 @@ def _qps_se(windows: Sequence[WindowStats]) -> float | None:
     return float(rates.std(ddof=1) / math.sqrt(len(rates)))
 
 
-def _generator(record: RunRecord, windows: Sequence[WindowStats], mode: Mode) -> str | None:
-    """Why the load generator, not the target, set this level's limit; None when it kept up."""
-    for reason in record.reasons:
-        if reason.startswith(GENERATOR_REASON):
-            return reason
+def _generator(
+    record: RunRecord, windows: Sequence[WindowStats], mode: Mode, load: float, slo: Slo
+) -> tuple[str | None, tuple[str, ...]]:
+    """(why the load generator, not the target, decided this level's verdict, or None; the
+    run's generator reasons that did not decide it).
+
+    Judged against what the level measured, not by an absolute lag: latency is counted from
+    the INTENDED send time, so the time a request was held back is already inside it. A level
+    that met the SLO with that time counted, at the rate asked, met it; one that missed the SLO
+    by more than the hold-back would have missed it anyway. Only a level the hold-back could
+    have tipped over the SLO, or one whose completions fell short of the rate with no backlog
+    of the target's making, is the generator's."""
+    own = tuple(r for r in record.reasons if r.startswith(GENERATOR_REASON))
+    if mode != "open":
+        return (own[0] if own else None), ()
+    held = held_back_ms(record, windows)
+    if held is None:
+        return None, ()
+    hidden, why = held
     summary = record.summary
-    if mode != "open" or summary is None:
-        return None
-    if any(reason.startswith(NOT_STEADY) for reason in record.reasons):
-        # Little's law holds for a steady queue; a backlog that grows breaks it by itself.
-        return None
-    total = summary.total
-    found = littles_law_gap(windows, record.qps, total.mean)
-    if found is None:
-        return None
-    gap, se = found
-    if abs(gap) > LITTLE_TOLERANCE and abs(gap) > LITTLE_SIGMAS * se:
-        return (
-            f"Little's law is off by {gap:+.0%}: mean in flight vs achieved rate x mean "
-            f"latency ({record.qps:.1f}/s x {total.mean:.2f} ms); the latency was not "
-            "measured where the requests were (the generator held them back)"
-        )
-    return None
+    value = getattr(summary.total, slo.field) if summary is not None else None
+    short = record.qps is None or record.qps < (1 - SATURATION_SHORTFALL) * load
+    if short or value is None or (value > slo.ms and value - hidden <= slo.ms):
+        return why, ()
+    return None, own
 
 
 def level_of(
@@ -110,6 +159,7 @@ def level_of(
         kinds = summary.errors_by_type if summary is not None else {}
         top = max(kinds.items(), key=lambda kv: kv[1])[0] if kinds else "errors"
         failed = f"every request failed ({errors} x {top})"
+    generator, excused = _generator(record, windows, mode, load, slo)
     return Level(
         mode=mode,
         load=load,
@@ -120,7 +170,8 @@ def level_of(
         error_rate=errors / sent if sent else 0.0,
         valid=bool(record.valid),
         reasons=tuple(record.reasons),
-        generator=_generator(record, windows, mode),
+        generator=generator,
+        excused=excused,
         failed=failed,
         measured_s=(record.warmup_s or 0.0) + (record.duration_s or 0.0),
         duration_s=record.duration_s or 0.0,

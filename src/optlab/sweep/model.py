@@ -89,7 +89,10 @@ def level_noise(level: Level) -> tuple[float, float]:
 
 def _points(usable: Sequence[Level]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The fit's (rates, percentiles corrected for the short level's low bias, their SEs)."""
-    rates = np.array([lv.load for lv in usable], dtype=float)
+    # The rate each level's arrivals really came at: a Poisson schedule's count over a short
+    # level is off the offered rate by its own noise (1/sqrt(n)), and the percentile follows
+    # the arrivals that came, not the rate asked for.
+    rates = np.array([lv.achieved_qps or lv.load for lv in usable], dtype=float)
     noise = [level_noise(lv) for lv in usable]
     values = np.array(
         [(lv.value_ms or 0.0) * math.exp(bias) for lv, (bias, _) in zip(usable, noise, strict=True)]

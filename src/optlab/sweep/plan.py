@@ -23,8 +23,9 @@ from optlab.sweep.probe import (
     Probe,
     Settings,
     judge,
-    open_levels,
     refining,
+    remeasure,
+    settled,
 )
 
 GROWTH = 2.0
@@ -72,7 +73,7 @@ def _first_rate(levels: Sequence[Level], settings: Settings) -> float | None:
 
 
 def _next_open(levels: Sequence[Level], settings: Settings) -> Probe | None:
-    opened = open_levels(levels)
+    opened = settled(levels, settings)
     if settings.min_rate is None and not any(lv.mode == "closed" for lv in levels):
         return Probe("closed", 1, "one client")
     if not opened:
@@ -82,6 +83,9 @@ def _next_open(levels: Sequence[Level], settings: Settings) -> Probe | None:
         first = _first_rate(levels, settings)
         return None if first is None else Probe("open", first, "growth")
     lo, hi = bracket(opened, settings)
+    again = remeasure(levels, settings, hi)
+    if again is not None:
+        return again
     if hi is None:  # every level passed: grow, up to --max-rate (and the open loop's most)
         top = max(lv.load for lv in opened)
         ceiling = min(settings.max_rate or MAX_RATE, MAX_RATE)
@@ -95,8 +99,6 @@ def _next_open(levels: Sequence[Level], settings: Settings) -> Probe | None:
         if settings.min_rate is not None or len(opened) > 1 or lowest <= MIN_RATE_FLOOR:
             return None
         return Probe("open", max(lowest / (GROWTH * GROWTH), MIN_RATE_FLOOR), "growth")
-    if any(judge(lv, settings) == "generator" for lv in opened if lv.load <= hi):
-        return None  # nothing at or above a generator-bound level can be claimed
     refined = _refinements(opened, settings)
     fit = fit_model(opened, settings)
     if fit is None or not lo * (1 - FIT_SLACK) <= fit.capacity <= hi * (1 + FIT_SLACK):

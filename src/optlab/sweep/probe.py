@@ -77,6 +77,14 @@ class Level:
     p99_ms: float | None = None
     purpose: str = ""  # why it was measured (`Probe.purpose`)
     qps_se: float | None = None  # the achieved rate's standard error (its seconds' batch means)
+    # INVALID reasons that did not decide this level's verdict (a generator that fell behind
+    # by less than the SLO's margin: its lag is inside the latency measured)
+    excused: tuple[str, ...] = ()
+
+    @property
+    def counts_as_valid(self) -> bool:
+        """VALID, or INVALID only for reasons that did not decide its verdict."""
+        return self.valid or bool(self.reasons) and set(self.reasons) <= set(self.excused)
 
     @property
     def offered_qps(self) -> float | None:
@@ -95,7 +103,7 @@ def judge(level: Level, settings: Settings) -> Limit | Literal["invalid"] | None
         return "saturation"
     if level.value_ms is None or level.value_ms > settings.slo.ms:
         return "slo"
-    if not level.valid:
+    if not level.counts_as_valid:
         return "invalid"
     return None
 
@@ -127,6 +135,41 @@ class Result:
 
 def open_levels(levels: Sequence[Level]) -> list[Level]:
     return [level for level in levels if level.mode == "open"]
+
+
+MEASURES_PER_RATE = 2  # an inconclusive rate is measured once more before it counts as a limit
+
+
+def inconclusive(level: Level, settings: Settings) -> bool:
+    """An open level whose verdict is not the target's: the load generator decided it, or it
+    met the SLO but was INVALID (unstable halves, too few queries). One such level is noise as
+    often as not (send lag moves 0.2-3.6 ms between identical quiet runs): measured again."""
+    return level.mode == "open" and judge(level, settings) in ("generator", "invalid")
+
+
+def settled(levels: Sequence[Level], settings: Settings) -> list[Level]:
+    """The open levels that stand: an inconclusive level no longer counts once its rate was
+    measured again and came out conclusive."""
+    opened = open_levels(levels)
+    decided = {round(lv.load, 6) for lv in opened if not inconclusive(lv, settings)}
+    return [
+        lv for lv in opened if round(lv.load, 6) not in decided or not inconclusive(lv, settings)
+    ]
+
+
+def remeasure(levels: Sequence[Level], settings: Settings, hi: float | None) -> Probe | None:
+    """The lowest inconclusive rate at or below `hi` (the bracket's failing end) that was
+    measured fewer than MEASURES_PER_RATE times: measured again, with its own seed."""
+    opened = open_levels(levels)
+    for level in sorted(settled(levels, settings), key=lambda lv: lv.load):
+        if hi is not None and level.load > hi * (1 + 1e-9):
+            break
+        if not inconclusive(level, settings):
+            continue
+        same = sum(1 for lv in opened if round(lv.load, 6) == round(level.load, 6))
+        if same < MEASURES_PER_RATE:
+            return Probe("open", level.load, "again")
+    return None
 
 
 def contract_limit(limit: str | None) -> Limit | None:

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel
 
 from optlab.config.models import ResolvedConfig, Target
@@ -40,10 +41,25 @@ class Synthetic(TargetKind):
     ) -> LoadedTarget:
         from optlab.reference import synthetic
 
-        built = synthetic.build(config.knobs)
+        built = synthetic.build(_seeded(config))
         return in_process_target(
             built, lambda: synthetic.inputs(config.workload), "builtin synthetic", "synthetic"
         )
+
+
+def _seeded(config: ResolvedConfig) -> dict[str, Any]:
+    """The knobs the service is built with: its `seed` knob mixed with the workload's seed
+    when that is set, so runs with their own workload seed (a sweep's levels) get their own
+    service draws as well as their own arrivals. Workload seed 0 (the default) leaves the
+    knob's draws as they were."""
+    workload_seed = config.workload.seed
+    if not workload_seed:
+        return dict(config.knobs)
+    knob_seed = config.knobs.get("seed", 0)
+    if not isinstance(knob_seed, int) or isinstance(knob_seed, bool):
+        return dict(config.knobs)  # refused with its field named when the knobs are checked
+    mixed = int(np.random.SeedSequence([knob_seed % 2**63, workload_seed]).generate_state(1)[0])
+    return {**config.knobs, "seed": mixed}
 
 
 KIND = Synthetic()
