@@ -58,6 +58,10 @@ def export(
             "choose one of HEAD, --runs and --all",
             hint="optlab export HEAD -o runs.jsonl, or --runs 3,4, or --all",
         )
+    from optlab.store.files import refuse_unsafe_target
+
+    # Refused before reading any run: a symlink, a device, a FIFO or a folder there.
+    refuse_unsafe_target(output, "a run bundle")
     store = open_store(ctx, read_only=True)
     if runs_text is not None:
         result = export_file(store, output, run_ids=_run_ids(runs_text))
@@ -107,11 +111,18 @@ def import_(ctx: click.Context, files: tuple[Path, ...], as_json: bool) -> None:
     .optlab/pending/). A run already stored is skipped, so importing twice adds nothing; a
     run stored RUNNING or CRASHED is completed from the bundle. An experiment name stored
     here with another config or parent is refused (exit 2) and nothing is written.
+
+    Every run is checked as if it were measured here (docs/bundles.md): names, numbers and
+    config hashes, and its figures against its histograms. One bad run refuses the whole
+    import (exit 2, naming the file, line, run and field): nothing is stored.
     """
+    from optlab.run.imported import check_all
     from optlab.store.bundle_files import read_bundles
 
-    # Read first: storing pending runs (open_store) moves a pending file named here.
+    # Read and check every run first (a bad one refuses the whole import), and before
+    # storing pending runs (open_store), which moves a pending file named here.
     bundles = read_bundles(files)
+    check_all(bundles)
     results = open_store(ctx).import_bundles(bundles)
     counts = {
         action: sum(r.action == action for r in results)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, TypeVar
 import click
 
 from optlab.cli.common import open_store
-from optlab.errors import ConfigError, OptlabError
+from optlab.errors import ConfigError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -114,17 +114,14 @@ def report(ctx: click.Context, head: str | None, path: Path, slo: str | None) ->
     HEAD is an experiment's name or its file; it defaults to the newest chain head.
     """
     from optlab.reports.html import collect_report, render_html
+    from optlab.store.files import refuse_unsafe_target, write_atomic
 
+    # Refused before the work of a report: a symlink, a device, a FIFO or a folder there.
+    refuse_unsafe_target(path, "a report")
     store = open_store(ctx, read_only=True)
     frame = _frame(store, head, slo)
     text = render_html(frame, collect_report(store, frame))
-    if path.parent and not path.parent.exists():
-        raise OptlabError(
-            f"folder {path.parent} does not exist", hint="create it or pick another path"
-        )
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)  # never a half-written report under the real name
+    write_atomic(path, text, "a report")  # never a half-written report under the real name
     click.echo(f"wrote {path} ({len(text.encode()) / 1024:.0f} KiB)")
 
 

@@ -25,6 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from optlab.store import bundle_rules as rules
 from optlab.store.convert import gpu_sample
 from optlab.store.models import RUN_STATUSES, utcnow
 from optlab.store.records import (
@@ -81,6 +82,8 @@ class RunBundle:
     windows: tuple[WindowStats, ...] = ()
     samples: tuple[ResourceSample, ...] = ()
     errors: tuple[RunErrorCount, ...] = ()
+    # "file:line" for a bundle read from a file (what a refusal names); not part of the run.
+    origin: str | None = field(default=None, compare=False)
 
     @property
     def uid(self) -> str:
@@ -188,8 +191,7 @@ def bundle_json(bundle: RunBundle) -> dict[str, Any]:
     }
 
 
-class _Malformed(ValueError):
-    pass
+_Malformed = rules.Malformed
 
 
 def _need(value: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -210,8 +212,11 @@ def _sample(value: dict[str, Any]) -> ResourceSample:
 
 
 def _check_chain(experiments: list[Any], run: dict[str, Any]) -> None:
-    if not experiments:
-        raise _Malformed("experiments is empty")
+    if not experiments or len(experiments) > 1000:
+        raise _Malformed("experiments is empty" if not experiments else "experiments is too long")
+    names = [item.get("name") if isinstance(item, dict) else None for item in experiments]
+    if len(set(map(str, names))) != len(names):
+        raise _Malformed("experiments name one experiment twice")
     parent = None
     for index, experiment in enumerate(experiments):
         where = f"experiments[{index}]"
@@ -228,25 +233,42 @@ def _check_chain(experiments: list[Any], run: dict[str, Any]) -> None:
 
 
 def bundle_from_json(value: Any) -> RunBundle:
-    """A bundle from one parsed line; raises ValueError saying what is wrong."""
+    """A bundle from one parsed line, checked under `store.bundle_rules` as if its run were
+    measured here; raises ValueError saying which run and which field is wrong."""
     if not isinstance(value, dict) or value.get("kind") != "run":
         raise _Malformed("not a run line (its kind is not 'run')")
     run = _need(value, "run", dict, "line")
-    if not _UID.match(str(_need(run, "uid", str, "run"))):
-        raise _Malformed(f"run.uid {run['uid']!r} is not 32 hex digits")
+    if not _UID.match(str(_need(run, "uid", str, "run"))[:40]):
+        raise _Malformed(f"run.uid {run['uid'][:40]!r} is not 32 hex digits")
+    experiment = run.get("experiment")
+    shown = experiment[:60] if isinstance(experiment, str) else experiment
+    try:
+        return _bundle(value, run)
+    except _Malformed as exc:
+        raise _Malformed(f"run {run['uid']} ({shown!r}): {exc}") from exc
+
+
+def _bundle(value: dict[str, Any], run: dict[str, Any]) -> RunBundle:
+    rules.check_json_ints(value)
     for key, kind in _REQUIRED_RUN.items():
         _need(run, key, kind, "run")
-    if run["status"] not in RUN_STATUSES:
-        raise _Malformed(f"run.status {run['status']!r} is not one of {RUN_STATUSES}")
+    rules.one_of(run["status"], "run.status", RUN_STATUSES)
+    rules.check_run(run)
     for key in TIMESTAMP_FIELDS:
         if run.get(key) is not None:
             parse_timestamp(run[key], f"run.{key}")
     experiments = _need(value, "experiments", list, "line")
     _check_chain(experiments, run)
+    rules.check_experiments(experiments)
     environment = value.get("environment")
     if environment is not None:
-        _need(environment, "fingerprint", dict, "environment")
+        fingerprint = _need(environment, "fingerprint", dict, "environment")
         _need(environment, "material_hash", str, "environment")
+        rules.check_environment(environment, rules.fingerprint_hash(fingerprint))
+    rules.check_stage_stats(value.get("stage_stats", []))
+    rules.check_windows(value.get("windows", []))
+    rules.check_samples(value.get("samples", []))
+    rules.check_errors(value.get("errors", []))
     if run.get("summary") is not None:
         try:
             RunSummary.from_json(run["summary"])

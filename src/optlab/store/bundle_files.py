@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from optlab._version import __version__
-from optlab.errors import NotFoundError, RefusedError, StoreError
+from optlab.errors import ConfigError, NotFoundError, RefusedError, StoreError
 from optlab.store.bundle import (
     BUNDLE_KIND,
     BUNDLE_SCHEMA_VERSION,
@@ -22,34 +23,18 @@ from optlab.store.bundle import (
     bundle_json,
 )
 from optlab.store.database import masked
+from optlab.store.files import open_regular, write_atomic
 from optlab.store.models import utcnow
 from optlab.store.records import RunRecord, RunStatus
 
 if TYPE_CHECKING:
     from optlab.store.repository import Store
 
-
-def _atomic_write(path: Path, text: str) -> None:
-    """Write `text` to `path` so that a crash leaves the old file or the new one, never half."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        # The rename itself is durable only once the folder is synced.
-        folder = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(folder)
-        finally:
-            os.close(folder)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise StoreError(
-            f"cannot write {path}: {exc.strerror or exc}",
-            hint="check that the folder exists, is writable and has free space",
-        ) from exc
+# A bundle is read whole before anything is stored (a refusal anywhere stores nothing), so its
+# size is bounded by memory: a day-long run is a few MiB, so this holds hundreds of runs.
+MAX_BUNDLE_MIB = 512
+MAX_BUNDLE_ENV = "OPTLAB_MAX_BUNDLE_MIB"
+MAX_RUN_ID = (1 << 63) - 1
 
 
 def write_bundle(path: str | Path, bundles: Sequence[RunBundle], source: str) -> Path:
@@ -64,8 +49,7 @@ def write_bundle(path: str | Path, bundles: Sequence[RunBundle], source: str) ->
     }
     lines = [json.dumps(header, ensure_ascii=False)]
     lines += [json.dumps(bundle_json(bundle), ensure_ascii=False) for bundle in bundles]
-    _atomic_write(path, "\n".join(lines) + "\n")
-    return path
+    return write_atomic(path, "\n".join(lines) + "\n", "a run bundle")
 
 
 def _malformed(path: Path, line: int, why: str) -> StoreError:
@@ -77,8 +61,8 @@ def _malformed(path: Path, line: int, why: str) -> StoreError:
 
 def _header(path: Path, text: str) -> dict[str, Any]:
     try:
-        header: dict[str, Any] = json.loads(text)
-    except ValueError as exc:
+        header: dict[str, Any] = json.loads(text, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as exc:
         raise _malformed(path, 1, f"the header is not JSON ({exc})") from exc
     kind = header.get("kind") if isinstance(header, dict) else None
     if kind != BUNDLE_KIND:
@@ -100,28 +84,80 @@ def _header(path: Path, text: str) -> dict[str, Any]:
     return header
 
 
+def max_bundle_bytes() -> int:
+    """The largest bundle file read: MAX_BUNDLE_MIB, or OPTLAB_MAX_BUNDLE_MIB where set."""
+    text = os.environ.get(MAX_BUNDLE_ENV, "").strip()
+    try:
+        mib = int(text) if text else MAX_BUNDLE_MIB
+    except ValueError:
+        mib = 0
+    if not 1 <= mib <= 1 << 20:
+        raise ConfigError(
+            f"{MAX_BUNDLE_ENV}={text!r} is not a whole number of MiB from 1 to {1 << 20}",
+            hint=f"unset it for the default ({MAX_BUNDLE_MIB} MiB), or set e.g. "
+            f"{MAX_BUNDLE_ENV}=2048",
+        )
+    return mib << 20
+
+
+def _too_large(path: Path, limit: int) -> StoreError:
+    return StoreError(
+        f"{path}: larger than the {limit:,}-byte limit on a run bundle (nothing was imported)",
+        hint="split it: export fewer runs per file (`optlab export HEAD`, or --runs ID,ID), "
+        f"or raise the limit with {MAX_BUNDLE_ENV}=<MiB> if this machine has the memory",
+    )
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a finite number (JSON has no NaN or infinities)")
+
+
+def _parse(text: str) -> Any:
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError as exc:
+        raise ValueError("nested too deeply to be a run bundle") from exc
+
+
 def read_bundle_file(path: str | Path) -> tuple[dict[str, Any], list[RunBundle]]:
-    """The header and the bundles of a bundle file; StoreError names a bad line."""
+    """The header and the bundles of a bundle file; StoreError names a bad line.
+
+    Only a regular file is read (a FIFO, a device or a folder is refused before it is
+    opened), and never more than `max_bundle_bytes()`. Every run is checked as it is parsed
+    (`store.bundle`: names, numbers, enums, hashes); each bundle's `origin` is "path:line".
+    """
     path = Path(path)
+    limit = max_bundle_bytes()
     header: dict[str, Any] | None = None
     bundles: list[RunBundle] = []
-    number = 0
-    try:
-        with open(path, encoding="utf-8") as handle:
-            # Line by line: a bundle of many long runs need not be in memory twice.
-            for number, line in enumerate(handle, start=1):
-                if header is None:
-                    header = _header(path, line)
-                elif line.strip():
-                    try:
-                        bundles.append(bundle_from_json(json.loads(line)))
-                    except ValueError as exc:
-                        raise _malformed(path, number, str(exc)) from exc
-    except UnicodeDecodeError as exc:
-        raise _malformed(path, number + 1, "not UTF-8 text") from exc
-    except OSError as exc:
-        error = NotFoundError if isinstance(exc, FileNotFoundError) else StoreError
-        raise error(f"cannot read {path}: {exc.strerror or exc}", hint="check the path") from exc
+    number, left = 0, limit
+    with open_regular(path, "a run bundle") as handle:
+        if os.fstat(handle.fileno()).st_size > limit:
+            raise _too_large(path, limit)
+        while True:
+            try:
+                # Line by line: a bundle of many long runs need not be in memory twice.
+                line = handle.readline(left + 1)
+            except OSError as exc:
+                raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from exc
+            if not line:
+                break
+            number += 1
+            left -= len(line)
+            if left < 0:
+                raise _too_large(path, limit)
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _malformed(path, number, "not UTF-8 text") from exc
+            if header is None:
+                header = _header(path, text)
+            elif text.strip():
+                try:
+                    bundle = bundle_from_json(_parse(text))
+                except ValueError as exc:
+                    raise _malformed(path, number, str(exc)) from exc
+                bundles.append(replace(bundle, origin=f"{path}:{number}"))
     if header is None:
         raise _malformed(path, 1, "the file is empty")
     return header, bundles
@@ -145,6 +181,11 @@ def select_runs(
     else every run.
     """
     if run_ids is not None:
+        for run_id in run_ids:
+            if not 1 <= run_id <= MAX_RUN_ID:  # ids are positive 64-bit integers
+                raise NotFoundError(
+                    f"run {run_id} does not exist", hint="`optlab log` lists the runs and ids"
+                )
         levels = store.level_tags()
         for run_id in run_ids:
             tag = levels.get(run_id)

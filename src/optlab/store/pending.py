@@ -14,6 +14,7 @@ import contextlib
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +25,7 @@ from sqlalchemy.exc import ArgumentError
 from optlab.errors import OptlabError, StoreError
 from optlab.store.bundle import ImportResult, RunBundle
 from optlab.store.bundle_files import read_bundle_file, write_bundle
+from optlab.store.files import lstat_kind, open_regular
 
 if TYPE_CHECKING:
     from optlab.store.repository import Store
@@ -99,9 +101,9 @@ def _source(path: Path) -> str | None:
     import json
 
     try:
-        with open(path, encoding="utf-8") as handle:
-            header = json.loads(handle.readline(HEADER_BYTES))
-    except (OSError, ValueError):
+        with open_regular(path, "a pending run bundle") as handle:
+            header = json.loads(handle.readline(HEADER_BYTES).decode("utf-8"))
+    except (OptlabError, OSError, ValueError):
         return None
     source = header.get("source") if isinstance(header, dict) else None
     return source if isinstance(source, str) else None
@@ -109,20 +111,40 @@ def _source(path: Path) -> str | None:
 
 def pending_files(database: str) -> list[Path]:
     """The pending files addressed to `database` (read from their headers only): cheap
-    enough for every command to ask, so that none creates or opens a database for nothing."""
+    enough for every command to ask, so that none creates or opens a database for nothing.
+    An entry that is not a regular file (a FIFO would block whoever opened it, a device never
+    end) is listed too, never opened: `import_pending` reports it with the fix."""
     found = []
     for folder in pending_dirs():
         if not folder.is_dir() or not _usable(folder, create=False):
             continue
         for path in sorted(folder.glob("*.jsonl")):
+            if lstat_kind(path) is not None:
+                found.append(path)
+                continue
             source = _source(path)
             if source is None or same_database(source, database):
                 found.append(path)  # unreadable headers are reported by the import
     return found
 
 
-def import_pending(store: Store, paths: list[Path] | None = None) -> list[ImportResult]:
-    """Store the pending runs meant for `store`'s database (`paths`, default all of them).
+def _not_regular(path: Path) -> str | None:
+    kind = lstat_kind(path)
+    if kind is None:
+        return None
+    return (
+        f"{path} is {kind}, not a pending run bundle: passed over without opening it; "
+        "remove it (optlab keeps only regular files under .optlab/pending/)"
+    )
+
+
+def import_pending(
+    store: Store,
+    paths: list[Path] | None = None,
+    check: Callable[[RunBundle], None] | None = None,
+) -> list[ImportResult]:
+    """Store the pending runs meant for `store`'s database (`paths`, default all of them);
+    `check` (`run.imported.check_imported`) refuses a file whose figures do not hold up.
 
     A stored file (imported, completed, or found already stored) is moved to `imported/`
     beside it rather than deleted: it costs little and shows what happened. A file that
@@ -130,10 +152,17 @@ def import_pending(store: Store, paths: list[Path] | None = None) -> list[Import
     """
     results: list[ImportResult] = []
     for path in pending_files(store.url) if paths is None else paths:
+        refused = _not_regular(path)
+        if refused is not None:
+            results.append(ImportResult(path.stem, None, "failed", path=path, error=refused))
+            continue
         try:
             header, bundles = read_bundle_file(path)
             if not same_database(str(header.get("source")), store.url):
                 continue
+            if check is not None:
+                for bundle in bundles:
+                    check(bundle)
             stored = [replace(result, path=path) for result in store.import_bundles(bundles)]
             (path.parent / IMPORTED_DIR).mkdir(exist_ok=True)
             os.replace(path, path.parent / IMPORTED_DIR / path.name)
