@@ -51,7 +51,7 @@ def diagnose(
     2 bad input, no such run, no runs yet, or --write-step refused (nothing overwritten).
     """
     from optlab.diagnose import diagnose_run
-    from optlab.diagnose.subject import resolve, write_next_step
+    from optlab.diagnose.subject import measure_command, resolve, write_next_step
     from optlab.reports.diagnose import (
         diagnosis_json_line,
         render_diagnosis,
@@ -83,7 +83,7 @@ def diagnose(
             )
         click.echo(
             f"wrote {path}: check it with `optlab diff {path}`, measure it with "
-            f"`optlab run {path}`",
+            f"`{measure_command(store, diagnosis.run_id, path)}`",
             err=as_json,
         )
     if as_json:

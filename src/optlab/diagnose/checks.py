@@ -4,6 +4,8 @@ network. Each reads the evidence and its parameters and returns an `Outcome`."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from optlab.diagnose import readings
 from optlab.diagnose.evidence import WAIT_STAGES, Evidence, percentile
 from optlab.diagnose.findings import (
@@ -20,34 +22,113 @@ from optlab.diagnose.findings import (
 
 
 def check_generator(e: Evidence, p: Params) -> Outcome:
+    if readings.saturation(e) is not None:
+        # The target could not keep up: late sends are its backlog's doing, not the
+        # generator's (the verdict says so too); the saturation rule names it.
+        return Passed((Measure("target saturated (the verdict's reason)", 1, None),))
+    blamed = readings.verdict_says(e, "load generator", "in the system")
     if e.load.get("mode") != "open":
-        lag = e.harness_p99("start_lag")
-        if lag is None:
-            return Unevaluable("no start-lag series recorded")
-        limit = p["start_lag_p99_ms"]
-        m = Measure("start-lag P99", lag, limit, unit="ms")
-        return past(
-            m,
-            None,
-            5 * limit,
-            f"clients started requests {lag:.2f} ms late (P99): the load generator, not the "
-            "target, set the pace",
-            base=0.8,
-            span=0.15,
-        )
+        return _start_lag(e, p, blamed)
     lag = e.harness_p99("send_lag")
     if lag is None:
         return Unevaluable("no send-lag series recorded")
     limit = float(e.run.protocol.get("max_send_lag_p99_ms") or p["send_lag_p99_ms"])
     m = Measure("send-lag P99", lag, limit, unit="ms")
-    return past(
-        m,
-        None,
-        5 * limit,
+    summary = (
         f"the load generator sent {lag:.2f} ms late (P99, limit {limit:g} ms): it could not "
-        "keep the schedule, so the latency and the rate are its own, not the target's",
-        base=0.85,
-        span=0.14,
+        "keep the schedule, so the latency and the rate are its own, not the target's"
+    )
+    if e.run.valid is not None:
+        # The verdict judged this run's pace (relative to what was measured): the rule agrees
+        # with it rather than second-guessing it with a fixed limit.
+        if blamed is None:
+            return Passed((m, Measure("the verdict blames the generator", 0, None)))
+        return Fired(None, confidence(ramp(lag, limit, 5 * limit), base=0.85, span=0.14),
+                     (m,), blamed if lag <= limit else summary)  # fmt: skip
+    return _relative(e, p, m, summary, base=0.85, span=0.14)
+
+
+def _start_lag(e: Evidence, p: Params, blamed: str | None) -> Outcome:
+    lag = e.harness_p99("start_lag")
+    if lag is None:
+        return Unevaluable("no start-lag series recorded")
+    limit = p["start_lag_p99_ms"]
+    m = Measure("start-lag P99", lag, limit, unit="ms")
+    if blamed is not None:
+        # A starved closed loop: fewer clients in the system than configured.
+        return Fired(None, confidence(ramp(lag, limit, 5 * limit), base=0.8, span=0.15),
+                     (m,), blamed)  # fmt: skip
+    summary = (
+        f"clients started requests {lag:.2f} ms late (P99): the load generator, not the "
+        "target, set the pace"
+    )
+    return _relative(e, p, m, summary, base=0.8, span=0.15)
+
+
+def _relative(
+    e: Evidence, p: Params, m: Measure, summary: str, *, base: float, span: float
+) -> Outcome:
+    """Late past the absolute limit AND by a share of the target's own latency: a few ms of
+    lag inside a 250 ms request is the target's backlog, not the generator."""
+    p50 = e.total.p50_ms if e.total is not None else None
+    measures: tuple[Measure, ...] = (m,)
+    if p50:
+        share = 100 * m.value / p50
+        measures = (m, Measure("lag P99 / latency P50", share, 100 * p["latency_share"], unit="%"))
+    if not all(x.met for x in measures) or m.threshold is None:
+        return Passed(measures)
+    strength = ramp(m.value, m.threshold, 5 * m.threshold)
+    return Fired(None, confidence(strength, base=base, span=span), measures, summary)
+
+
+def check_saturated(e: Evidence, p: Params) -> Outcome:
+    why = readings.saturation(e)
+    if why is None:
+        if e.load.get("mode") != "open":
+            return Passed()
+        return Passed((Measure("target saturated", 0, None),))
+    rate, qps = e.load.get("rate"), readings.throughput(e)
+    measures: list[Measure] = []
+    if isinstance(rate, int | float) and rate and qps is not None:
+        measures.append(Measure("completed / offered rate", 100 * qps / rate,
+                                100 * (1 - p["shortfall"]), "<=", "%"))  # fmt: skip
+    wait = readings.wait_stage(e)
+    top = readings.serial_stage(e)
+    stage = wait[0] if wait is not None else (top[0] if top is not None else None)
+    return Fired(
+        stage,
+        confidence(1.0, base=0.9, span=0.05),
+        tuple(measures),
+        "the target could not sustain the offered rate, so requests queued for it (the "
+        f"verdict: {why[:1].lower() + why[1:]})"
+        if why.startswith("the target")
+        else f"the target could not sustain the offered rate: {why}; requests queued for it",
+    )
+
+
+def check_gc(e: Evidence, p: Params) -> Outcome:
+    if not e.in_process:
+        return Passed()  # the GC recorded is optlab's own, not the service's
+    gc = e.recorded.gc if e.recorded is not None else None
+    if gc is None:
+        return Unevaluable("no garbage-collector pauses recorded")
+    total = e.total
+    p99 = total.p99_ms if total is not None else None
+    measures = [
+        Measure("GC pauses (share of wall time)", gc.share_pct, p["share_pct"], unit="%"),
+        Measure("longest GC pause", gc.pause_max_ms, p["pause_max_ms"], unit="ms"),
+        Measure("collections", gc.collections, None),
+    ]
+    long_pause = measures[1].met and (p99 is None or gc.pause_max_ms >= 0.5 * p99)
+    if not (measures[0].met or long_pause):
+        return Passed(tuple(measures))
+    return Fired(
+        None,
+        confidence(ramp(gc.share_pct, p["share_pct"], 4 * p["share_pct"]), base=0.7, span=0.28),
+        tuple(measures),
+        f"the garbage collector ran {gc.collections} times and stopped every thread for "
+        f"{gc.share_pct:.1f}% of the time (pauses up to {gc.pause_max_ms:.0f} ms): requests "
+        "allocate many objects that live long enough to be collected",
     )
 
 
@@ -87,6 +168,10 @@ def check_neighbour(e: Evidence, p: Params) -> Outcome:
 
 
 def check_errors(e: Evidence, p: Params) -> Outcome:
+    stuck = readings.verdict_says(e, "stuck in a call")
+    if stuck is not None:
+        # Requests that never came back are failures the error count does not hold.
+        return Fired(None, 0.9, (), stuck)
     done, failed = e.run.requests, e.run.errors
     if done is None or failed is None:
         return Unevaluable("the run has no request counts")
@@ -164,20 +249,30 @@ def check_cpu(e: Evidence, p: Params) -> Outcome:
     if cpu is None or cores is None:
         return readings.no_cpu(e)
     top = readings.serial_stage(e)
-    if top is None:
+    # A service that reports no stages: its process tree's CPU still decides whether the
+    # target as a whole is CPU-bound.
+    if top is None and (e.in_process or e.work_stages()):
         return Unevaluable("no stage timings: the target reports no stages")
-    stage, occupancy, share = top
     used = cpu / 100 / cores * 100  # percent of the machine
     hot = readings.hot_thread(e)
     measures = [Measure("target CPU (of the machine)", used, p["machine_pct"], unit="%")]
     strengths = [ramp(used, p["machine_pct"], 98)]
     saturated = measures[0].met
-    if not saturated and hot is not None:
-        # One thread at a full core: a serial stage is CPU-bound however many cores idle.
+    share = readings.work_share(e, top[0]) if top is not None else None
+    if saturated and e.in_process and top is not None and share is not None:
+        # The process is busy, but is the stage? One that sleeps or waits leaves the CPU to
+        # the harness (the generator rule reads that).
+        work = Measure(f"{top[0]}: CPU per request / its median time", share, p["work_share"])
+        measures.append(work)
+        if not work.met:
+            return Passed(tuple(measures))
+    if not saturated and hot is not None and top is not None:
+        # One thread at a full core: a serial stage is CPU-bound however many cores idle,
+        # unless requests queue for that one thread (a pool of one: the serialised rule's).
         thread = Measure(f"busiest thread ({hot[0]}) CPU", hot[1], p["thread_pct"], unit="%")
         measures = [thread]
         strengths = [ramp(hot[1], p["thread_pct"], 99)]
-        saturated = thread.met
+        saturated = thread.met and not _single_worker_queue(e, top[0])
     engine = readings.busy_engine(e)
     if not saturated and engine is not None and readings.batching_on(e):
         # An engine that batches already and is still busy all the time: its pass is the
@@ -186,15 +281,37 @@ def check_cpu(e: Evidence, p: Params) -> Outcome:
         measures, strengths, saturated = [busy], [ramp(busy.value, p["thread_pct"], 99)], busy.met
     if machine is not None:
         measures.append(Measure("machine CPU", machine, None, unit="%"))
-    measures.append(Measure(f"{stage} share of latency", 100 * share, None, unit="%"))
+    if top is not None:
+        measures.append(Measure(f"{top[0]} share of latency", 100 * top[2], None, unit="%"))
     if not saturated:
         return Passed(tuple(measures))
+    stage = top[0] if top is not None else None
+    where = (
+        f"{stage} is the busiest stage ({top[1]:.2f} requests in it on average)"
+        if top is not None
+        else "the service reports no stages to say which part of it"
+    )
     return Fired(
         stage,
         confidence(*strengths, base=0.6, span=0.35),
         tuple(measures),
-        f"the CPU is saturated ({cpu:.0f}% of one core, {cores} cores) and {stage} is the "
-        f"busiest stage ({occupancy:.2f} requests in it on average)",
+        f"the CPU is saturated ({cpu:.0f}% of one core, {cores} cores) and {where}",
+    )
+
+
+def _single_worker_queue(e: Evidence, stage: str) -> bool:
+    """Requests queue inside `stage` for one busy thread: qps x fastest ~ 1 with the stage's
+    mean far above its fastest (the serialised rule's reading)."""
+    qps, fastest, row = readings.throughput(e), e.fastest_ms(stage), e.stages.get(stage)
+    if not qps or fastest is None or row is None or row.mean_ms is None:
+        return False
+    inside = readings.queued_inside(e, stage)
+    return (
+        0.6 <= qps * fastest / 1000 <= 1.4
+        and row.mean_ms >= 2 * fastest
+        and (readings.in_flight(e) or 0) >= 2
+        and inside is not None
+        and inside[3]
     )
 
 
@@ -202,11 +319,9 @@ def check_gil(e: Evidence, p: Params) -> Outcome:
     cpu, cores = e.target_cpu_pct(), e.cores
     if cpu is None or cores is None:
         return readings.no_cpu(e)
-    if not e.in_process and (e.recorded is None or e.recorded.profile is None):
-        return Unevaluable(
-            "the target runs in another process: profile it (`optlab run --profile`) to see "
-            "whether its threads wait for the GIL"
-        )
+    # A service without a profile still shows the symptom (one core's worth of CPU with work
+    # waiting); only which of the GIL or a single thread causes it needs py-spy.
+    unprofiled = not e.in_process and (e.recorded is None or e.recorded.profile is None)
     if cores < 2:
         return Passed((Measure("cores", cores, 2),))
     in_flight = readings.in_flight(e) or 0.0
@@ -230,22 +345,37 @@ def check_gil(e: Evidence, p: Params) -> Outcome:
     hot = readings.hot_thread(e)
     if hot is not None:
         measures.append(Measure(f"busiest thread ({hot[0]}) CPU", hot[1], 85, "<=", "%"))
+    top = readings.serial_stage(e)
+    share = readings.work_share(e, top[0]) if top is not None else None
+    if top is not None and share is not None:
+        # The busiest stage must be the CPU work: a stage that sleeps leaves the core to
+        # the harness, whose threads then look GIL-bound.
+        measures.append(
+            Measure(f"{top[0]}: CPU per request / its median time", share, p["work_share"])
+        )
     if not all(m.met for m in measures):
         return Passed(tuple(measures))
-    top = readings.serial_stage(e)
     stage = top[0] if top else None
     if top is not None:
         measures.append(Measure(f"{top[0]}: requests in it (busiest work stage)", top[1], None))
     closeness = 1 - min(1.0, abs(cores_used - 1.0) / 0.25)
     strengths = [closeness] if held is None else [closeness, ramp(held, 50, 90)]
+    where = f" in {stage}" if stage else ""
+    if unprofiled:
+        return Fired(
+            stage,
+            confidence(*strengths, base=0.55, span=0.2),
+            tuple(measures),
+            f"{cores_used:.2f} of {cores} cores busy with {in_flight:.0f} requests in flight: "
+            f"the service's work{where} runs one thread at a time, the other cores idle (the "
+            "GIL, or a single worker thread: `optlab run --profile` shows which)",
+        )
     return Fired(
         stage,
         confidence(*strengths, base=0.6, span=0.3),
         tuple(measures),
         f"{cores_used:.2f} of {cores} cores busy with {in_flight:.0f} requests in flight: "
-        "Python work"
-        + (f" in {stage}" if stage else "")
-        + " runs one thread at a time (the GIL), the other cores idle",
+        f"Python work{where} runs one thread at a time (the GIL), the other cores idle",
     )
 
 
@@ -253,10 +383,15 @@ def check_lock(e: Evidence, p: Params) -> Outcome:
     qps, cpu, cores = readings.throughput(e), e.target_cpu_pct(), e.cores
     if not qps:
         return Unevaluable("no throughput")
+    candidates = [n for n in e.work_stages() if n not in WAIT_STAGES]
+    if not candidates and "total" in e.stages and not e.in_process:
+        candidates = ["total"]  # a service without stages: the whole service is the stage
+    if not candidates:
+        return Unevaluable("no stage timings: the target reports no stages")
     best: tuple[str, float] | None = None
-    for name, row in e.work_stages().items():
-        fastest = e.fastest_ms(name)
-        if name in WAIT_STAGES or fastest is None or row.mean_ms is None:
+    for name in candidates:
+        row, fastest = e.stages[name], e.fastest_ms(name)
+        if fastest is None or row.mean_ms is None:
             continue
         # A stage whose bare service time (its fastest request in the run) times the
         # throughput is ~1 while its mean is far above it: requests queue INSIDE it, one at a
@@ -268,26 +403,54 @@ def check_lock(e: Evidence, p: Params) -> Outcome:
     in_flight = readings.in_flight(e) or 0.0
     if best is None:
         return Passed((Measure("requests in flight", in_flight, p["in_flight"]),))
-    stage, parallel = best
-    row = e.stages[stage]
-    fastest_ms = e.fastest_ms(stage) or 1.0
+    name, parallel = best
+    stage = None if name == "total" else name
+    row = e.stages[name]
+    fastest_ms = e.fastest_ms(name) or 1.0
+    label = stage or "the service"
     measures = [
-        Measure(f"{stage}: throughput x fastest time", parallel, p["parallel_high"], "<=", "x"),
-        Measure(f"{stage}: throughput x fastest time", parallel, p["parallel_low"], ">=", "x"),
-        Measure(f"{stage}: mean / fastest", (row.mean_ms or 0) / fastest_ms, None, unit="x"),
+        Measure(f"{label}: throughput x fastest time", parallel, p["parallel_high"], "<=", "x"),
+        Measure(f"{label}: throughput x fastest time", parallel, p["parallel_low"], ">=", "x"),
+        Measure(f"{label}: mean / fastest", (row.mean_ms or 0) / fastest_ms, None, unit="x"),
         Measure("requests in flight", in_flight, p["in_flight"]),
     ]
+    inside = readings.queued_inside(e, name)
+    if inside is not None:
+        what, value, limit, _ = inside
+        op: Literal[">=", "<="] = ">=" if what.startswith("measured") else "<="
+        measures.append(Measure(f"{label}: {what}", value, limit, op, "x"))
+    worker = None
     if cpu is not None and cores:
-        measures.append(Measure("target CPU (cores)", cpu / 100, p["idle_cores"], "<=", "cores"))
+        cores_used = cpu / 100
+        hot = readings.hot_thread(e)
+        if (
+            hot is not None
+            and hot[1] >= p["worker_pct"]
+            and cores >= 2
+            and cores_used <= hot[1] / 100 + p["idle_cores"]
+            and cores_used < 0.85 * cores
+        ):
+            # One thread busy all the time and the rest of the cores idle: a single worker
+            # (a pool of one) that every request waits for.
+            worker = hot
+            measures.append(Measure(f"busiest thread ({hot[0]}) CPU", hot[1], p["worker_pct"],
+                                    unit="%"))  # fmt: skip
+        else:
+            measures.append(Measure("target CPU (cores)", cores_used, p["idle_cores"], "<=",
+                                    "cores"))  # fmt: skip
     if not all(m.met for m in measures):
         return Passed(tuple(measures))
+    who = (
+        f"a single worker thread ({worker[0]}, {worker[1]:.0f}% of a core) serves them"
+        if worker is not None
+        else "the CPU idles: a lock or a single worker serialises it"
+    )
     return Fired(
         stage,
         confidence(1 - min(1.0, abs(parallel - 1.0) / 0.5), base=0.62, span=0.3),
         tuple(measures),
-        f"{stage} serves one request at a time ({qps:.0f}/s x {fastest_ms:.2f} ms fastest = "
-        f"{parallel:.2f}) while {in_flight:.0f} are in flight and the CPU idles: a lock or a "
-        "single worker serialises it",
+        f"{label} serves one request at a time ({qps:.0f}/s x {fastest_ms:.2f} ms fastest = "
+        f"{parallel:.2f}) while {in_flight:.0f} are in flight and {who}",
     )
 
 

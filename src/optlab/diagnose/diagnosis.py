@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from optlab.diagnose.evidence import Evidence, gather
 from optlab.diagnose.findings import Fired, Measure, Passed, Unevaluable
@@ -78,10 +78,48 @@ class Diagnosis:
     source: str | None = None  # e.g. "sweep 3, the level at the knee"
     profile: ProfileEvidence | None = None  # `optlab run --profile`: shown beside the findings
     knobs: dict[str, Any] | None = None  # the run's knobs: a suggestion shown as old -> new
+    no_data: str | None = None  # why there is nothing to diagnose
+    undecided: tuple[str, ...] = ()  # core rules that could not be evaluated
+
+    @property
+    def state(self) -> Literal["healthy", "findings", "undecided", "no-data"]:
+        """healthy only when every core rule was evaluated on a valid run with requests and
+        none fired; no-data for a run with no request to read; undecided when nothing fired
+        but a core rule could not run, or the run is INVALID."""
+        if self.no_data is not None:
+            return "no-data"
+        if self.findings:
+            return "findings"
+        if self.undecided or self.valid is False:
+            return "undecided"
+        return "healthy"
+
+    @property
+    def state_reason(self) -> str | None:
+        state = self.state
+        if state == "no-data":
+            return self.no_data
+        if state != "undecided":
+            return None
+        parts = []
+        if self.undecided:
+            missing = dict(self.not_evaluated)
+            parts.append(
+                "no rule fired, but "
+                + "; ".join(
+                    f"{r} could not be evaluated ({missing.get(r, '?')})" for r in self.undecided
+                )  # fmt: skip
+            )
+        if self.valid is False:
+            parts.append(
+                "no rule fired, but the run is INVALID: its figures are not a valid "
+                "measurement to call healthy"
+            )
+        return "; ".join(parts)
 
     @property
     def healthy(self) -> bool:
-        return not self.findings
+        return self.state == "healthy"
 
     @property
     def top(self) -> Finding | None:
@@ -95,6 +133,8 @@ class Diagnosis:
             "status": self.status,
             "valid": self.valid,
             "healthy": self.healthy,
+            "state": self.state,
+            "state_reason": self.state_reason,
             "partial": self.partial is not None,
             "partial_reason": self.partial,
             "source": self.source,
@@ -123,7 +163,7 @@ def diagnose(
                     evidence=outcome.evidence,
                     summary=outcome.summary,
                     suggestion=suggest(rule, outcome, evidence),
-                    advice=advice_for(rule),
+                    advice=advice_for(rule, evidence),
                 )
             )
         elif isinstance(outcome, Unevaluable):
@@ -136,6 +176,9 @@ def diagnose(
     # Ranked by confidence; a tie goes to the rule listed first (measurement rules lead).
     findings.sort(key=lambda f: (-f.confidence, order[f.rule.id]))
     run = evidence.run
+    undecided = tuple(r for r, _ in missing if _rule(r).core)
+    if evidence.no_data is not None:
+        findings = []  # nothing measured: a rule that fired read no request
     return Diagnosis(
         run_id=run.id,
         experiment=run.experiment,
@@ -148,7 +191,13 @@ def diagnose(
         source=source,
         profile=evidence.recorded.profile if evidence.recorded is not None else None,
         knobs=evidence.knobs,
+        no_data=evidence.no_data,
+        undecided=undecided,
     )
+
+
+def _rule(rule_id: str) -> Rule:
+    return next(r for r in RULES if r.id == rule_id)
 
 
 def diagnose_run(store: Store, run_id: int, source: str | None = None) -> Diagnosis:

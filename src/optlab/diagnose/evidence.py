@@ -8,11 +8,14 @@ the run could not measure is None, and the rule that needs it says so instead of
 
 from __future__ import annotations
 
+import socket
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
+from optlab.metrics.histogram import LatencyHistogram
 from optlab.metrics.stages import HARNESS_SERIES
 from optlab.store import RunEvidence, RunRecord, RunSummary, Store
 from optlab.store.records import ResourceSample, StageStatsRow, WindowStats
@@ -51,6 +54,9 @@ class Evidence:
     samples: tuple[ResourceSample, ...] = ()
     cores: int | None = None
     partial: str | None = None  # why the evidence is incomplete; None when complete
+    # Why there is nothing to diagnose (a FAILED, CRASHED or KILLED run without a request,
+    # a RUNNING run whose process is gone); None when there is.
+    no_data: str | None = None
     # Each stage's fastest request over the whole run, warmup included (ms).
     fastest: dict[str, float] = field(default_factory=dict)
 
@@ -125,6 +131,18 @@ class Evidence:
         row = self.stages.get(stage)
         found = [v for v in (self.fastest.get(stage), row.min_ms if row else None) if v]
         return min(found) if found else None
+
+    def stage_percentile(self, stage: str, q: float) -> float | None:
+        """The measured phase's q-th percentile of `stage` (ms), from its stored histogram;
+        None when the stage has none."""
+        row = self.stages.get(stage)
+        if row is None or not row.count or not row.histogram:
+            return None
+        try:
+            value = LatencyHistogram.decode(row.histogram).value_at_percentile_ns(q)
+        except (ValueError, TypeError):
+            return None
+        return value / 1e6 if value is not None else None
 
     def harness_p99(self, series: str) -> float | None:
         """send_lag / start_lag P99 in ms, from the summary's harness series."""
@@ -202,7 +220,28 @@ def _cores(store: Store, run: RunRecord) -> int | None:
     return None
 
 
-def _partial(run: RunRecord) -> str | None:
+def _gone(run: RunRecord) -> str | None:
+    """Why a RUNNING run is not running any more (its process is gone from this host, or its
+    heartbeat went silent elsewhere); None while it may still be running."""
+    from optlab.run.runner import STALE_HEARTBEAT_S, process_alive
+
+    if run.hostname == socket.gethostname():
+        if not process_alive(run.pid, run.started_at):
+            return f"its process (pid {run.pid}) is gone"
+        return None
+    beat = run.heartbeat_at if run.heartbeat_at.tzinfo else run.heartbeat_at.replace(tzinfo=UTC)
+    silent = (datetime.now(UTC) - beat).total_seconds()
+    if silent > STALE_HEARTBEAT_S:
+        return f"its heartbeat from {run.hostname} has been silent for {silent:.0f} s"
+    return None
+
+
+def _partial(run: RunRecord, gone: str | None) -> str | None:
+    if run.status == "RUNNING" and gone is not None:
+        return (
+            f"the run is marked RUNNING but {gone}: it was abandoned (crashed) and will be "
+            "marked CRASHED by the next `optlab run`; only what it measured before is here"
+        )
     if run.status == "RUNNING":
         return "the run is still RUNNING: its measurement rows are written when it ends"
     if run.status in ("KILLED", "CRASHED"):
@@ -212,6 +251,33 @@ def _partial(run: RunRecord) -> str | None:
     if run.valid is False:
         why = "; ".join(run.reasons[:2]) or "see `optlab log`"
         return f"the run is INVALID ({why}): its figures are not a valid measurement"
+    return None
+
+
+def _no_data(
+    run: RunRecord,
+    gone: str | None,
+    stages: dict[str, StageStatsRow],
+    windows: Sequence[WindowStats],
+) -> str | None:
+    # The run's totals are written when it ends; a run that never ended has its windows.
+    finished = (run.requests or 0) + (run.errors or 0)
+    total = stages.get("total")
+    if finished == 0 and total is not None:
+        finished = total.count
+    if finished == 0:
+        finished = sum(w.completed + w.errors for w in windows)
+    if run.status == "RUNNING" and gone is None:
+        return None
+    if run.status == "FAILED" and not finished:
+        return "the run FAILED before any request finished: " + (
+            run.error_message or "see `optlab log`"
+        )
+    if run.status in ("CRASHED", "KILLED", "RUNNING") and not finished:
+        state = "abandoned (its process is gone)" if run.status == "RUNNING" else run.status
+        return f"the run was {state} before any request of the measured phase finished"
+    if run.status in ("FINISHED", "FAILED") and not finished:
+        return "no request of the measured phase finished"
     return None
 
 
@@ -225,13 +291,16 @@ def gather(store: Store, run_id: int) -> Evidence:
     for row in rows:
         if row.min_ms is not None and row.count > 0:
             fastest[row.stage] = min(fastest.get(row.stage, row.min_ms), row.min_ms)
+    gone = _gone(run) if run.status == "RUNNING" else None
+    windows = tuple(store.get_windows(run_id, MEASURED))
     return Evidence(
         run=run,
         config=config,
         stages=stages,
-        windows=tuple(store.get_windows(run_id, MEASURED)),
+        windows=windows,
         samples=tuple(store.get_resource_samples(run_id, MEASURED)),
         cores=_cores(store, run),
-        partial=_partial(run),
+        partial=_partial(run, gone),
+        no_data=_no_data(run, gone, stages, windows),
         fastest=fastest,
     )

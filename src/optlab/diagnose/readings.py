@@ -15,7 +15,12 @@ __all__ = [
     "hot_thread",
     "in_flight",
     "no_cpu",
+    "saturation",
+    "queued_inside",
+    "service_time",
+    "work_share",
     "throughput",
+    "verdict_says",
     "serial_stage",
     "target_process",
     "wait_stage",
@@ -129,3 +134,81 @@ def half_slopes(points: list[tuple[float, float]]) -> tuple[float, float] | None
         return sum((t - mean_t) * (v - mean_v) for t, v in part) / spread
 
     return slope(points[:middle]), slope(points[middle:])
+
+
+# Open loop: completions this far below the rate asked for, with the backlog growing by at
+# least this many requests over the measured phase, and the target could not keep up (the
+# verdict's own rule, run/validity.py, read back from what the run stored).
+SATURATION_SHORTFALL = 0.05
+BACKLOG_GROWTH = 8
+
+
+def verdict_says(e: Evidence, *words: str) -> str | None:
+    """The first of the run's INVALID reasons that contains one of `words`."""
+    return next((r for r in e.run.reasons if any(w in r for w in words)), None)
+
+
+def saturation(e: Evidence) -> str | None:
+    """Why the target was saturated (open loop: it could not sustain the offered rate), from
+    the verdict's reasons or, for runs judged before the rule, from the rate and the backlog
+    the windows show; None when it was not."""
+    said = verdict_says(e, "saturated")
+    if said is not None:
+        return said
+    if e.load.get("mode") != "open":
+        return None
+    rate, qps = e.load.get("rate"), throughput(e)
+    if not isinstance(rate, int | float) or not rate or qps is None:
+        return None
+    if qps >= (1 - SATURATION_SHORTFALL) * rate:
+        return None
+    counts = [w.in_flight for w in e.windows if w.in_flight is not None]
+    if len(counts) < 2 or counts[-1] - counts[0] < BACKLOG_GROWTH:
+        return None
+    return (
+        f"offered {rate:g}/s, completed {qps:.1f}/s, and the backlog grew from {counts[0]} to "
+        f"{counts[-1]} in flight"
+    )
+
+
+def service_time(e: Evidence, stage: str) -> float | None:
+    """The stage's typical own time (its measured median, ms); None without one."""
+    row = e.stages.get(stage)
+    if row is None:
+        return None
+    return row.p50_ms if row.p50_ms is not None else row.mean_ms
+
+
+def work_share(e: Evidence, stage: str) -> float | None:
+    """The target's CPU per request over `stage`'s median time: ~1 or more when the stage is
+    CPU work, far below 1 when it mostly waits (a sleep, I/O, a remote call); None without
+    the figures. A stage that only sleeps leaves the CPU to the harness, whose cost per
+    request must not be read as the stage's."""
+    cpu, qps, median = e.target_cpu_pct(), throughput(e), service_time(e, stage)
+    if cpu is None or not qps or not median:
+        return None
+    return cpu / 100 * 1000 / qps / median
+
+
+def queued_inside(e: Evidence, stage: str) -> tuple[str, float, float, bool] | None:
+    """Whether requests wait for one another inside `stage`: (what was read, its value, the
+    threshold, met). A lock hands itself over either fairly, and then every measured request
+    waits for the others (the measured phase's fastest is several times the whole run's,
+    whose first requests found it free), or unfairly, and then a share of requests goes
+    straight through at the bare service time while the rest wait long (the P10 sits at the
+    fastest). A stage whose time merely varies (a lognormal service time) shows neither: its
+    P10 is well above its fastest, which is its distribution's far tail. None without a
+    histogram."""
+    fastest, row = e.fastest_ms(stage), e.stages.get(stage)
+    p10 = e.stage_percentile(stage, 10)
+    if fastest is None or row is None or row.min_ms is None or p10 is None:
+        return None
+    fair = row.min_ms / max(fastest, 1e-6)
+    if fair >= FAIR_HANDOFF:
+        return ("measured fastest / the whole run's fastest", fair, FAIR_HANDOFF, True)
+    straight = p10 / max(fastest, 1e-6)
+    return ("P10 / fastest", straight, STRAIGHT_THROUGH, straight <= STRAIGHT_THROUGH)
+
+
+FAIR_HANDOFF = 2.0
+STRAIGHT_THROUGH = 1.5

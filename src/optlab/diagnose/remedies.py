@@ -48,6 +48,10 @@ class Suggestion:
 ADVICE: dict[str, str] = {
     "load-generator": "measure the target as a service (kind command or http) so the generator "
     "has its own process, lower the rate, or use a closed loop",
+    "saturated": "lower workload.load.rate to measure latency under a load the target sustains, "
+    "or sweep it (`optlab sweep`) to find its capacity; the next findings say what limits it",
+    "gc-churn": "allocate less per request (reuse buffers, fewer temporary objects), call "
+    "gc.freeze() after start-up, or raise the collector's thresholds (gc.set_threshold)",
     "noisy-neighbour": "stop the other work (or pin the run with taskset), then measure again; "
     "`optlab run --paired` cancels a slow drift",
     "errors": "read the errors with `optlab log`; lower the load or give the target room "
@@ -76,7 +80,16 @@ ADVICE: dict[str, str] = {
 }
 
 
-def advice_for(rule: Rule) -> str:
+# A service already has a process of its own: the generator's remedies are elsewhere.
+SERVICE_GENERATOR = (
+    "lower the rate, spread the load over workload.load.processes, or give the load generator "
+    "a core of its own (fewer busy processes, or another machine)"
+)
+
+
+def advice_for(rule: Rule, evidence: Evidence | None = None) -> str:
+    if rule.id == "load-generator" and evidence is not None and not evidence.in_process:
+        return SERVICE_GENERATOR
     return ADVICE.get(rule.id, "")
 
 

@@ -27,6 +27,7 @@ from optlab.diagnose.checks import (
     check_batching,
     check_cpu,
     check_errors,
+    check_gc,
     check_generator,
     check_gil,
     check_io,
@@ -35,6 +36,7 @@ from optlab.diagnose.checks import (
     check_neighbour,
     check_network,
     check_queueing,
+    check_saturated,
     check_stalls,
 )
 from optlab.diagnose.evidence import Evidence
@@ -56,6 +58,9 @@ class Rule:
     invalidates: bool = False
     # Rules whose finding this one's explains more precisely: dropped when both fire.
     subsumes: tuple[str, ...] = ()
+    # A rule every run's evidence should decide: while it cannot be evaluated, a run where
+    # nothing fired is not called healthy (undecided).
+    core: bool = False
     check_fn: Callable[[Evidence, Params], Outcome] = field(default=lambda e, p: Passed())
 
     def check(self, evidence: Evidence, overrides: Params | None = None) -> Outcome:
@@ -70,8 +75,9 @@ RULES: tuple[Rule, ...] = (
         "load generator bound",
         "send lag: the generator could not keep the schedule",
         ("send_lag", "start_lag"),
-        {"send_lag_p99_ms": 2.0, "start_lag_p99_ms": 5.0},
+        {"send_lag_p99_ms": 2.0, "start_lag_p99_ms": 5.0, "latency_share": 0.1},
         invalidates=True,
+        core=True,
         check_fn=check_generator,
     ),
     Rule(
@@ -82,6 +88,9 @@ RULES: tuple[Rule, ...] = (
         ("neighbour_cpu_pct", "steal_pct"),
         {"machine_pct": 20.0, "steal_pct": 10.0},
         invalidates=True,
+        # Other work that took the CPU also makes the generator late: the lag is its doing.
+        subsumes=("load-generator",),
+        core=True,
         check_fn=check_neighbour,
     ),
     Rule(
@@ -92,7 +101,30 @@ RULES: tuple[Rule, ...] = (
         ("requests", "errors"),
         {"error_rate": 0.01},
         invalidates=True,
+        core=True,
         check_fn=check_errors,
+    ),
+    Rule(
+        "saturated",
+        "queue",
+        "target saturated",
+        "the offered rate is more than the target completes: requests queue for it",
+        ("load", "requests", "windows"),
+        {"shortfall": 0.05},
+        core=True,
+        check_fn=check_saturated,
+    ),
+    Rule(
+        "gc-churn",
+        "memory",
+        "garbage-collection churn (gc)",
+        "the garbage collector's pauses take a share of the time or stall requests",
+        ("gc", "stages"),
+        {"share_pct": 5.0, "pause_max_ms": 50.0},
+        # GC pauses stop every thread of the process: the in-process generator's sends and the
+        # tail are theirs.
+        subsumes=("tail-stalls", "load-generator", "gil-bound"),
+        check_fn=check_gc,
     ),
     Rule(
         "memory-leak",
@@ -146,8 +178,9 @@ RULES: tuple[Rule, ...] = (
         "CPU-bound stage",
         "CPU saturated in one stage",
         ("cpu_process_pct", "threads", "stages"),
-        {"machine_pct": 85.0, "thread_pct": 85.0},
+        {"machine_pct": 85.0, "thread_pct": 85.0, "work_share": 0.25},
         subsumes=("tail-stalls",),
+        core=True,
         check_fn=check_cpu,
     ),
     Rule(
@@ -156,8 +189,9 @@ RULES: tuple[Rule, ...] = (
         "GIL-bound",
         "one core's worth of CPU on a multi-core machine with work waiting",
         ("cpu_process_pct", "threads", "in_flight", "profile"),
-        {"low_cores": 0.65, "high_cores": 1.3},
+        {"low_cores": 0.65, "high_cores": 1.3, "work_share": 0.5},
         subsumes=("tail-stalls",),
+        core=True,
         check_fn=check_gil,
     ),
     Rule(
@@ -172,7 +206,10 @@ RULES: tuple[Rule, ...] = (
             "inflation": 2.0,
             "in_flight": 2.0,
             "idle_cores": 0.6,
+            "worker_pct": 70.0,
         },
+        subsumes=("gil-bound", "cpu-bound"),
+        core=True,
         check_fn=check_lock,
     ),
     Rule(
@@ -200,6 +237,7 @@ RULES: tuple[Rule, ...] = (
         "P99 far above P50: stalls, GC or contention",
         ("stages", "windows", "gc"),
         {"tail_ratio": 4.0, "p50_over_min": 1.6},
+        core=True,
         check_fn=check_stalls,
     ),
     Rule(

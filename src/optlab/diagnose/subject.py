@@ -8,13 +8,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from optlab.chain.catalog import EXPERIMENT_SUFFIXES, Catalog
+from optlab.config.models import FULL_MIN_DURATION_S
+from optlab.config.protocol import QUICK_DURATION_S, QUICK_WARMUP_S
 from optlab.config.source import read_name
 from optlab.diagnose.diagnosis import Diagnosis, Finding
 from optlab.diagnose.remedies import stamp, step_document, step_name, step_path, write_step
 from optlab.errors import ConfigError, NotFoundError
 from optlab.store import Store
 
-__all__ = ["Subject", "resolve", "write_next_step"]
+__all__ = ["Subject", "measure_command", "resolve", "write_next_step"]
+
+MAX_RUN_ID = 2**63 - 1  # the database's integer ids (SQLite and PostgreSQL bigint)
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,12 @@ def resolve(store: Store, text: str | None) -> Subject:
         return Subject(runs[-1].id, f"the newest run, of {runs[-1].experiment}")
     text = text.strip()
     if text.isdigit():
+        if int(text) > MAX_RUN_ID:
+            raise NotFoundError(
+                f"run {text} does not exist (run ids are at most {MAX_RUN_ID:,})",
+                hint="give a run id that `optlab log` lists, an experiment name or file, or "
+                "sweep:ID",
+            )
         store.get_run(int(text))  # NotFoundError with the id
         return Subject(int(text), None)
     if text.lower().startswith("sweep:"):
@@ -100,12 +110,16 @@ def write_next_step(
     hypothesis = the finding and its numbers. Refuses when there is no knob to change."""
     # Measurement findings (a neighbour, a late generator, errors) rank first but name no knob:
     # the step answers the first finding about the target itself, and the caller warns.
+    # The saturation finding is a symptom: the step answers what limits the target.
     about_target = [f for f in diagnosis.findings if not f.rule.invalidates]
-    top = about_target[0] if about_target else diagnosis.top
+    causes = [f for f in about_target if f.rule.id != "saturated"]
+    top = causes[0] if causes else (about_target[0] if about_target else diagnosis.top)
     if top is None:
+        state = "healthy" if diagnosis.healthy else diagnosis.state
         raise ConfigError(
-            f"run {diagnosis.run_id} of {diagnosis.experiment} is healthy: no rule fired, so "
-            "there is no step to write",
+            f"run {diagnosis.run_id} of {diagnosis.experiment} is {state}: no rule fired, so "
+            "there is no step to write"
+            + (f" ({diagnosis.state_reason})" if diagnosis.state_reason else ""),
             hint="sweep it (`optlab sweep`) to find where it bends, and diagnose that level",
         )
     if top.suggestion is None:
@@ -116,12 +130,18 @@ def write_next_step(
         )
     run = store.get_run(diagnosis.run_id)
     config = store.get_config(run.config_id)
-    parent_file = Path(config.source_path) if config.source_path else None
-    folder = parent_file.parent if parent_file is not None else Path.cwd()
+    parent_file = _local_file(store, config.source_path)
     if output is None:
-        if not folder.is_dir():
-            folder = Path.cwd()
-        path = step_path(folder, parent_file, top.suggestion)
+        if parent_file is None:
+            raise ConfigError(
+                f"run {diagnosis.run_id}'s experiment file "
+                + (f"({config.source_path}) " if config.source_path else "")
+                + "is not here (not a file under this folder or this database's project, "
+                "e.g. an imported run): nothing was written",
+                hint="say where the step goes: --output PATH (e.g. --output "
+                f"./{step_path(Path('.'), None, top.suggestion).name})",
+            )
+        path = step_path(parent_file.parent, parent_file, top.suggestion)
     else:
         path = output
     taken = {e.name for e in store.list_experiments()}
@@ -136,6 +156,27 @@ def write_next_step(
     return write_step(path, document, header)
 
 
+def _local_file(store: Store, source: str | None) -> Path | None:
+    """The experiment file a run was measured from, when it is a file here: under the
+    current folder or the database's project (the folder holding `.optlab/`). A path a
+    bundle named, or one that no longer exists, is not written beside."""
+    if not source:
+        return None
+    path = Path(source)
+    try:
+        resolved = path.resolve()
+        if not resolved.is_file():
+            return None
+    except OSError:
+        return None
+    roots = [Path.cwd().resolve()]
+    database = store.engine.url.database
+    if store.engine.url.get_backend_name() == "sqlite" and database:
+        folder = Path(database).resolve().parent
+        roots.append(folder.parent if folder.name == ".optlab" else folder)
+    return resolved if any(resolved.is_relative_to(root) for root in roots) else None
+
+
 def _hypothesis(top: Finding) -> str:
     numbers = "; ".join(m.describe() for m in top.evidence if m.threshold is not None)
     why = top.suggestion.why if top.suggestion is not None else ""
@@ -144,3 +185,23 @@ def _hypothesis(top: Finding) -> str:
         f"diagnosis {top.rule.id}: {top.summary} ({numbers}). {why[:1].upper() + why[1:]}; "
         f"expect {stage} time to fall and QPS to rise"
     )
+
+
+def measure_command(store: Store, run_id: int, path: Path) -> str:
+    """`optlab run PATH` with the protocol the diagnosed run was measured under (--quick,
+    --duration, --warmup), so the step is measured as its parent was: a quick parent's step
+    run without --quick is compared against a parent with no run of its protocol."""
+    protocol = store.get_run(run_id).protocol or {}
+    flags: list[str] = []
+    quick = protocol.get("name") == "quick"
+    if quick:
+        flags.append("--quick")
+    duration = protocol.get("duration_s")
+    default = QUICK_DURATION_S if quick else FULL_MIN_DURATION_S
+    if isinstance(duration, int | float) and duration != default:
+        flags += ["--duration", f"{duration:g}"]
+    warmup = protocol.get("warmup_s")
+    fixed = protocol.get("warmup") == "fixed"
+    if isinstance(warmup, int | float) and fixed and not (quick and warmup == QUICK_WARMUP_S):
+        flags += ["--warmup", f"{warmup:g}"]
+    return " ".join(["optlab run", str(path), *flags])

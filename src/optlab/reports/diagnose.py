@@ -59,6 +59,10 @@ def render_diagnosis(
         lines += _wrap(f"partial evidence: {d.partial}; what follows is what it can show", "  ")
     if d.healthy:
         lines.append("healthy: no rule fired (every rule that could be evaluated passed)")
+    elif d.state == "no-data":
+        lines += _wrap(f"no data: {d.state_reason}; there is nothing to diagnose", "")
+    elif d.state == "undecided":
+        lines += _wrap(f"not healthy, undecided: {d.state_reason}", "")
     for rank, f in enumerate(d.findings, 1):
         lines.append("")
         head = "bottleneck" if rank == 1 else f"{rank}."
@@ -116,6 +120,10 @@ def render_diagnosis_markdown(d: Diagnosis, knobs: dict[str, Any] | None = None)
     if d.healthy:
         lines.append("**Healthy**: no rule fired.")
         return "\n".join(lines) + "\n"
+    if not d.findings:
+        label = "No data" if d.state == "no-data" else "Undecided"
+        lines.append(f"**{label}**: {d.state_reason}")
+        return "\n".join(lines) + "\n"
     lines += ["| # | bottleneck | rule | confidence | next step |", "|---|---|---|---:|---|"]
     for rank, f in enumerate(d.findings, 1):
         change = describe_change(f, knobs) or "—"
@@ -148,7 +156,8 @@ def render_diagnosis_html(rows: list[tuple[str, Diagnosis]]) -> str:
     for step, d in rows:
         top = d.top
         if top is None:
-            cells = ["healthy", "", "no rule fired", ""]
+            said = "no rule fired" if d.healthy else html.escape(d.state_reason or "")
+            cells = [d.state, "", said, ""]
         else:
             evidence = "<br>".join(html.escape(m.describe()) for m in top.evidence)
             change = describe_change(top) or (top.advice or "")
@@ -171,8 +180,10 @@ def render_diagnosis_html(rows: list[tuple[str, Diagnosis]]) -> str:
 def run_line(d: Diagnosis, knobs: dict[str, Any] | None = None) -> str:
     """The line `optlab run` prints under a run: the top finding and the next step."""
     top = d.top
-    if top is None:
+    if top is None and d.healthy:
         return f"diagnosis: healthy, no rule fired (`optlab diagnose {d.run_id}`)"
+    if top is None:
+        return f"diagnosis: {d.state}: {d.state_reason} (`optlab diagnose {d.run_id}`)"
     change = describe_change(top, knobs)
     tail = f"; next: {change}" if change else ""
     return (

@@ -64,7 +64,15 @@ class DiagnoseDocument(_Closed):
     experiment: str
     status: str
     valid: bool | None
-    healthy: bool = Field(description="true when no rule fired")
+    healthy: bool = Field(
+        description="true when no rule fired on a valid run whose core rules were all evaluated"
+    )
+    state: Literal["healthy", "findings", "undecided", "no-data"] = Field(
+        description="findings: a rule fired; undecided: none fired but a core rule could not "
+        "be evaluated or the run is INVALID; no-data: no request to read (a FAILED, CRASHED or "
+        "KILLED run without one, or a RUNNING run whose process is gone)"
+    )
+    state_reason: str | None = Field(description="why undecided or no-data; null otherwise")
     partial: bool = Field(description="the run's evidence is incomplete (not FINISHED/VALID)")
     partial_reason: str | None
     source: str | None = Field(description="how the run was chosen, when not by its id")
