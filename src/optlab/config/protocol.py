@@ -15,7 +15,8 @@ STABILITY_WINDOWS = 3
 STABILITY_TOLERANCE = 0.10
 QUICK_WARMUP_S = 1.0
 QUICK_DURATION_S = 5.0
-# Above this, the load generator (not the target) set the pace: requests left late.
+# Send lag under this is never the load generator's fault; above it, it is weighed against
+# the latency, the SLO and the time between sends (run/pace.py).
 MAX_SEND_LAG_P99_MS = 2.0
 
 
@@ -32,6 +33,10 @@ class EffectiveProtocol:
     max_send_lag_p99_ms: float = MAX_SEND_LAG_P99_MS
     stability_window_s: float = STABILITY_WINDOW_S
     stability_tolerance: float = STABILITY_TOLERANCE
+    # protocol.stability_pct was given: the halves may differ by the tolerance and no more,
+    # noise or not. Unset, a drift past the tolerance counts only beyond the halves' own
+    # noise (run/stability.py); left out of `as_dict` then, so stored protocols compare.
+    stability_fixed: bool = False
 
     @property
     def provisional(self) -> bool:
@@ -42,7 +47,10 @@ class EffectiveProtocol:
         )
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "provisional": self.provisional}
+        data = {**asdict(self), "provisional": self.provisional}
+        if not self.stability_fixed:
+            del data["stability_fixed"]
+        return data
 
 
 def effective_protocol(
@@ -77,6 +85,7 @@ def effective_protocol(
             duration_s=QUICK_DURATION_S if duration is None else duration,
             max_error_rate=protocol.max_error_rate,
             stability_tolerance=tolerance,
+            stability_fixed=pct is not None,
         )
     return EffectiveProtocol(
         name="full",
@@ -86,6 +95,7 @@ def effective_protocol(
         duration_s=FULL_MIN_DURATION_S if duration is None else duration,
         max_error_rate=protocol.max_error_rate,
         stability_tolerance=tolerance,
+        stability_fixed=pct is not None,
     )
 
 

@@ -22,6 +22,7 @@ from optlab.metrics.histogram import LatencyHistogram
 from optlab.metrics.resources import ResourceReading
 from optlab.metrics.stages import LAG_SERIES, SEND_LAG, START_LAG, TOTAL
 from optlab.run.evidence import Observed, run_evidence
+from optlab.run.pace import send_lag_quantile
 from optlab.run.summary import MAX_JSON_DEPTH, json_safe, latency_summary, resource_summary
 from optlab.run.validity import LoadFacts, RunFacts, Verdict, halves, verdict
 from optlab.store import LatencyStats, RunFinal, RunRecord, RunSummary
@@ -72,6 +73,10 @@ class Collected:
     who: str = "unknown"
     secrets: Secrets = field(default_factory=Secrets)  # every text stored is redacted
     observed: Observed = field(default_factory=Observed)  # for the summary's evidence
+    # The latency bound the run is judged against (the config's SLO, or a sweep's), and the
+    # request timeout: what the load generator's lag and its clients' pace are weighed by.
+    slo_ms: float | None = None
+    timeout_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +133,10 @@ def run_facts(c: Collected) -> RunFacts:
     total_s = total.summary_ms() if total is not None else {}
     lag, start = harness.get(SEND_LAG), harness.get(START_LAG)
     lag_s = lag.summary_ms() if lag is not None and lag.count else {}
+    lag_low = None
+    if lag is not None and lag.count:
+        low_ns = lag.value_at_percentile_ns(send_lag_quantile(lag.count))
+        lag_low = None if low_ns is None else low_ns / 1e6
     start_s = start.summary_ms() if start is not None and start.count else {}
     first, second = halves(c.window_qps)
     load, p = c.load, c.protocol
@@ -141,12 +150,20 @@ def run_facts(c: Collected) -> RunFacts:
         errors=c.failed,
         max_error_rate=p.max_error_rate,
         send_lag_p99_ms=_num(lag_s.get("p99")) if open_loop else None,
+        send_lag_p99_low_ms=lag_low if open_loop else None,
         max_send_lag_p99_ms=p.max_send_lag_p99_ms,
+        total_p99_ms=_num(total_s.get("p99")),
+        total_mean_ms=_num(total_s.get("mean")),
+        total_max_ms=_num(total_s.get("max")),
+        slo_ms=c.slo_ms,
+        timeout_ms=c.timeout_ms,
         start_lag_p99_ms=_num(start_s.get("p99")),
         total_p50_ms=_num(total_s.get("p50")),
         first_half_qps=first,
         second_half_qps=second,
         stability_tolerance=p.stability_tolerance,
+        stability_fixed=p.stability_fixed,
+        window_qps=tuple(c.window_qps),
         throttled=c.throttled,
         interrupted=c.interrupted,
         stopped_early=c.stopped_early,

@@ -8,76 +8,36 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
+
+from optlab.run.facts import LoadFacts, RunFacts, Verdict, mean_of
+from optlab.run.pace import (
+    BACKLOG_GROWTH_MIN,
+    GIL_BUSY_PCT,
+    generator_bound,
+    saturated,
+    saturation,
+    send_lag_judged,
+    starved,
+)
+from optlab.run.stability import halves_test
+
+__all__ = [
+    "P99_MIN_QUERIES",
+    "LoadFacts",
+    "RunFacts",
+    "Verdict",
+    "halves",
+    "is_stable",
+    "machine_facts",
+    "plainly_saturated",
+    "verdict",
+]
 
 # MLPerf's early-stopping bound at 0.99 confidence: the fewest queries that support a percentile.
 P99_MIN_QUERIES = 662
 P999_MIN_QUERIES = 6_636
 DURATION_SLACK = 0.99  # a run stopped by its own timer may end a few ms short
-
-
-@dataclass(frozen=True)
-class Verdict:
-    valid: bool
-    reasons: tuple[str, ...]  # why it is INVALID; empty when valid
-    notes: tuple[str, ...]  # what to know without invalidating it
-
-
-@dataclass(frozen=True)
-class LoadFacts:
-    """The machine during the measured phase, as means over its resource samples: CPU of
-    optlab's process (percent of one core), of the service it started, of the machine (all
-    cores, 0..100); CPU stolen by the hypervisor and used by processes outside the run, per
-    half; the processes that used the most; other optlab runs on this host meanwhile."""
-
-    optlab_cpu_pct: float | None = None
-    service_cpu_pct: float | None = None
-    system_cpu_pct: float | None = None
-    steal_pct: tuple[float | None, float | None] = (None, None)
-    other_cpu_pct: tuple[float | None, float | None] = (None, None)
-    neighbours: tuple[dict[str, Any], ...] = ()
-    concurrent_runs: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class RunFacts:
-    requested_s: float
-    measured_s: float
-    completed: int
-    errors: int
-    max_error_rate: float
-    send_lag_p99_ms: float | None
-    max_send_lag_p99_ms: float
-    start_lag_p99_ms: float | None
-    total_p50_ms: float | None
-    first_half_qps: float | None
-    second_half_qps: float | None
-    stability_tolerance: float
-    throttled: bool
-    interrupted: bool
-    open_loop: bool
-    # Held-out top-1 points lost against the fp32 reference model, for targets that report it.
-    accuracy_drop_pts: float | None = None
-    max_accuracy_drop_pts: float | None = None
-    # Closed loop: clients still inside a call after the drain, of how many.
-    stuck_clients: int = 0
-    clients: int | None = None
-    # Who set the pace (open loop): the rate asked for, what completed (errors included),
-    # and the requests in flight at the start, at the end and at most, against the limit.
-    intended_qps: float | None = None
-    completed_qps: float | None = None
-    in_flight_start: int | None = None
-    in_flight_end: int | None = None
-    in_flight_max: int | None = None
-    in_flight_limit: int | None = None
-    # The target runs inside optlab's process (builtin, python): only then can its threads
-    # and the load generator's contend for the GIL.
-    in_process: bool = True
-    load: LoadFacts = field(default_factory=lambda: LoadFacts())
-    # The measurement was ended before its time because the target was plainly saturated
-    # (`plainly_saturated`): why.
-    stopped_early: str | None = None
 
 
 def verdict(facts: RunFacts) -> Verdict:
@@ -124,10 +84,19 @@ def _coverage(facts: RunFacts, reasons: list[str], notes: list[str]) -> None:
 
 def _pace(facts: RunFacts, reasons: list[str], notes: list[str]) -> None:
     """Who set the pace: the target (saturated), the load generator, or the harness's threads."""
+    lag = send_lag_judged(facts)
     if saturated(facts):
-        reasons.append(_saturation(facts))
-    elif facts.send_lag_p99_ms is not None and facts.send_lag_p99_ms > facts.max_send_lag_p99_ms:
-        reasons.append(_generator_bound(facts))
+        reasons.append(saturation(facts))
+    elif lag is not None and lag.bound:
+        reasons.append(generator_bound(facts, lag))
+    elif lag is not None:
+        notes.append(
+            f"send-lag P99 {lag.lag_ms:.2f} ms ({lag.describe()}): inside the latency, which is "
+            "measured from the intended send time; too small against it to set the pace"
+        )
+    held_up = starved(facts)
+    if held_up is not None:
+        reasons.append(held_up)
     if (
         facts.in_process
         and facts.start_lag_p99_ms is not None
@@ -150,20 +119,41 @@ def _pace(facts: RunFacts, reasons: list[str], notes: list[str]) -> None:
 
 
 def _stability(facts: RunFacts, reasons: list[str], notes: list[str]) -> None:
-    """The first and second half of the measured phase agree on QPS."""
+    """The first and second half of the measured phase agree on QPS: they differ by less than
+    the tolerance, or by no more than their own seconds' noise explains (unless
+    protocol.stability_pct fixes the tolerance)."""
     first, second = facts.first_half_qps, facts.second_half_qps
     if first is None or second is None:
         notes.append("too short to compare the first and second half: stability not judged")
-    elif first and second:
-        drift = abs(second - first) / max(first, second)
-        if drift > facts.stability_tolerance and _beyond_arrival_noise(facts, first, second):
-            reasons.append(
-                f"unstable: QPS {first:.1f} in the first half vs {second:.1f} in the second "
-                f"({drift:.0%} apart, limit {facts.stability_tolerance:.0%})"
-                + _taken_away(facts.load)
-                + "; measure with --paired or --repeats, or longer, or set "
-                "protocol.stability_pct in a new baseline for a noisy machine"
-            )
+        return
+    if not (first and second):
+        return
+    drift = abs(second - first) / max(first, second)
+    if drift <= facts.stability_tolerance or not _beyond_arrival_noise(facts, first, second):
+        return
+    apart = f"QPS {first:.1f} in the first half vs {second:.1f} in the second ({drift:.0%} apart"
+    test = None if facts.stability_fixed else halves_test(facts.window_qps)
+    if facts.stability_fixed or not facts.window_qps:
+        why = f", limit {facts.stability_tolerance:.0%}"
+        if facts.stability_fixed:
+            why += " (protocol.stability_pct)"
+    elif test is None:
+        notes.append(
+            f"{apart}): too few seconds to tell a drift from the seconds' own noise; "
+            "stability not judged"
+        )
+        return
+    elif not test.significant:
+        notes.append(f"{apart}, {test.describe()}): within the noise, not a drift")
+        return
+    else:
+        why = f", {test.describe()}"
+    reasons.append(
+        f"unstable: {apart}{why})"
+        + _taken_away(facts.load)
+        + "; measure with --paired or --repeats, or longer, or set "
+        "protocol.stability_pct in a new baseline to allow a fixed drift"
+    )
 
 
 def _beyond_arrival_noise(facts: RunFacts, first: float, second: float) -> bool:
@@ -202,86 +192,9 @@ def _integrity(facts: RunFacts, reasons: list[str]) -> None:
         )
 
 
-# Open loop: completions this far below the rate asked for, with the backlog growing (or the
-# in-flight limit reached), and the target could not keep up.
-SATURATION_SHORTFALL = 0.05
-BACKLOG_GROWTH_MIN = 8
 ARRIVAL_NOISE_SIGMAS = 3.0
-GIL_BUSY_PCT = 80.0  # optlab's process this busy (% of one core): its threads contend
-CPU_BOUND_PCT = 90.0  # a process this busy (% of one core), or the machine (all cores)
 NEIGHBOUR_NOTE_PCT = 25.0  # another process this busy (% of one core) is worth a note
 STEAL_NOTE_PCT = 5.0
-
-
-def saturated(facts: RunFacts) -> bool:
-    """The target could not sustain the offered rate: completions fall short of it while
-    requests pile up in flight (or reach the in-flight limit)."""
-    if not facts.open_loop or not facts.intended_qps or facts.completed_qps is None:
-        return False
-    if facts.completed_qps >= (1 - SATURATION_SHORTFALL) * facts.intended_qps:
-        return False
-    start, end, peak = facts.in_flight_start, facts.in_flight_end, facts.in_flight_max
-    growing = start is not None and end is not None and end - start >= BACKLOG_GROWTH_MIN
-    full = (
-        peak is not None and facts.in_flight_limit is not None and (peak >= facts.in_flight_limit)
-    )
-    return growing or full
-
-
-def _saturation(facts: RunFacts) -> str:
-    limit = f" (limit {facts.in_flight_limit})" if facts.in_flight_limit else ""
-    return (
-        f"the target is saturated: offered {facts.intended_qps:.1f}/s, completed "
-        f"{facts.completed_qps:.1f}/s, backlog {facts.in_flight_end} in flight at the end"
-        f"{limit}; the target cannot sustain this rate (not the load generator's doing): "
-        "lower workload.load.rate to measure latency under a load it sustains"
-    )
-
-
-def _generator_bound(facts: RunFacts) -> str:
-    lag = facts.send_lag_p99_ms or 0.0
-    text = (
-        f"the load generator fell behind its schedule (send-lag P99 {lag:.2f} ms > "
-        f"{facts.max_send_lag_p99_ms:g} ms)"
-    )
-    if facts.in_flight_max is not None and facts.in_flight_limit:
-        text += (
-            f" while the target kept up (at most {facts.in_flight_max} of "
-            f"{facts.in_flight_limit} in flight)"
-        )
-    load = facts.load
-    if load.optlab_cpu_pct is not None and load.optlab_cpu_pct >= CPU_BOUND_PCT:
-        return text + (
-            f": optlab's own process used {load.optlab_cpu_pct:.0f}% of a core; lower the "
-            "rate, or spread the load over workload.load.processes (network targets)"
-        )
-    if load.system_cpu_pct is not None and load.system_cpu_pct >= CPU_BOUND_PCT:
-        parts = [f"{load.system_cpu_pct:.0f}% of all cores busy"]
-        if load.service_cpu_pct is not None:
-            parts.append(f"the service {load.service_cpu_pct:.0f}% of a core")
-        other = _mean_of(load.other_cpu_pct)
-        if other is not None:
-            parts.append(f"other processes {other:.0f}% of a core")
-        return text + (
-            f": the machine's CPUs were busy ({', '.join(parts)}), so the generator could not "
-            "run on time; give the load generator a core of its own (another machine, or "
-            "fewer busy processes)"
-        )
-    if facts.in_process:
-        # In-process, the generator's threads wait on the same GIL and cores as the target's
-        # calls: a call that holds the GIL in C code delays every send behind it.
-        return text + (
-            ": the target runs inside optlab's process, and its calls held the GIL or the "
-            "cores the generator needed to send on time; measure it over HTTP (a command or "
-            "http target, e.g. `optlab serve`), or with a closed loop (`optlab sweep --mode "
-            "closed`)"
-        )
-    return text + ": the load generator was the bottleneck; lower the rate or raise max_in_flight"
-
-
-def _mean_of(halves: tuple[float | None, float | None]) -> float | None:
-    values = [v for v in halves if v is not None]
-    return sum(values) / len(values) if values else None
 
 
 def _taken_away(load: LoadFacts) -> str:
@@ -317,7 +230,7 @@ def _neighbour_notes(load: LoadFacts) -> list[str]:
             "other processes used the CPU while this run was measured: "
             + ", ".join(_neighbour(n) for n in busy)
         )
-    steal = _mean_of(load.steal_pct)
+    steal = mean_of(load.steal_pct)
     if steal is not None and steal >= STEAL_NOTE_PCT:
         notes.append(f"the hypervisor took away {steal:.0f}% of the CPU (steal) meanwhile")
     if load.concurrent_runs:

@@ -1,0 +1,96 @@
+"""What the validity rules judge: the facts of one run, the machine meanwhile, and the verdict.
+
+Plain numbers the runner has already computed, so the rules (`optlab.run.validity`,
+`optlab.run.pace`) are tested directly against hand-made cases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["LoadFacts", "RunFacts", "Verdict", "mean_of"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    valid: bool
+    reasons: tuple[str, ...]  # why it is INVALID; empty when valid
+    notes: tuple[str, ...]  # what to know without invalidating it
+
+
+@dataclass(frozen=True)
+class LoadFacts:
+    """The machine during the measured phase, as means over its resource samples: CPU of
+    optlab's process (percent of one core), of the service it started, of the machine (all
+    cores, 0..100); CPU stolen by the hypervisor and used by processes outside the run, per
+    half; the processes that used the most; other optlab runs on this host meanwhile."""
+
+    optlab_cpu_pct: float | None = None
+    service_cpu_pct: float | None = None
+    system_cpu_pct: float | None = None
+    steal_pct: tuple[float | None, float | None] = (None, None)
+    other_cpu_pct: tuple[float | None, float | None] = (None, None)
+    neighbours: tuple[dict[str, Any], ...] = ()
+    concurrent_runs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    requested_s: float
+    measured_s: float
+    completed: int
+    errors: int
+    max_error_rate: float
+    send_lag_p99_ms: float | None
+    # Below this the send lag is never a reason (it is judged against the latency above it).
+    max_send_lag_p99_ms: float
+    start_lag_p99_ms: float | None
+    total_p50_ms: float | None
+    first_half_qps: float | None
+    second_half_qps: float | None
+    stability_tolerance: float
+    throttled: bool
+    interrupted: bool
+    open_loop: bool
+    # Held-out top-1 points lost against the fp32 reference model, for targets that report it.
+    accuracy_drop_pts: float | None = None
+    max_accuracy_drop_pts: float | None = None
+    # Closed loop: clients still inside a call after the drain, of how many.
+    stuck_clients: int = 0
+    clients: int | None = None
+    # Who set the pace (open loop): the rate asked for, what completed (errors included),
+    # and the requests in flight at the start, at the end and at most, against the limit.
+    intended_qps: float | None = None
+    completed_qps: float | None = None
+    in_flight_start: int | None = None
+    in_flight_end: int | None = None
+    in_flight_max: int | None = None
+    in_flight_limit: int | None = None
+    # The target runs inside optlab's process (builtin, python): only then can its threads
+    # and the load generator's contend for the GIL.
+    in_process: bool = True
+    load: LoadFacts = field(default_factory=lambda: LoadFacts())
+    # The measurement was ended before its time because the target was plainly saturated
+    # (`plainly_saturated`): why.
+    stopped_early: str | None = None
+    # The measured phase's QPS second by second: the halves are judged against its noise.
+    window_qps: tuple[float, ...] = ()
+    # protocol.stability_pct was given: the halves may differ by that much, noise or not.
+    stability_fixed: bool = False
+    # The latency the send lag is judged against: the run's P99, and the SLO's bound (the
+    # config's, or a sweep's) when there is one; the lower confidence bound of the send-lag
+    # P99, from the number of sends.
+    total_p99_ms: float | None = None
+    slo_ms: float | None = None
+    send_lag_p99_low_ms: float | None = None
+    # Closed loop, who set the pace: the mean and longest latency of the successes, and the
+    # timeout that bounds how long a failed request held its client.
+    total_mean_ms: float | None = None
+    total_max_ms: float | None = None
+    timeout_ms: float | None = None
+
+
+def mean_of(halves: tuple[float | None, float | None]) -> float | None:
+    values = [v for v in halves if v is not None]
+    return sum(values) / len(values) if values else None

@@ -1,0 +1,221 @@
+"""Who set the pace of a run: the target (saturated, open loop), or the load generator (it
+fell behind its schedule, or its closed-loop clients were held up between calls).
+
+In the open loop the latency is measured from the INTENDED send time, so the generator's lag is
+inside it: a few ms of lag against a 100 ms SLO or a 20 ms P99 changes no conclusion and is a
+note. It sets the pace only when it is most of the latency judged, or a good share of it while
+the generator also held requests back past the time between sends (docs/run-json.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from optlab.run.facts import RunFacts, mean_of
+
+__all__ = [
+    "BACKLOG_GROWTH_MIN",
+    "CPU_BOUND_PCT",
+    "GIL_BUSY_PCT",
+    "SendLag",
+    "clients_in_system",
+    "generator_bound",
+    "saturated",
+    "saturation",
+    "send_lag_judged",
+    "send_lag_quantile",
+    "starved",
+]
+
+# Open loop: completions this far below the rate asked for, with the backlog growing (or the
+# in-flight limit reached), and the target could not keep up.
+SATURATION_SHORTFALL = 0.05
+BACKLOG_GROWTH_MIN = 8
+GIL_BUSY_PCT = 80.0  # optlab's process this busy (% of one core): its threads contend
+CPU_BOUND_PCT = 90.0  # a process this busy (% of one core), or the machine (all cores)
+
+
+def saturated(facts: RunFacts) -> bool:
+    """The target could not sustain the offered rate: completions fall short of it while
+    requests pile up in flight (or reach the in-flight limit)."""
+    if not facts.open_loop or not facts.intended_qps or facts.completed_qps is None:
+        return False
+    if facts.completed_qps >= (1 - SATURATION_SHORTFALL) * facts.intended_qps:
+        return False
+    start, end, peak = facts.in_flight_start, facts.in_flight_end, facts.in_flight_max
+    growing = start is not None and end is not None and end - start >= BACKLOG_GROWTH_MIN
+    full = (
+        peak is not None and facts.in_flight_limit is not None and (peak >= facts.in_flight_limit)
+    )
+    return growing or full
+
+
+def saturation(facts: RunFacts) -> str:
+    limit = f" (limit {facts.in_flight_limit})" if facts.in_flight_limit else ""
+    return (
+        f"the target is saturated: offered {facts.intended_qps:.1f}/s, completed "
+        f"{facts.completed_qps:.1f}/s, backlog {facts.in_flight_end} in flight at the end"
+        f"{limit}; the target cannot sustain this rate (not the load generator's doing): "
+        "lower workload.load.rate to measure latency under a load it sustains"
+    )
+
+
+# The send lag is inside the latency (measured from the intended send time): it sets the pace
+# when it is most of the latency judged, or a good share of it while the generator also held
+# requests back past the time between sends (the schedule was not kept).
+LAG_DOMINANT_SHARE = 0.5
+LAG_LATENCY_SHARE = 0.25
+LAG_GAP_SHARE = 0.5
+# The send-lag P99 is judged by its lower 99% confidence bound: with few sends the P99 rests
+# on a handful of them (one GC pause), and a run is not voided on that alone.
+LAG_BOUND_Z = 2.326
+
+
+@dataclass(frozen=True)
+class SendLag:
+    """The open loop's send lag against what it is judged by."""
+
+    lag_ms: float  # send-lag P99
+    low_ms: float  # its lower confidence bound
+    scale_ms: float | None  # the latency judged: max(the run's P99, the SLO's bound)
+    slo: bool  # the scale is the SLO's bound
+    gap_ms: float | None  # the mean time between sends (1 / rate)
+    bound: bool  # the load generator set the pace
+
+    def describe(self) -> str:
+        parts = []
+        if self.scale_ms:
+            what = "the SLO's" if self.slo else "the P99 measured,"
+            parts.append(f"{self.low_ms / self.scale_ms:.0%} of {what} {self.scale_ms:.1f} ms")
+        if self.gap_ms:
+            parts.append(
+                f"{self.low_ms / self.gap_ms:.2g}x the mean {self.gap_ms:.2f} ms between sends"
+            )
+        return ", ".join(parts) if parts else "no latency to judge it by"
+
+
+def send_lag_quantile(sends: int) -> float:
+    """The percentile (0..100) whose value is a lower 99% confidence bound of the P99, from
+    `sends` samples (the binomial's normal approximation)."""
+    if sends <= 0:
+        return 99.0
+    return max(0.0, 99.0 - 100 * LAG_BOUND_Z * math.sqrt(0.99 * 0.01 / sends))
+
+
+def send_lag_judged(facts: RunFacts) -> SendLag | None:
+    """The open loop's send lag and whether it set the pace; None when it is under the floor
+    (`max_send_lag_p99_ms`) or not an open loop."""
+    lag = facts.send_lag_p99_ms
+    if not facts.open_loop or lag is None or lag <= facts.max_send_lag_p99_ms:
+        return None
+    low = lag if facts.send_lag_p99_low_ms is None else min(lag, facts.send_lag_p99_low_ms)
+    slo = facts.slo_ms is not None and facts.slo_ms > (facts.total_p99_ms or 0)
+    scale = facts.slo_ms if slo else facts.total_p99_ms
+    rate = facts.intended_qps or facts.completed_qps
+    gap = 1000 / rate if rate else None
+    if low <= facts.max_send_lag_p99_ms:
+        bound = False
+    elif not scale:
+        bound = True  # nothing to weigh it against
+    else:
+        share = low / scale
+        held = gap is not None and low > LAG_GAP_SHARE * gap
+        bound = share > LAG_DOMINANT_SHARE or (share > LAG_LATENCY_SHARE and held)
+    return SendLag(lag, low, scale, slo, gap, bound)
+
+
+def generator_bound(facts: RunFacts, lag: SendLag) -> str:
+    text = (
+        f"the load generator fell behind its schedule (send-lag P99 {lag.lag_ms:.2f} ms: "
+        f"{lag.describe()})"
+    )
+    if facts.in_flight_max is not None and facts.in_flight_limit:
+        text += (
+            f" while the target kept up (at most {facts.in_flight_max} of "
+            f"{facts.in_flight_limit} in flight)"
+        )
+    return text + _generator_cause(
+        facts,
+        "lower the rate, or spread the load over workload.load.processes (network targets)",
+        "with a closed loop (`optlab sweep --mode closed`)",
+        "the load generator was the bottleneck; lower the rate or raise max_in_flight",
+    )
+
+
+# Closed loop: the clients are held up between calls when, on average, this share of them is
+# outside the target (Little's law: achieved rate x mean latency is the mean number inside).
+STARVED_SHARE = 0.25
+
+
+def clients_in_system(facts: RunFacts) -> tuple[float, float] | None:
+    """Closed loop: the mean number of clients inside a call over the measured phase, and an
+    upper bound on it; None when it cannot be told.
+
+    Little's law over every success (rate x mean latency), where the latency runs from the
+    actual send to the return. The bound also counts each failed request as holding its
+    client for the whole timeout, and every client as busy for the longest latency at each
+    end of the phase (a request cut by its start or end), so a run is judged starved only
+    when even that falls short.
+    """
+    mean, n = facts.total_mean_ms, facts.clients
+    if facts.open_loop or not n or mean is None or facts.measured_s <= 0:
+        return None
+    if facts.errors and facts.timeout_ms is None:
+        return None
+    span_ms = facts.measured_s * 1000
+    busy_ms = facts.completed * mean
+    slack_ms = facts.errors * (facts.timeout_ms or 0.0) + n * (facts.total_max_ms or mean)
+    return busy_ms / span_ms, (busy_ms + slack_ms) / span_ms
+
+
+def starved(facts: RunFacts) -> str | None:
+    found = clients_in_system(facts)
+    if found is None or facts.clients is None:
+        return None
+    inside, most = found
+    n = facts.clients
+    if most >= (1 - STARVED_SHARE) * n:
+        return None
+    qps = facts.completed / facts.measured_s
+    return (
+        f"the load generator fell behind: of {n} clients only {inside:.1f} were inside a call "
+        f"on average (at most {most:.1f}; Little's law: {qps:,.1f}/s x mean latency "
+        f"{facts.total_mean_ms:.3g} ms), so the target was measured under a lower "
+        "concurrency than configured, paced by the clients"
+        + _generator_cause(
+            facts,
+            "use fewer clients, or spread them over workload.load.processes (network targets)",
+            "with fewer clients",
+            "the clients' own work between calls took about as long as the calls; use fewer "
+            "clients, or measure the target over HTTP",
+        )
+    )
+
+
+def _generator_cause(facts: RunFacts, busy_fix: str, in_process_fix: str, otherwise: str) -> str:
+    """Why the load generator could not keep up, from what used the machine meanwhile."""
+    load = facts.load
+    if load.optlab_cpu_pct is not None and load.optlab_cpu_pct >= CPU_BOUND_PCT:
+        return f": optlab's own process used {load.optlab_cpu_pct:.0f}% of a core; {busy_fix}"
+    if load.system_cpu_pct is not None and load.system_cpu_pct >= CPU_BOUND_PCT:
+        parts = [f"{load.system_cpu_pct:.0f}% of all cores busy"]
+        if load.service_cpu_pct is not None:
+            parts.append(f"the service {load.service_cpu_pct:.0f}% of a core")
+        other = mean_of(load.other_cpu_pct)
+        if other is not None:
+            parts.append(f"other processes {other:.0f}% of a core")
+        return (
+            f": the machine's CPUs were busy ({', '.join(parts)}), so the generator could not "
+            "run on time; give the load generator a core of its own (another machine, or "
+            "fewer busy processes)"
+        )
+    if facts.in_process:
+        # In-process, the generator's threads wait on the same GIL and cores as the target's
+        # calls: a call that holds the GIL in C code delays every send behind it.
+        return (
+            ": the target runs inside optlab's process, and its calls held the GIL or the "
+            "cores the generator needed; measure it over HTTP (a command or http target, e.g. "
+            f"`optlab serve`), or {in_process_fix}"
+        )
+    return ": " + otherwise
