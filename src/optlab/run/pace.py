@@ -70,6 +70,7 @@ LAG_GAP_SHARE = 0.5
 # The send-lag P99 is judged by its lower 99% confidence bound: with few sends the P99 rests
 # on a handful of them (one GC pause), and a run is not voided on that alone.
 LAG_BOUND_Z = 2.326
+LAG_BOUND_SHOWN = 0.9  # the bound is named when it is this far under the P99
 
 
 @dataclass(frozen=True)
@@ -87,11 +88,12 @@ class SendLag:
         parts = []
         if self.scale_ms:
             what = "the SLO's" if self.slo else "the P99 measured,"
-            parts.append(f"{self.low_ms / self.scale_ms:.0%} of {what} {self.scale_ms:.1f} ms")
+            parts.append(f"{self.lag_ms / self.scale_ms:.0%} of {what} {self.scale_ms:.1f} ms")
         if self.gap_ms:
-            parts.append(
-                f"{self.low_ms / self.gap_ms:.2g}x the mean {self.gap_ms:.2f} ms between sends"
-            )
+            times = self.lag_ms / self.gap_ms
+            parts.append(f"{times:.2g}x the mean {self.gap_ms:.2f} ms between sends")
+        if self.low_ms < self.lag_ms * LAG_BOUND_SHOWN:
+            parts.append(f"its lower 99% bound {self.low_ms:.2f} ms, from few sends")
         return ", ".join(parts) if parts else "no latency to judge it by"
 
 
