@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from optlab.errors import OptlabError
+from optlab.errors import NotFoundError, OptlabError, RefusedError
 
 if TYPE_CHECKING:
     from optlab.store import Store
@@ -76,8 +76,8 @@ def store_url(ctx: click.Context, experiment: str | Path | None = None) -> str:
 @contextmanager
 def experiment_store(ctx: click.Context, experiment: str | Path) -> Iterator[Store]:
     """The store for a command on an experiment file (`store_url`), closed afterwards. When
-    the command is refused, a SQLite file it created and left without a run is removed: a
-    refusal leaves no empty database where the user did not ask for one."""
+    the command is refused, a default SQLite file it created and left without a run is
+    removed: a refusal leaves no empty database where the user did not ask for one."""
     from sqlalchemy.engine import make_url
 
     from optlab.store.faults import sqlite_path
@@ -87,7 +87,9 @@ def experiment_store(ctx: click.Context, experiment: str | Path) -> Iterator[Sto
         file = sqlite_path(make_url(url))
     except Exception:  # noqa: BLE001 - an unusable URL is Store.open's to report
         file = None
-    created = _first_missing(file) if file is not None else None
+    # Only the default database is the command's own choice; one named by --db or OPTLAB_DB
+    # is where the user asked for it, and stays.
+    created = _first_missing(file) if file is not None and db_url(ctx) is None else None
     store = open_store(ctx, url=url)
     try:
         yield store
@@ -95,10 +97,12 @@ def experiment_store(ctx: click.Context, experiment: str | Path) -> Iterator[Sto
         if created is not None and file is not None and not store.list_runs():
             store.close()
             _remove_created(file, created)
-            exc.hint = (f"{exc.hint}; " if exc.hint else "") + (
-                f"no database was found here or in a folder above {experiment} (none was "
-                "left behind): `--db URL` names the one that holds its runs"
-            )
+            if isinstance(exc, (NotFoundError, RefusedError)) and "parent" in exc.message:
+                # The parent's runs are in a database this command did not find.
+                exc.hint = (f"{exc.hint}; " if exc.hint else "") + (
+                    f"no database was found here or in a folder above {experiment} (none "
+                    "was left behind): `--db URL` names the one that holds its parent's runs"
+                )
         raise
     finally:
         store.close()

@@ -44,6 +44,11 @@ class TargetKind(ABC):
         knob the config lacks). ConfigError without a location: the loader adds it."""
         return None
 
+    def check_code(self, target: Target, paths: Sequence[Path], source: SourceFile) -> None:
+        """Refuse, at load, references to user code that does not resolve (a misspelt
+        factory), before anything is stored; errors name the file and line."""
+        return None
+
     def resolve_inputs(self, workload: Workload, source: SourceFile) -> Workload:
         """`workload.inputs` checked at load (errors name the file and line), with defaults."""
         return workload

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
+import pkgutil
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -36,9 +38,11 @@ def import_reference(reference: str, paths: Sequence[Path], what: str) -> Any:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
             where = ", ".join(str(p) for p in paths) or "sys.path"
+            close = _close_modules(module_name, exc.name, paths)
             raise ConfigError(
                 f"{what}: cannot import module {module_name!r} ({exc})",
-                hint=f"put {module_name.replace('.', '/')}.py in {where}, or install its package",
+                hint=(f"did you mean {close!r}? " if close else "")
+                + f"put {module_name.replace('.', '/')}.py in {where}, or install its package",
             ) from exc
         except Exception as exc:  # user code failed while importing: show what it raised
             raise ConfigError(
@@ -49,10 +53,43 @@ def import_reference(reference: str, paths: Sequence[Path], what: str) -> Any:
         return getattr(module, attribute)
     except AttributeError as exc:
         public = sorted(n for n in vars(module) if not n.startswith("_"))
+        nearest = difflib.get_close_matches(attribute, public, n=1)
         raise ConfigError(
             f"{what}: module {module_name!r} has no attribute {attribute!r}",
-            hint="names it defines: " + ", ".join(public[:20]),
+            hint=(f"did you mean {module_name}:{nearest[0]}? " if nearest else "")
+            + "names it defines: "
+            + ", ".join(public[:20]),
         ) from exc
+
+
+def _close_modules(wanted: str, missing: str | None, paths: Sequence[Path]) -> str | None:
+    """The module name closest to a misspelt one: among the modules beside the experiment
+    (and in a package that did import), the part that failed replaced by its nearest sibling."""
+    failed = missing or wanted
+    package, _, leaf = failed.rpartition(".")
+    try:
+        if package:
+            parent = sys.modules.get(package)
+            where = list(getattr(parent, "__path__", []))
+            names = [m.name for m in pkgutil.iter_modules(where)] if where else []
+        else:
+            names = [m.name for m in pkgutil.iter_modules([str(p) for p in paths])]
+    except OSError:
+        return None
+    close = difflib.get_close_matches(leaf, names, n=1)
+    if not close:
+        return None
+    fixed = f"{package}.{close[0]}" if package else close[0]
+    return fixed + wanted[len(failed) :] if wanted.startswith(failed) else fixed
+
+
+def check_reference_callable(found: Any, what: str) -> None:
+    """A factory or inputs reference must name something to call (a function, a class)."""
+    if not callable(found):
+        raise ConfigError(
+            f"{what} is a {type(found).__name__}, not a function",
+            hint="point it at a function (or class) that takes one argument",
+        )
 
 
 def import_knob_model(reference: str, paths: Sequence[Path]) -> type[BaseModel]:

@@ -63,9 +63,9 @@ def resolve_baseline(experiment: ExperimentFile) -> dict[str, Any]:
     spec = experiment.spec
     assert isinstance(spec, BaselineFile)
     kind = kind_of(spec.target)
-    knobs = validate_knobs(
-        spec.target, spec.knobs, experiment.source, ("knobs",), search_paths(experiment.source)
-    )
+    paths = search_paths(experiment.source)
+    knobs = validate_knobs(spec.target, spec.knobs, experiment.source, ("knobs",), paths)
+    kind.check_code(spec.target, paths, experiment.source)
     workload = kind.resolve_inputs(spec.workload, experiment.source)
     if kind.in_process and workload.load.processes > 1:
         raise ConfigError(

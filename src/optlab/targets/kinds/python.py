@@ -14,11 +14,13 @@ from typing import Any
 from pydantic import BaseModel
 
 from optlab.config.models import PythonTarget, ResolvedConfig, Target, Workload
-from optlab.errors import TargetError
+from optlab.config.source import SourceFile
+from optlab.errors import ConfigError, TargetError
 from optlab.targets.base import LoadedTarget, attach_hooks, check_callable
 from optlab.targets.identity import source_hash
 from optlab.targets.kind import TargetKind
 from optlab.targets.references import (
+    check_reference_callable,
     import_knob_model,
     import_reference,
     module_origin,
@@ -40,6 +42,21 @@ class Python(TargetKind):
         assert isinstance(target, PythonTarget)
         # Only here, at load, is user code run, and only when the user asked for it.
         return import_knob_model(target.knobs_model, paths) if target.knobs_model else None
+
+    def check_code(self, target: Target, paths: Sequence[Path], source: SourceFile) -> None:
+        # `optlab diff` resolves what `optlab run` will call: a misspelt factory is refused
+        # with the closest name before any config or FAILED run is stored.
+        assert isinstance(target, PythonTarget)
+        for field in ("factory", "inputs"):
+            reference = getattr(target, field)
+            if reference is None:
+                continue
+            try:
+                found = import_reference(reference, paths, f"target.{field}")
+                check_reference_callable(found, f"target.{field} {reference!r}")
+            except ConfigError as exc:
+                where = source.where(("target", field))
+                raise ConfigError(f"{where}: {exc.message}", exc.hint) from None
 
     def identity(self, target: Mapping[str, Any], paths: Sequence[Path]) -> dict[str, Any]:
         modules: dict[str, str | None] = {}
