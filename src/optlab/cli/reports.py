@@ -22,11 +22,14 @@ FC = TypeVar("FC", bound=Callable[..., object])
 
 
 def _frame(store: Store, head: str | None, slo: str | None = None) -> pd.DataFrame:
-    from optlab.reports.chain import resolve_head
+    from optlab.reports.chain import default_head_note, resolve_head
     from optlab.reports.table import stacked_table
     from optlab.sweep.slo import parse_slo
 
-    return stacked_table(store, resolve_head(store, head), parse_slo(slo) if slo else None)
+    name = resolve_head(store, head)
+    if head is None:
+        click.echo(f"optlab: {default_head_note(store, name)}", err=True)
+    return stacked_table(store, name, parse_slo(slo) if slo else None)
 
 
 def _slo_option() -> Callable[[FC], FC]:

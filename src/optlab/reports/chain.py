@@ -56,17 +56,32 @@ def resolve_head(store: Store, head: str | None) -> str:
 
 
 def newest_head(store: Store) -> str:
-    """The leaf experiment (no child) whose newest run is the newest of all."""
+    """The measured leaf (an experiment with runs that no measured experiment builds on)
+    whose newest run is the newest of all. A step only diffed, never measured, is no child:
+    `optlab diff` must not move the default head off the chain it extends."""
     experiments = store.list_experiments()
-    parents = {e.parent for e in experiments if e.parent}
-    leaves = {e.name for e in experiments} - parents
-    runs = [r for r in store.list_runs() if r.experiment in leaves]
+    all_runs = store.list_runs()
+    measured = {r.experiment for r in all_runs}
+    parents = {e.parent for e in experiments if e.parent and e.name in measured}
+    leaves = measured - parents
+    runs = [r for r in all_runs if r.experiment in leaves]
     if not runs:
         raise NotFoundError(
             f"no measured chain in {store.url}",
             hint="measure one first: `optlab run EXPERIMENT --chain` (or `optlab demo`)",
         )
     return max(runs, key=lambda r: (r.started_at, r.id)).experiment
+
+
+def default_head_note(store: Store, head: str) -> str:
+    """What a command that was given no HEAD says about the one it chose (and a head whose
+    experiment file is gone: its runs stay, but the user may not expect it)."""
+    note = f"HEAD not given: {head!r}, the newest measured chain head (name HEAD to choose)"
+    record = store.get_experiment(head)
+    source = record.current_config.source_path if record and record.current_config else None
+    if source and not Path(source).exists():
+        note += f"; its file {source} no longer exists"
+    return note
 
 
 def chain_names(store: Store, head: str) -> list[str]:
