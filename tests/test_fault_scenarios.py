@@ -19,6 +19,8 @@ SMALL: dict[str, dict[str, Any]] = {
     "cpu-preprocess": {"elements": 10_000},
     "gil": {"iterations": 1_000},
     "periodic-stall": {"stall_every_s": 0.05, "stall_ms": 10.0},
+    "gc-churn": {"heap": 1_000, "cycles": 100},
+    "pool-of-one": {"batch": 8},
 }
 
 

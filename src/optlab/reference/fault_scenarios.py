@@ -137,6 +137,30 @@ SCENARIOS: tuple[Scenario, ...] = (
         draw=lambda r: {"sleep_ms": round(r.uniform(1.5, 3.0), 1)},
     ),
     Scenario(
+        "gc-churn",
+        "gc_churn",
+        (None, "memory"),
+        _open(100),
+        draw=lambda r: {
+            "heap": r.choice([100_000, 150_000, 200_000]),
+            "load": {"rate": r.choice([80, 100, 120])},
+        },
+    ),
+    Scenario(
+        "pool-of-one",
+        "pool_of_one",
+        ("infer", "lock"),
+        _closed(8),
+        draw=lambda r: {"batch": r.choice([192, 256, 320])},
+    ),
+    Scenario(
+        "sleep-stage",
+        "sleep_stage",
+        None,
+        _closed(8),
+        draw=lambda r: {"sleep_ms": r.choice([0.5, 1.0, 2.0])},
+    ),
+    Scenario(
         "healthy",
         "healthy",
         None,

@@ -29,6 +29,7 @@ The faults, by factory:
 - `cheap`: next to nothing per request (the generator-limit scenario's target).
 - `moderate`: a little numpy work and a short sleep (the noisy-neighbour scenario's target).
 - `healthy`: a few ms of mostly sleeping work (the control, at a load well below capacity).
+- `gc_churn`, `pool_of_one`, `sleep_stage`: in `optlab.reference.faults_extra`.
 """
 
 from __future__ import annotations
@@ -49,11 +50,13 @@ import numpy.typing as npt
 
 from optlab.load.timerslack import sleep_until
 from optlab.metrics.stages import stage
+from optlab.reference.faults_extra import gc_churn, pool_of_one, sleep_stage
 
 __all__ = [
     "cheap",
     "compute_infer",
     "cpu_preprocess",
+    "gc_churn",
     "gil_contention",
     "healthy",
     "io_wait",
@@ -61,6 +64,8 @@ __all__ = [
     "memory_leak",
     "moderate",
     "periodic_stall",
+    "pool_of_one",
+    "sleep_stage",
     "under_batching",
 ]
 
