@@ -9,9 +9,11 @@ A real `optlab sweep` of the chain is the slow test at the end.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import sqlite3
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 import jsonschema
@@ -19,7 +21,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from optlab.cli.main import cli
-from optlab.reports.capacity import Capacity, change
+from optlab.reports.capacity import Capacity, capacity_verdict, change
 from optlab.reports.export import render_json
 from optlab.reports.table import stacked_table
 from optlab.reports.terminal import render_text
@@ -122,19 +124,33 @@ def _table_json(database: Path, *args: str) -> dict[str, Any]:
     return document
 
 
-def test_change_is_a_z_test_on_the_two_intervals() -> None:
+def test_change_is_a_z_test_on_the_log_ratio() -> None:
     before = Capacity(100.0, (90.0, 110.0))  # se = 10 / 1.96
     close, far = Capacity(110.0, (100.0, 120.0)), Capacity(200.0, (190.0, 210.0))
     near = change(before, close, 0.95)
     assert near is not None and near.pct == pytest.approx(10.0)
     assert near.significant is False and near.low_pct is not None and near.low_pct < 0
-    assert near.high_pct == pytest.approx(10.0 + 1.96 * (10 / 1.96) * 2**0.5, rel=1e-3)
+    # The delta method: se(ln c) = se / c; the interval exp(ln(a/b) -+ z se) - 1.
+    z = NormalDist().inv_cdf(0.975)
+    se = math.hypot(10 / z / 100, 10 / z / 110)
+    assert near.low_pct == pytest.approx(math.expm1(math.log(1.1) - z * se) * 100)
+    assert near.high_pct == pytest.approx(math.expm1(math.log(1.1) + z * se) * 100)
     wide = change(before, far, 0.999)
     assert wide is not None and wide.significant is True and wide.low_pct is not None
     assert wide.low_pct > 0  # the interval excludes zero exactly when the test passes
     unjudged = change(before, Capacity(150.0), 0.999)
     assert unjudged is not None and unjudged.significant is None and unjudged.low_pct is None
     assert change(Capacity(None), far, 0.999) is None
+    # A capacity that collapsed, from a sweep with a wide interval: never below -100%.
+    collapsed = change(Capacity(100.0, (10.0, 190.0)), Capacity(5.0, (1.0, 9.0)), 0.999)
+    assert collapsed is not None and collapsed.low_pct is not None
+    assert -100 < collapsed.low_pct < collapsed.pct < 0
+    assert [capacity_verdict(c) for c in (near, wide, unjudged, None)] == [
+        "within noise",
+        "gain",
+        "not judged",
+        None,
+    ]
 
 
 def test_a_table_without_sweeps_has_no_capacity(synthetic_chain: tuple[Path, Path]) -> None:
@@ -157,6 +173,8 @@ def test_json_has_capacity_and_its_change(swept: tuple[Path, Path]) -> None:
     assert head["cumulative_delta"]["pct"] == pytest.approx(90.0)
     assert 0 < head["step_delta"]["low_pct"] < 90.0 < head["step_delta"]["high_pct"]
     assert head["significant"] is True and head["cumulative_significant"] is True
+    assert head["verdict"] == "gain" and base["verdict"] is None
+    assert head["loop"] == base["loop"] == "closed"
     assert head["sweep_id"] > base["sweep_id"]
     assert chain[1]["run_id"] is not None  # the sweeps' levels left the table's runs alone
 
@@ -164,19 +182,24 @@ def test_json_has_capacity_and_its_change(swept: tuple[Path, Path]) -> None:
 def test_markdown_and_terminal_show_the_column(swept: tuple[Path, Path]) -> None:
     folder, database = swept
     markdown = _cli(_url(database), "table", HEAD, "--format", "markdown").stdout
-    assert "| capacity @ P99 ≤ 20 ms | Δ step | Δ cum |" in markdown
+    assert "| capacity @ P99 ≤ 20 ms, closed loop | Δ step | Δ cum |" in markdown
+    assert "from each step's newest comparable closed-loop sweep" in markdown
     head_row = next(line for line in markdown.splitlines() if line.startswith(f"| {HEAD}"))
     assert "1,900.0 [1,820.0, 1,980.0]" in head_row and "+90% [" in head_row and "✓" in head_row
+    # Capacity's verdict is its own, labelled, beside the runs' verdict.
+    assert "; capacity gain" in head_row.split("|")[-2]
     piped = _cli(_url(database), "table", HEAD).stdout  # not a terminal: every column
     assert "1,900.0 [1,820.0,1,980.0]" in piped and "P99 ≤ 20 ms" in piped
+    assert "closed loop" in piped and "capacity gain" in piped
     with Store.open(_url(database), read_only=True) as store:
         frame = stacked_table(store, HEAD)
     fitted = render_text(frame, width=200, fit_to=True)
     assert "capacity @" in fitted.splitlines()[0] + fitted.splitlines()[1]
-    assert "capacity @ P99 ≤ 20 ms: 1,900.0 [1,820.0, 1,980.0]/s" in fitted
+    assert "capacity @ P99 ≤ 20 ms, closed loop: 1,900.0 [1,820.0, 1,980.0]/s" in fitted
+    assert "capacity gain" in fitted
     narrow = render_text(frame, width=80, fit_to=True)
     assert max(len(line) for line in narrow.splitlines()) <= 80
-    assert "capacity @ P99 ≤ 20 ms: 1,000.0 [950.0, 1,050.0]/s" in narrow  # the detail block
+    assert "capacity @ P99 ≤ 20 ms, closed loop: 1,000.0 [950.0, 1,050.0]/s" in narrow
 
 
 def test_a_step_without_a_sweep_under_the_slo_says_why(swept: tuple[Path, Path]) -> None:
@@ -237,7 +260,10 @@ def test_check_gates_on_capacity_against_the_baseline(swept: tuple[Path, Path]) 
     url = _url(swept[1])
     passed = _cli(url, "check", HEAD, "--min-gain", "capacity=50%")
     assert passed.exit_code == 0, passed.output
-    assert "| capacity | gain ≥ 50% vs `synthetic-baseline` (P99 ≤ 20 ms)" in passed.output
+    assert (
+        "| capacity | gain ≥ 50% vs `synthetic-baseline` (P99 ≤ 20 ms, closed loop)"
+        in passed.output
+    )
     assert "| 1,000.00 | 1,900.00 | +90.0% better | yes | pass |" in passed.output
     failed = _cli(
         url, "check", HEAD, "--min-gain", "capacity=100%", "--max-regression", "p99=1000%"
@@ -257,8 +283,12 @@ def test_audit_names_the_step_that_bought_the_headroom(swept: tuple[Path, Path])
         result.output
     )
     assert "  capacity: 1,900.0 [1,820.0, 1,980.0]/s, Δ step +90% [" in result.output
+    assert "(capacity gain: beyond noise at 99.9%)" in result.output
+    assert "capacity under P99 ≤ 20 ms, closed loop: chain total +90.0%" in result.output
     document = json.loads(_cli(_url(swept[1]), "audit", HEAD, "--json").stdout)
-    assert document["capacity_slo"] == "P99 ≤ 20 ms"
+    assert document["capacity_slo"] == "P99 ≤ 20 ms, closed loop"
+    assert document["capacity_loop"] == "closed"
+    assert [s["capacity_verdict"] for s in document["steps"]] == [None, "gain"]
     assert [s["capacity_qps"] for s in document["steps"]] == [1000.0, 1900.0]
 
 

@@ -90,6 +90,8 @@ def stacked_frame(hostile: bool = False) -> pd.DataFrame:
             qps_cumulative_low_pct=44.0, qps_cumulative_high_pct=56.0,
             p50_cumulative_low_pct=-40.0, p50_cumulative_high_pct=-35.0,
             p99_cumulative_low_pct=-38.0, p99_cumulative_high_pct=-29.0,
+            step_confidence=0.99, cumulative_confidence=0.99,
+            step_method="Welch t on log within-run spread",
         ),
         _measured(
             3, 2.2, 12.0, 1800.0, experiment=name, variable="copies",
@@ -105,6 +107,8 @@ def stacked_frame(hostile: bool = False) -> pd.DataFrame:
             error_rate=0.02, qps_cumulative_low_pct=70.0, qps_cumulative_high_pct=90.0,
             p50_cumulative_low_pct=-50.0, p50_cumulative_high_pct=-40.0,
             p99_cumulative_low_pct=20.0, p99_cumulative_high_pct=46.0,
+            step_confidence=1 - 0.01 / 3, cumulative_confidence=0.99,
+            step_method="paired t on log-ratios, 3 pairs",
         ),
         _row(
             experiment="int8", variable="precision", change="fp32 -> int8",

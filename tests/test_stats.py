@@ -9,11 +9,15 @@ import pytest
 from scipy import stats as sps
 
 from optlab.metrics.stats import (
+    REPEATED_CONFIDENCE,
+    VERDICT_CONFIDENCE,
     Comparison,
     Interval,
     batch_means,
+    beyond_noise,
     compare,
     metric_label,
+    ratio_interval,
     run_interval,
     step_verdict,
 )
@@ -89,7 +93,12 @@ def test_batch_means_covers_an_ar1_mean_at_its_nominal_level(phi: float) -> None
         assert naive_hits / trials < 0.85  # treating the seconds as independent undercovers
 
 
-def test_compare_one_run_a_side_is_welch() -> None:
+def _ratio_pct(log_ratio: float, low: float, high: float) -> tuple[float, float, float]:
+    """A log-scale interval of a ratio back in % of the parent."""
+    return tuple(math.expm1(v) * 100 for v in (log_ratio, low, high))  # type: ignore[return-value]
+
+
+def test_compare_one_run_a_side_is_welch_on_the_log_scale() -> None:
     rng = np.random.default_rng(4)
     parent = rng.normal(100, 5, 10)
     child = rng.normal(80, 8, 10)
@@ -101,11 +110,16 @@ def test_compare_one_run_a_side_is_welch() -> None:
         child_estimates=[child.mean()],
         higher_is_better=False,
     )
-    ci = sps.ttest_ind(child, parent, equal_var=False).confidence_interval(0.99)
+    # The delta method: se(ln mean) = se(mean) / mean, i.e. Welch on each side over its mean.
+    ci = sps.ttest_ind(
+        child / child.mean(), parent / parent.mean(), equal_var=False
+    ).confidence_interval(0.99)
+    log_ratio = math.log(child.mean() / parent.mean())
+    expected = _ratio_pct(log_ratio, log_ratio + ci.low, log_ratio + ci.high)
     assert got.delta_pct == pytest.approx((child.mean() - parent.mean()) / parent.mean() * 100)
-    assert got.low_pct == pytest.approx(ci.low / parent.mean() * 100)
-    assert got.high_pct == pytest.approx(ci.high / parent.mean() * 100)
+    assert (got.delta_pct, got.low_pct, got.high_pct) == pytest.approx(expected)
     assert got.significant and got.better is True and "Welch" in got.method
+    assert got.confidence == 0.99
     worse = compare(
         "qps",
         [list(parent)],
@@ -117,7 +131,7 @@ def test_compare_one_run_a_side_is_welch() -> None:
     assert worse.significant and worse.better is False
 
 
-def test_compare_paired_is_ttest_rel_when_the_pairs_spread_more() -> None:
+def test_compare_paired_is_ttest_rel_on_log_ratios_when_the_pairs_spread_more() -> None:
     rng = np.random.default_rng(5)
     drift = np.linspace(0, 20, 6)  # a machine slowing down: cancels within each pair
     parent_est = 100 + drift + rng.normal(0, 0.5, 6)
@@ -126,9 +140,12 @@ def test_compare_paired_is_ttest_rel_when_the_pairs_spread_more() -> None:
     tight_c = [[e - 0.001, e, e + 0.001] * 4 for e in child_est]
     args = dict(parent_estimates=list(parent_est), child_estimates=list(child_est))
     got = compare("p50", tight, tight_c, higher_is_better=False, paired=True, **args)  # type: ignore[arg-type]
-    ci = sps.ttest_rel(child_est, parent_est).confidence_interval(0.99)
-    base = parent_est.mean()
-    assert (got.low_pct, got.high_pct) == pytest.approx((ci.low / base * 100, ci.high / base * 100))
+    logs_c, logs_p = np.log(child_est), np.log(parent_est)
+    ci = sps.ttest_rel(logs_c, logs_p).confidence_interval(0.99)
+    mean = float((logs_c - logs_p).mean())
+    assert (got.delta_pct, got.low_pct, got.high_pct) == pytest.approx(
+        _ratio_pct(mean, ci.low, ci.high)
+    )
     assert got.significant and got.better is True and "paired" in got.method
     unpaired = compare("p50", tight, tight_c, higher_is_better=False, **args)  # type: ignore[arg-type]
     assert not unpaired.significant  # the drift swamps the 5% change without the pairing
@@ -147,11 +164,10 @@ def test_compare_repeats_use_run_to_run_spread_never_narrower_than_within() -> N
         child_estimates=list(c_est),
         higher_is_better=True,
     )
-    ci = sps.ttest_ind(c_est, p_est, equal_var=False).confidence_interval(0.99)
-    assert (got.low_pct, got.high_pct) == pytest.approx(
-        (ci.low / p_est.mean() * 100, ci.high / p_est.mean() * 100)
-    )
-    assert "run-to-run" in got.method
+    ci = sps.ttest_ind(np.log(c_est), np.log(p_est), equal_var=False).confidence_interval(0.99)
+    mean = float(np.log(c_est).mean() - np.log(p_est).mean())
+    assert (got.low_pct, got.high_pct) == pytest.approx(_ratio_pct(mean, ci.low, ci.high)[1:])
+    assert "run" in got.method and "Welch" in got.method
     # Very noisy windows, identical run estimates: the within-run answer is the wider one.
     noisy = [list(rng.normal(e, 30, 12)) for e in [100.0, 100.0]]
     noisy_c = [list(rng.normal(e, 30, 12)) for e in [101.0, 101.0]]
@@ -164,6 +180,138 @@ def test_compare_repeats_use_run_to_run_spread_never_narrower_than_within() -> N
         higher_is_better=True,
     )
     assert both.high_pct - both.low_pct > 10 and not both.significant
+    assert "within-run spread is wider" in both.method
+
+
+def test_repeated_confidence_applies_only_where_runs_measure_the_run_to_run_spread() -> None:
+    windows = [[10.0, 10.1, 9.9, 10.05, 9.95]]
+    one = compare(
+        "qps",
+        windows,
+        windows,
+        parent_estimates=[10.0],
+        child_estimates=[10.0],
+        higher_is_better=True,
+        confidence=VERDICT_CONFIDENCE,
+        repeated_confidence=REPEATED_CONFIDENCE,
+    )
+    assert one.confidence == VERDICT_CONFIDENCE
+    three = compare(
+        "qps",
+        windows * 3,
+        windows * 3,
+        parent_estimates=[10.0, 10.2, 9.9],
+        child_estimates=[10.1, 10.0, 9.8],
+        higher_is_better=True,
+        confidence=VERDICT_CONFIDENCE,
+        repeated_confidence=REPEATED_CONFIDENCE,
+        paired=True,
+    )
+    assert three.confidence == REPEATED_CONFIDENCE == pytest.approx(1 - 0.01 / 3)
+
+
+def test_a_consistent_4x_gain_over_three_pairs_is_significant() -> None:
+    """+300%, +376%, +315% pair by pair: the t interval on the log-ratios (scipy's) lies far
+    above zero, and no latency interval crosses -100%."""
+    parent_qps = np.array([500.0, 430.0, 520.0])
+    child_qps = parent_qps * np.array([4.0, 4.76, 4.15])
+    flat = [[q * f for f in (0.99, 1.0, 1.01, 1.0, 1.0)] for q in parent_qps]
+    flat_c = [[q * f for f in (0.99, 1.0, 1.01, 1.0, 1.0)] for q in child_qps]
+    got = compare(
+        "qps",
+        flat,
+        flat_c,
+        parent_estimates=list(parent_qps),
+        child_estimates=list(child_qps),
+        higher_is_better=True,
+        confidence=VERDICT_CONFIDENCE,
+        repeated_confidence=REPEATED_CONFIDENCE,
+        paired=True,
+    )
+    logs = np.log(child_qps / parent_qps)
+    ci = sps.ttest_rel(np.log(child_qps), np.log(parent_qps)).confidence_interval(
+        REPEATED_CONFIDENCE
+    )
+    assert (got.delta_pct, got.low_pct, got.high_pct) == pytest.approx(
+        _ratio_pct(float(logs.mean()), ci.low, ci.high)
+    )
+    assert got.low_pct > 50 and got.significant and got.better is True
+    assert got.delta_pct == pytest.approx((np.prod(child_qps / parent_qps) ** (1 / 3) - 1) * 100)
+    # The latency of the same runs: a quarter of the parent's, pairs spread wide apart.
+    p99 = compare(
+        "p99",
+        flat,
+        flat_c,
+        parent_estimates=[40.0, 9.0, 60.0],
+        child_estimates=[10.0, 8.0, 2.0],
+        higher_is_better=False,
+        confidence=VERDICT_CONFIDENCE,
+        repeated_confidence=REPEATED_CONFIDENCE,
+        paired=True,
+    )
+    assert -100 < p99.low_pct < p99.delta_pct < p99.high_pct
+    assert not p99.significant  # -75%, -11%, -97%: too inconsistent over three pairs
+
+
+def test_ratio_interval_never_crosses_minus_100() -> None:
+    assert ratio_interval(0.0, 5.0)[1] > -100 and ratio_interval(0.0, 50.0)[1] >= -100
+    change, low, high = ratio_interval(math.log(4), math.log(2))
+    assert (change, low, high) == pytest.approx((300.0, 100.0, 700.0))
+
+
+def test_paired_ratio_interval_covers_the_true_ratio_at_its_level() -> None:
+    """Pairs with a shared drift and lognormal run-to-run noise around a true ratio of 1.3:
+    the 95% interval covers 30% in about 95% of trials; an A/A family of three metrics at
+    REPEATED_CONFIDENCE calls about 1% of trials a change."""
+    rng = np.random.default_rng(8)
+    trials, hits, alarms = 600, 0, 0
+    windows = [[1.0, 1.0, 1.0]] * 4
+    for _ in range(trials):
+        drift = rng.normal(0, 0.3, 4)
+        parent = np.exp(5 + drift + rng.normal(0, 0.05, 4))
+        child = np.exp(5 + math.log(1.3) + drift + rng.normal(0, 0.05, 4))
+        got = compare(
+            "qps",
+            windows,
+            windows,
+            parent_estimates=list(parent),
+            child_estimates=list(child),
+            higher_is_better=True,
+            confidence=0.95,
+            repeated_confidence=0.95,
+            paired=True,
+        )
+        hits += got.low_pct <= 30.0 <= got.high_pct
+        family = []
+        for _metric in range(3):
+            a = np.exp(5 + drift + rng.normal(0, 0.05, 4))
+            b = np.exp(5 + drift + rng.normal(0, 0.05, 4))
+            family.append(
+                compare(
+                    "qps",
+                    windows,
+                    windows,
+                    parent_estimates=list(a),
+                    child_estimates=list(b),
+                    higher_is_better=True,
+                    confidence=VERDICT_CONFIDENCE,
+                    repeated_confidence=REPEATED_CONFIDENCE,
+                    paired=True,
+                    min_effect_pct=0.0,
+                ).significant
+            )
+        alarms += any(family)
+    assert 0.92 <= hits / trials <= 0.98  # binomial sd ~0.9 points
+    assert alarms / trials <= 0.03  # 1% nominal
+
+
+def test_beyond_noise_is_one_test() -> None:
+    assert beyond_noise(5.0, 1.0, 9.0) is True
+    assert beyond_noise(-5.0, -9.0, -1.0) is True
+    assert beyond_noise(5.0, -1.0, 9.0) is False
+    assert beyond_noise(0.5, 0.1, 0.9) is False  # under the 1% floor
+    assert beyond_noise(5.0, None, 9.0) is None
+    assert beyond_noise(math.nan, 1.0, 9.0) is None
 
 
 def test_compare_min_effect_and_missing_data() -> None:

@@ -21,10 +21,21 @@ t interval is what the tests check against scipy.
 A run-level figure (the P99 of the whole run, its QPS) is not the mean of its windows, but
 its sampling noise scales the same way (the variance of an empirical quantile falls as 1/N
 like a mean's), so :func:`run_interval` centres the batch-means half-width on the run's own
-figure. A step is judged by Welch's t interval on the difference of the two sides; with
-``--repeats`` the run-to-run spread is used too (never narrower than the within-run answer),
-and with ``--paired`` (A B A B ...) the paired differences, in which a slow drift of a shared
-machine cancels.
+figure.
+
+A step's change is a ratio (QPS x4, P99 -30%), so :func:`compare` works on the log scale and
+transforms back: its interval never crosses -100%, and x4 and /4 are equally far from zero.
+One run a side: Welch's t on the two runs' relative within-run errors (the delta method,
+se(ln x) = se(x)/x). With ``--repeats``: Welch on the runs' log estimates too; with ``--paired``
+(A B A B ...): a t interval on the paired log-ratios, in which a slow drift of a shared machine
+cancels. The wider of the within-run and run-to-run intervals is used.
+
+The level. A step's verdict is a family of three tests (QPS, P50, P99), held to 1% false
+alarms: each at 1 - 0.01/3 (Bonferroni), :data:`REPEATED_CONFIDENCE`, where repeats or pairs
+measure the run-to-run spread. One run a side cannot see that spread (a shared machine's
+drift between two runs); measured on the synthetic target (benchmarks/calibration.py), its
+intervals need 99.9%, :data:`VERDICT_CONFIDENCE`, for the same 1-2% false alarms.
+:func:`beyond_noise` is the one test every report applies to a change and its interval.
 """
 
 from __future__ import annotations
@@ -40,10 +51,14 @@ from optlab.metrics.change import signed_pct
 __all__ = [
     "Comparison",
     "Interval",
+    "MIN_EFFECT_PCT",
+    "REPEATED_CONFIDENCE",
     "VERDICT_CONFIDENCE",
     "batch_means",
+    "beyond_noise",
     "compare",
     "metric_label",
+    "ratio_interval",
     "run_interval",
     "step_verdict",
 ]
@@ -55,6 +70,11 @@ MAX_BATCHES = 30
 # also carry run-to-run noise their own windows cannot show. Measured on the synthetic target:
 # 98/100 A/A within noise and 49/50 regressions of 10% found, against 89/100 at 0.99.
 VERDICT_CONFIDENCE = 0.999
+# The level where repeats or pairs measure the run-to-run spread: the same family of three
+# tests at 1% false alarms, Bonferroni, with nothing left unseen to round up for.
+REPEATED_CONFIDENCE = 1 - 0.01 / 3
+# A change smaller than this (%) is never called beyond noise, however tight its interval.
+MIN_EFFECT_PCT = 1.0
 # Below min_batches windows, compare() still judges a run from its windows taken as
 # independent batches of one (a quick 5 s run has 5 windows), if it has at least this many.
 MIN_WINDOWS = 3
@@ -79,6 +99,7 @@ class Comparison:
     significant: bool
     better: bool | None  # True improved beyond noise, False worsened beyond noise, None within
     method: str
+    confidence: float = math.nan  # the level of [low_pct, high_pct]
 
 
 @dataclass(frozen=True)
@@ -172,56 +193,77 @@ def _welch_df(parts: Sequence[tuple[float, float]]) -> float:
     return total**2 / denominator
 
 
-def _within(
-    series: Sequence[Sequence[float]], estimates: Sequence[float]
-) -> tuple[float, float, float, str] | None:
-    """Mean of the run estimates, its within-run se and df, from each run's windows."""
+def _logs(estimates: Sequence[float]) -> np.ndarray | None:
+    """The natural logs of run estimates, or None where one is not a positive number."""
+    array = np.asarray(estimates, dtype=float)
+    if not np.all(np.isfinite(array)) or np.any(array <= 0):
+        return None
+    logs: np.ndarray = np.log(array)
+    return logs
+
+
+def _within(series: Sequence[Sequence[float]], logs: np.ndarray) -> _Spread | None:
+    """The mean of the runs' log estimates and its within-run standard error: each run's
+    batch-means error of its windows' mean, relative to that mean (the delta method:
+    se(ln x) = se(x) / x), so that a ratio's interval is built on the log scale."""
     spreads = [_window_spread(_clean(s), 10) for s in series]
-    if not spreads or any(s is None for s in spreads):
+    if not spreads or any(s is None or s.mean <= 0 for s in spreads):
         return None
     k = len(spreads)
-    parts = [(s.se / k, s.df) for s in spreads if s is not None]
+    parts = [(s.se / s.mean / k, s.df) for s in spreads if s is not None]
     se = math.sqrt(sum(p[0] ** 2 for p in parts))
-    methods = sorted({s.method for s in spreads if s is not None})
-    return float(np.mean(estimates)), se, _welch_df(parts), "; ".join(methods)
+    methods = "; ".join(sorted({s.method for s in spreads if s is not None}))
+    return _Spread(float(logs.mean()), se, _welch_df(parts), methods)
 
 
 def _nan_comparison(metric: str, delta: float, method: str) -> Comparison:
     return Comparison(metric, delta, math.nan, math.nan, False, None, method)
 
 
-def _widest_spread(
-    within: tuple[float, float, str],
-    parent_estimates: Sequence[float],
-    child_estimates: Sequence[float],
-    *,
-    paired: bool,
-) -> tuple[float, float, str]:
-    """(se, df, method): the within-run spread, or the run-to-run one where that is wider."""
-    se, df, method = within
-    k = len(parent_estimates)
-    if paired and k >= 2:
-        diffs = np.asarray(child_estimates, float) - np.asarray(parent_estimates, float)
-        between_se = float(np.std(diffs, ddof=1) / math.sqrt(k))
-        if between_se > se:
-            return between_se, k - 1, f"paired t over {k} pairs (A B A B ...)"
-        return se, df, f"paired, but the within-run spread is wider: {method}"
-    # A single pair, or one run a side: there is no run-to-run spread to weigh.
-    if paired or (k < 2 and len(child_estimates) < 2):
-        return se, df, method
-    between = []
-    for estimates in (parent_estimates, child_estimates):
-        n = len(estimates)
-        between.append(
-            (float(np.std(estimates, ddof=1) / math.sqrt(n)), n - 1) if n >= 2 else None
-        )
-    if all(b is not None for b in between):
-        b_parts = [b for b in between if b is not None]
-        between_se = math.sqrt(sum(b[0] ** 2 for b in b_parts))
-        if between_se > se:
-            runs = f"{k} vs {len(child_estimates)} runs"
-            return between_se, _welch_df(b_parts), f"Welch t on run-to-run spread ({runs})"
-    return se, df, method
+def _between(p_logs: np.ndarray, c_logs: np.ndarray, *, paired: bool) -> _Spread | None:
+    """The run-to-run spread of the log difference, where the runs measure it: the paired
+    log-ratios (k >= 2 pairs), or Welch on the two sides' log estimates (>= 2 runs a side).
+    None: one run a side, or a single pair, has no run-to-run spread to weigh."""
+    k = len(p_logs)
+    if paired:
+        if k < 2:
+            return None
+        ratios = c_logs - p_logs
+        se = float(np.std(ratios, ddof=1) / math.sqrt(k))
+        return _Spread(float(ratios.mean()), se, k - 1, f"paired t on log-ratios, {k} pairs")
+    if k < 2 or len(c_logs) < 2:
+        return None
+    parts = [(float(np.std(x, ddof=1) / math.sqrt(len(x))), len(x) - 1) for x in (p_logs, c_logs)]
+    se = math.hypot(parts[0][0], parts[1][0])
+    diff = float(c_logs.mean() - p_logs.mean())
+    method = f"Welch t on log run estimates, {k} vs {len(c_logs)} runs"
+    return _Spread(diff, se, _welch_df(parts), method)
+
+
+def beyond_noise(
+    delta_pct: float | None,
+    low_pct: float | None,
+    high_pct: float | None,
+    min_effect_pct: float = MIN_EFFECT_PCT,
+) -> bool | None:
+    """The one test of "changed beyond noise" every report applies to a change and its
+    interval: the interval lies wholly on one side of zero and the change is at least
+    `min_effect_pct`. None where a number is missing (not judged)."""
+    values = (delta_pct, low_pct, high_pct)
+    if any(v is None or not math.isfinite(v) for v in values):
+        return None
+    assert delta_pct is not None and low_pct is not None and high_pct is not None
+    return (low_pct > 0 or high_pct < 0) and abs(delta_pct) >= min_effect_pct
+
+
+def ratio_interval(log_ratio: float, half: float) -> tuple[float, float, float]:
+    """(change, low, high) in % of a ratio known on the log scale: exp(d) - 1 and
+    exp(d -+ half) - 1. Never below -100%, whatever the spread."""
+    return (
+        math.expm1(log_ratio) * 100,
+        math.expm1(log_ratio - half) * 100,
+        math.expm1(log_ratio + half) * 100,
+    )
 
 
 def compare(
@@ -233,46 +275,57 @@ def compare(
     child_estimates: Sequence[float],
     higher_is_better: bool,
     confidence: float = 0.99,
-    min_effect_pct: float = 1.0,
+    repeated_confidence: float | None = None,
+    min_effect_pct: float = MIN_EFFECT_PCT,
     paired: bool = False,
 ) -> Comparison:
     """The child's change against the parent in %, its interval, and whether it is beyond noise.
 
-    One run a side: Welch's t on the two runs' within-run (batch-means) errors. Several runs a
-    side: also the run-to-run spread of the run estimates; whichever is wider is used, so the
-    answer is never narrower than the within-run one. ``paired``: parent[i] and child[i] were
-    measured back to back, and the interval is that of the mean paired difference.
+    A ratio: the interval is built on the log scale and transformed back, so it never crosses
+    -100% and a 4x gain and a 4x loss are equally far from zero. One run a side: Welch's t on
+    the two runs' within-run (batch-means) errors of the log. Several runs a side: also Welch
+    on the runs' log estimates; ``paired`` (parent[i] and child[i] measured back to back):
+    a t interval on the paired log-ratios, in which a slow drift of the machine cancels.
+    Whichever interval is wider is used, so the answer is never narrower than the within-run
+    one. Where the runs measure the run-to-run spread (>= 2 pairs, >= 2 runs a side),
+    ``repeated_confidence`` (when given) is the level instead of ``confidence``.
     """
     _check_confidence(confidence)
+    if repeated_confidence is not None:
+        _check_confidence(repeated_confidence)
     if len(parent) != len(parent_estimates) or len(child) != len(child_estimates):
         raise ValueError("one estimate per run series is needed on each side")
     if not parent_estimates or not child_estimates:
         raise ValueError("each side needs at least one run")
     if paired and len(parent) != len(child):
         raise ValueError("paired comparison needs as many parent runs as child runs")
-    p_mean = float(np.mean(parent_estimates))
-    c_mean = float(np.mean(child_estimates))
-    if not (math.isfinite(p_mean) and math.isfinite(c_mean)) or p_mean == 0:
-        return _nan_comparison(metric, math.nan, "no estimate")
-    delta = (c_mean - p_mean) / abs(p_mean) * 100
-    within_p = _within(parent, parent_estimates)
-    within_c = _within(child, child_estimates)
+    p_logs, c_logs = _logs(parent_estimates), _logs(child_estimates)
+    if p_logs is None or c_logs is None:
+        return _nan_comparison(metric, math.nan, "no positive estimate on each side")
+    delta = math.expm1(float(c_logs.mean() - p_logs.mean())) * 100
+    within_p, within_c = _within(parent, p_logs), _within(child, c_logs)
     if within_p is None or within_c is None:
         return _nan_comparison(metric, delta, f"too few windows (< {MIN_WINDOWS}) for an interval")
-    parts = [(within_p[1], within_p[2]), (within_c[1], within_c[2])]
-    se = math.sqrt(within_p[1] ** 2 + within_c[1] ** 2)
-    df = _welch_df(parts)
-    method = f"Welch t on within-run spread: parent {within_p[3]}, child {within_c[3]}"
-    se, df, method = _widest_spread(
-        (se, df, method), parent_estimates, child_estimates, paired=paired
+    between = _between(p_logs, c_logs, paired=paired)
+    level = confidence
+    if between is not None and repeated_confidence is not None:
+        level = repeated_confidence
+    parts = [(within_p.se, within_p.df), (within_c.se, within_c.df)]
+    se = math.hypot(within_p.se, within_c.se)
+    half = _t(level, _welch_df(parts)) * se
+    method = (
+        f"Welch t on log within-run spread: parent {within_p.method}, child {within_c.method}"
     )
-    half = _t(confidence, df) * se
-    low = (c_mean - p_mean - half) / abs(p_mean) * 100
-    high = (c_mean - p_mean + half) / abs(p_mean) * 100
-    beyond = low > 0 or high < 0
-    significant = bool(beyond and abs(delta) >= min_effect_pct)
+    if between is not None:
+        between_half = _t(level, between.df) * between.se
+        if between_half > half:
+            half, method = between_half, between.method
+        else:
+            method = f"{between.method}, but the within-run spread is wider: {method}"
+    _, low, high = ratio_interval(float(c_logs.mean() - p_logs.mean()), half)
+    significant = bool(beyond_noise(delta, low, high, min_effect_pct))
     better = None if not significant else (delta > 0) == higher_is_better
-    return Comparison(metric, delta, low, high, significant, better, method)
+    return Comparison(metric, delta, low, high, significant, better, method, level)
 
 
 def metric_label(metric: str) -> str:

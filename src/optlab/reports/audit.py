@@ -9,9 +9,16 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from optlab.metrics.stats import MIN_EFFECT_PCT, beyond_noise
 from optlab.reports.capacity import has_capacity, most_headroom
 from optlab.reports.export import as_list, plain
-from optlab.reports.format import capacity_value, cumulative_delta, percent, step_delta
+from optlab.reports.format import (
+    capacity_label,
+    capacity_value,
+    cumulative_delta,
+    percent,
+    step_delta,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -42,6 +49,7 @@ class AuditStep:
     capacity_step_pct: float | None = None
     capacity_step_interval: list[float] | None = None
     capacity_significant: bool | None = None  # its Δ step beyond noise
+    capacity_verdict: str | None = None  # capacity's own verdict: gain, within noise, regressed
     capacity_text: str | None = None  # `912.0 [880.1, 940.2]/s, Δ step +95% [+80,+110] ...`
     capacity_reason: str | None = None
 
@@ -63,6 +71,7 @@ class Audit:
     # Capacity (a swept chain only): the SLO, the head's change against the baseline, and the
     # step whose own capacity gain was the largest.
     capacity_slo: str | None = None
+    capacity_loop: str | None = None  # "open" or "closed": the sweeps' loop
     total_capacity_pct: float | None = None
     total_capacity_interval: list[float] | None = None
     total_capacity_significant: bool | None = None
@@ -86,7 +95,7 @@ def _share(part: float | None, total: float | None) -> float | None:
 
 # A total smaller than this is never shared out: the table never calls a change under 1%
 # significant, and a share of next to nothing reads as 600% and -500%.
-SHARE_MIN_TOTAL_PCT = 1.0
+SHARE_MIN_TOTAL_PCT = MIN_EFFECT_PCT
 
 
 def _interval(row: Any, metric: str) -> list[float] | None:
@@ -107,6 +116,8 @@ def _noise_note(label: str, total: float | None, interval: list[float] | None) -
         why = "its interval spans zero"
     elif abs(total) < SHARE_MIN_TOTAL_PCT:
         why = f"under {SHARE_MIN_TOTAL_PCT:g}%"
+    elif interval is not None and not beyond_noise(total, interval[0], interval[1]):
+        why = "not beyond noise"
     else:
         return None
     return (
@@ -166,13 +177,15 @@ def _add_capacity(audit: Audit, rows: list[Any], attrs: Any) -> None:
     """Each step's capacity and its own Δ, the chain's total, and which step bought most."""
     confidence = audit.confidence
     level = f" at {confidence * 100:g}%" if confidence else ""
-    audit.capacity_slo = str((attrs.get("capacity_slo") or {}).get("label"))
+    audit.capacity_slo = capacity_label(attrs)
+    audit.capacity_loop = (attrs.get("capacity_slo") or {}).get("loop")
     for step, row in zip(audit.steps, rows, strict=True):
         step.capacity_qps = _num(row.get("capacity_qps"))
         step.capacity_interval = _pair(row, "capacity_low_qps", "capacity_high_qps")
         step.capacity_step_pct = _num(row.get("capacity_step_pct"))
         step.capacity_step_interval = _pair(row, "capacity_step_low_pct", "capacity_step_high_pct")
         step.capacity_significant = _bool(row.get("capacity_significant"))
+        step.capacity_verdict = _text(row, "capacity_verdict")
         reason = row.get("capacity_reason")
         step.capacity_reason = reason if isinstance(reason, str) else None
         if step.capacity_qps is None:
@@ -180,7 +193,9 @@ def _add_capacity(audit: Audit, rows: list[Any], attrs: Any) -> None:
         parts = [f"{capacity_value(row)}/s"]
         if (delta := step_delta(row, "capacity", digits=0)) != "":
             noise = _noise(step.capacity_significant)
-            parts.append(f"Δ step {delta} ({noise}{level if noise != 'not judged' else ''})")
+            verdict = f"capacity {step.capacity_verdict}: " if step.capacity_verdict else ""
+            at = level if noise != "not judged" else ""
+            parts.append(f"Δ step {delta} ({verdict}{noise}{at})")
         if (cumulative := cumulative_delta(row, "capacity", digits=0)) != "":
             parts.append(f"Δ cum {cumulative}")
         step.capacity_text = ", ".join(parts)

@@ -11,12 +11,20 @@ environment, as the head's newest run does for the runs' columns. The newest swe
 counts stands for the step; a step without one says why.
 
 Significance. A sweep stores its capacity's 95% interval (`sweep.strategy` says how). Its
-standard error is taken as the interval's half-width / 1.96. Two sweeps are independent
-measurements, so their difference has a standard error of sqrt(se_before² + se_after²), and a
-change is beyond noise when the z-test on the difference passes at the table's confidence
-(two-sided: |z| > 3.29 at 0.999). The change's interval is the difference's interval at that
-confidence over the earlier capacity, in percent; it excludes zero exactly when the z-test
-passes. A capacity with no interval (a sweep that never bracketed it) is not judged.
+standard error is taken as the interval's half-width / 1.96. A change of capacity is a ratio,
+judged on the log scale like the runs' changes (`metrics.stats`): the standard error of ln
+capacity is se / capacity (the delta method), two sweeps are independent measurements, so
+the log ratio's standard error is sqrt((se_b/b)² + (se_a/a)²), and its interval at the
+table's confidence, exp(ln(a/b) -+ z se) - 1 in percent, never crosses -100%. The change is
+beyond noise by the same test as the runs' (`metrics.stats.beyond_noise`: the interval on one
+side of zero, at least 1%). A capacity with no interval (a sweep that never bracketed it) is
+not judged. Capacity is its own question with its own verdict (`capacity_verdict`: gain,
+within noise, regressed), never the run's: a step can gain capacity within the noise of its
+QPS at one load, or the other way round.
+
+The loop. An open loop's capacity (a rate it sustains) and a closed loop's (the throughput
+of N clients) are different quantities; every sweep of the column shares the reference
+sweep's loop, named in `attrs["capacity_slo"]["loop"]` and each row's `capacity_loop`.
 
 Δ step is against the parent (the row before), Δ cum against the baseline (the first row):
 never against a step further up, whose sweep measured a different change.
@@ -33,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from optlab.config.protocol import protocol_label
 from optlab.env.compare import compare_fingerprints
 from optlab.metrics.change import percent_change
+from optlab.metrics.stats import beyond_noise, ratio_interval
 from optlab.sweep.slo import Slo
 
 if TYPE_CHECKING:
@@ -49,6 +58,7 @@ __all__ = [
     "SweepChoice",
     "add_capacity",
     "capacity_of",
+    "capacity_verdict",
     "change",
     "choose_sweeps",
     "default_slo",
@@ -69,6 +79,7 @@ CAPACITY_COLUMNS = (
     "capacity_sweep_id", "capacity_step_pct", "capacity_step_low_pct", "capacity_step_high_pct",
     "capacity_cumulative_pct", "capacity_cumulative_low_pct", "capacity_cumulative_high_pct",
     "capacity_significant", "capacity_cumulative_significant", "capacity_reason",
+    "capacity_verdict", "capacity_loop",
 )  # fmt: skip
 
 
@@ -117,6 +128,7 @@ class StepCapacity:
     step: Change | None  # against the parent
     cumulative: Change | None  # against the baseline
     reason: str | None  # why the capacity, or a change, is missing
+    loop: str | None = None  # "open" or "closed": the sweep's loop
 
 
 def slo_of(sweep: SweepRecord) -> Slo:
@@ -288,21 +300,30 @@ def _unswept(sweeps: Sequence[SweepRecord], config_hash: str | None, slo: Slo, c
 
 
 def change(before: Capacity, after: Capacity, confidence: float) -> Change | None:
-    """`after` against `before` (module docstring: the z-test and the interval); None when a
-    side has no capacity, or `before`'s is zero."""
+    """`after` against `before` (module docstring: the log-scale interval and the test);
+    None when a side has no capacity, or `before`'s is zero."""
     pct = percent_change(before.qps, after.qps)
     if pct is None or before.qps is None or after.qps is None:
         return None
     se_before, se_after = before.se, after.se
-    if se_before is None or se_after is None:
+    if se_before is None or se_after is None or before.qps <= 0 or after.qps <= 0:
         return Change(pct, None, None, None)
-    se = math.hypot(se_before, se_after)
-    difference = after.qps - before.qps
+    se = math.hypot(se_before / before.qps, se_after / after.qps)
     z = NormalDist().inv_cdf(0.5 + confidence / 2)
-    low = (difference - z * se) / before.qps * 100.0
-    high = (difference + z * se) / before.qps * 100.0
-    significant = abs(difference) > z * se if se > 0 else difference != 0
-    return Change(pct, low, high, significant)
+    _, low, high = ratio_interval(math.log(after.qps / before.qps), z * se)
+    return Change(pct, low, high, beyond_noise(pct, low, high))
+
+
+def capacity_verdict(step: Change | None) -> str | None:
+    """The capacity question's own verdict on a Δ step: gain, within noise or regressed;
+    "not judged" without an interval; None without a Δ."""
+    if step is None:
+        return None
+    if step.significant is None:
+        return "not judged"
+    if not step.significant:
+        return "within noise"
+    return "gain" if step.pct > 0 else "regressed"
 
 
 def _no_capacity(choice: SweepChoice) -> str:
@@ -353,6 +374,7 @@ def stack_capacity(
                 step=step,
                 cumulative=cumulative,
                 reason="; ".join(reasons) or None,
+                loop=choice.sweep.mode if choice.sweep is not None else None,
             )
         )
     return steps
@@ -377,6 +399,8 @@ def _columns(step: StepCapacity) -> dict[str, Any]:
     row["capacity_cumulative_significant"] = (
         step.cumulative.significant if step.cumulative else None
     )
+    row["capacity_verdict"] = capacity_verdict(step.step)
+    row["capacity_loop"] = step.loop
     return row
 
 
@@ -398,6 +422,7 @@ def add_capacity(
     for column in CAPACITY_COLUMNS:
         out[column] = [row[column] for row in rows]
     protocols = [c.sweep.protocol for c in choices if c.sweep is not None]
+    loops = [c.sweep.mode for c in choices if c.sweep is not None]
     out.attrs["capacity_slo"] = {
         "percentile": slo.percentile,
         "ms": slo.ms,
@@ -405,6 +430,9 @@ def add_capacity(
         "key": slo.key,
         # The chosen sweeps' base protocol (they share it), which may differ from the runs'.
         "protocol_label": protocol_label(protocols[0]) if protocols else None,
+        # The chosen sweeps' loop (they share it): an open loop's capacity is a rate it
+        # sustains, a closed loop's the throughput of N clients.
+        "loop": loops[0] if loops else None,
     }
     return out
 

@@ -91,13 +91,36 @@ def verdict_of(row: Any) -> str:
 
 def verdict_label(row: Any) -> str:
     """The verdict with the metrics that decided it and their step change, e.g.
-    `gain (P50 -38%)` or `regressed (P99 +100%)`: a reviewer sees why without the JSON."""
+    `gain (P50 -38%)` or `regressed (P99 +100%)`: a reviewer sees why without the JSON; then
+    capacity's own verdict where the table has one (`capacity_verdict_label`)."""
     parts = []
     for label in as_list(row.get("decided_by")):
         value = percent(row.get(f"{METRIC_PREFIX.get(label, '?')}_step_pct"), digits=None)
         parts.append(f"{label} {value}" if value else label)
     word = verdict_of(row)
-    return f"{word} ({', '.join(parts)})" if parts else word
+    text = f"{word} ({', '.join(parts)})" if parts else word
+    return with_capacity_verdict(text, row)
+
+
+def capacity_verdict_label(row: Any) -> str:
+    """Capacity's own verdict on its Δ step, labelled as such (`capacity gain`, `capacity
+    within noise`, `capacity regressed`): a different question from the runs' verdict beside
+    it, which judges QPS and latency at one load. "" where capacity was not judged."""
+    verdict = row.get("capacity_verdict")
+    if verdict not in ("gain", "within noise", "regressed"):
+        return ""
+    return f"capacity {verdict}"
+
+
+def with_capacity_verdict(text: str, row: Any) -> str:
+    """`text; capacity gain`: a verdict followed by capacity's own, where there is one."""
+    capacity = capacity_verdict_label(row)
+    return f"{text}; {capacity}" if capacity and text else text or capacity
+
+
+def level(confidence: Any) -> str:
+    """A confidence as a percentage: 0.999 -> `99.9%`, 1 - 0.01/3 -> `99.67%`."""
+    return f"{float(confidence) * 100:.4g}%"
 
 
 def capacity_value(row: Any, *, with_interval: bool = True, missing: str = MISSING) -> str:
@@ -126,7 +149,12 @@ def cumulative_delta(row: Any, prefix: str, *, digits: int = 1, tight: bool = Fa
 
 
 def capacity_label(attrs: Any) -> str | None:
-    """`P99 ≤ 60 ms`: the SLO the table judges capacity by; None when it judges none."""
+    """`P99 ≤ 60 ms, open loop`: the SLO the table judges capacity by, and the loop of the
+    sweeps it was found by (an open loop's capacity is a rate it sustains, a closed loop's the
+    throughput of N clients); None when the table judges none."""
     slo = attrs.get("capacity_slo") or {}
     label = slo.get("label")
-    return str(label) if label else None
+    if not label:
+        return None
+    loop = slo.get("loop")
+    return f"{label}, {loop} loop" if loop else str(label)

@@ -1,8 +1,16 @@
 """`optlab check`: a CI gate on the head of a chain against its parent step (or the baseline).
 
-Thresholds are relative changes in percent, judged on the point estimates (a gate that waited
-for significance would let a real regression through on a short, noisy run); whether the change
-is beyond noise is reported beside it.
+The change is the table's own (`reports.table`: one statistic per question, so the gate, the
+table and `optlab audit` never disagree): for QPS, P50 and P99 the step's judged change against
+its parent (`--against parent`) or against the baseline (`--against baseline`), over every pair
+or repeat, with its interval; for P95 and P99.9, which the table does not judge, the change of
+the newest runs' figures. Whether it is beyond noise is `metrics.stats.beyond_noise` on that
+interval, as the table's verdict.
+
+`--max-regression` is judged on the point estimate alone: a gate that waited for significance
+would let a real regression through on a short, noisy run. `--min-gain` asks for a gain, and a
+change within noise is not one: it passes when the change reaches the threshold and is not
+within noise (a metric the table could not judge is held to the point estimate).
 
 `capacity` is judged on the table's capacity column (`reports.capacity`): the head's capacity
 under the SLO against the baseline's, whatever `--against` says, since capacity is what the
@@ -18,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from optlab.errors import ConfigError, OptlabError
 from optlab.metrics.change import percent_change
+from optlab.metrics.stats import beyond_noise
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -90,12 +99,14 @@ def _value(row: Any, column: str) -> float | None:
     return float(value)
 
 
-def _judge(threshold: Threshold, change: float | None) -> bool:
+def _judge(threshold: Threshold, change: float | None, noise: bool | None = None) -> bool:
+    """`change` signed so that + is better; `noise`: whether it is beyond noise (None: not
+    judged). A minimum gain within noise is not met."""
     if change is None:
         return False
     if threshold.kind == "max-regression":
         return change >= -threshold.percent
-    return change >= threshold.percent
+    return change >= threshold.percent and noise is not False
 
 
 def _capacity_lines(frame: pd.DataFrame, thresholds: list[Threshold]) -> list[GateLine]:
@@ -127,13 +138,15 @@ def _capacity_lines(frame: pd.DataFrame, thresholds: list[Threshold]) -> list[Ga
             hint="sweep both under the same SLO and protocol, on this machine: "
             "`optlab sweep HEAD_FILE --chain --slo ...`, or pick the SLO with --slo",
         )
-    change = percent_change(before, after)
+    change = _value(head, "capacity_cumulative_pct")
+    if change is None:
+        change = percent_change(before, after)
     significant = head.get("capacity_cumulative_significant")
     noise = significant if isinstance(significant, bool) else None
+    loop = (frame.attrs.get("capacity_slo") or {}).get("loop")
+    versus = f"`{base['experiment']}` ({slo}{f', {loop} loop' if loop else ''})"
     return [
-        GateLine(
-            t, before, after, change, _judge(t, change), noise, f"`{base['experiment']}` ({slo})"
-        )
+        GateLine(t, before, after, change, _judge(t, change, noise), noise, versus)
         for t in thresholds
     ]
 
@@ -175,19 +188,29 @@ def evaluate(frame: pd.DataFrame, thresholds: list[Threshold], against: str) -> 
     for threshold in thresholds:
         column, higher = METRICS[threshold.metric]
         before, after = _value(base, column), _value(head, column)
-        change = percent_change(before, after)
+        change, noise = _table_change(head, threshold.metric, against)
+        if change is None:
+            change = percent_change(before, after)
         if change is not None and not higher:
             change = -change  # signed so that + is an improvement
-        passed = _judge(threshold, change)
-        noise = None
-        if against == "parent" and threshold.metric in ("qps", "p50", "p99"):
-            low = _value(head, f"{threshold.metric}_step_low_pct")
-            high = _value(head, f"{threshold.metric}_step_high_pct")
-            if low is not None and high is not None:
-                noise = not (low <= 0.0 <= high)
+        passed = _judge(threshold, change, noise)
         lines.append(GateLine(threshold, before, after, change, passed, noise))
     lines += capacity_lines
     return GateResult(str(head["experiment"]), str(base["experiment"]), lines, problems)
+
+
+def _table_change(head: Any, metric: str, against: str) -> tuple[float | None, bool | None]:
+    """The table's judged change of a headline metric (QPS, P50, P99) in % (+ is higher), and
+    whether it is beyond noise; (None, None) for a metric, or a head, the table did not judge."""
+    if metric not in ("qps", "p50", "p99"):
+        return None, None
+    kind = "step" if against == "parent" else "cumulative"
+    pct = _value(head, f"{metric}_{kind}_pct")
+    low = _value(head, f"{metric}_{kind}_low_pct")
+    high = _value(head, f"{metric}_{kind}_high_pct")
+    if low is None or high is None:
+        return pct, None
+    return pct, beyond_noise(pct, low, high)
 
 
 def _fmt(value: float | None) -> str:

@@ -16,6 +16,7 @@ from optlab.reports.format import (
     capacity_value,
     change_text,
     cumulative_delta,
+    level,
     number,
     percent,
     rate,
@@ -98,7 +99,13 @@ def render_markdown(frame: pd.DataFrame) -> str:
         lines.append("| " + " | ".join(cells) + " |")
 
     lines.append("")
-    lines += _context(frame.attrs)
+    levels = {
+        float(row[key])
+        for row in records(frame)
+        for key in ("step_confidence", "cumulative_confidence")
+        if present(row.get(key))
+    }
+    lines += _context(frame.attrs, levels)
     if notes:
         lines.append("")
         lines += [f"{i}. {note}" for note, i in notes.items()]
@@ -180,8 +187,26 @@ def _verdict_cell(row: dict[str, Any], marks: list[int]) -> str:
     return escape(verdict) + (" " + refs if refs else "")
 
 
-def _context(attrs: Mapping[str, Any]) -> list[str]:
-    """Under the table: the protocol, the environment (and the service's), what Δ means."""
+def _loop(slo: Mapping[str, Any]) -> str:
+    loop = slo.get("loop")
+    return f"{loop}-loop " if loop else ""
+
+
+def _repeated(levels: set[float], confidence: Any) -> str:
+    """Where pairs or repeats measured the run-to-run spread, the level their steps use."""
+    others = sorted(c for c in levels if abs(c - float(confidence)) > 1e-9)
+    if not others:
+        return ""
+    return (
+        f" ({', '.join(level(c) for c in others)} where pairs or repeats measure the "
+        "run-to-run spread)"
+    )
+
+
+def _context(attrs: Mapping[str, Any], levels: set[float] | None = None) -> list[str]:
+    """Under the table: the protocol, the environment (and the service's), what Δ means
+    (`levels`: the levels the steps' intervals were built at)."""
+    levels = levels or set()
     protocol = attrs.get("protocol_label") or (attrs.get("protocol") or {}).get("name")
     lines = [f"**Protocol:** {escape(protocol or 'not recorded')}"]
     environment = (attrs.get("environment") or {}).get("summary")
@@ -196,15 +221,17 @@ def _context(attrs: Mapping[str, Any]) -> list[str]:
         lines.append("")
         lines.append(
             f"Δ step: change against the previous measured step, [interval] at "
-            f"{float(confidence) * 100:g}% confidence; Δ cum: change against the baseline."
+            f"{level(confidence)} confidence{_repeated(levels, confidence)}; Δ cum: change "
+            "against the baseline."
         )
     slo = attrs.get("capacity_slo") or {}
     if slo.get("label"):
         lines.append("")
         lines.append(
             f"**Capacity:** requests/s that meet {escape(slo['label'])} [the sweep's 95% "
-            f"interval], from each step's newest comparable sweep "
+            f"interval], from each step's newest comparable {escape(_loop(slo))}sweep "
             f"({escape(slo.get('protocol_label') or 'no sweep')}); its Δ step is against the "
-            "parent, ✓ beyond noise (a z-test on the two sweeps' intervals)."
+            "parent, ✓ beyond noise (a z-test on the log ratio of the two sweeps' "
+            "capacities); its verdict (`capacity gain`) is its own, not the runs'."
         )
     return lines

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from optlab.config.protocol import protocol_label
 from optlab.metrics import stats
 from optlab.metrics.change import percent_change
+from optlab.metrics.stats import REPEATED_CONFIDENCE, Comparison
 from optlab.metrics.stats import VERDICT_CONFIDENCE as CONFIDENCE
-from optlab.metrics.stats import Comparison
 from optlab.reports.capacity import add_capacity
 from optlab.reports.chain import ChainStep, chain_steps
 from optlab.reports.export import TABLE_SCHEMA_VERSION, present
@@ -52,6 +52,7 @@ COLUMNS = (
     "slo_pass", "slo_failures", "reasons", "git_commit", "started_at", "who",
     "qps_cumulative_low_pct", "qps_cumulative_high_pct", "p50_cumulative_low_pct",
     "p50_cumulative_high_pct", "p99_cumulative_low_pct", "p99_cumulative_high_pct",
+    "step_confidence", "cumulative_confidence", "step_method",
 )  # fmt: skip
 
 
@@ -193,23 +194,32 @@ def _comparisons(
             child_estimates=[float(v) for v in child_estimates if v is not None],
             higher_is_better=higher,
             confidence=CONFIDENCE,
+            repeated_confidence=REPEATED_CONFIDENCE,
             paired=paired,
         )
         found.append((column, result))
     return found
 
 
+def judge(parent: ChainStep, step: ChainStep, windows: _Windows) -> list[tuple[str, Comparison]]:
+    """The one statistic of `step` against `parent` (its parent step, or the baseline):
+    the runs of their newest shared paired session, compared pair by pair, else every valid
+    run of each (`metrics.stats.compare`). Empty when a side has no valid run."""
+    before, after = _paired_runs(parent, step)
+    paired = bool(before)
+    if not paired:
+        before = [r for r in parent.runs if r.valid]
+        after = [r for r in step.runs if r.valid]
+    if not before or not after:
+        return []
+    return _comparisons(before, after, windows, paired)
+
+
 def _decides(comparison: Comparison) -> bool:
-    """Beyond noise for the verdict: the statistics' own test (the 1% floor included) passed
-    AND the whole interval lies on one side of zero."""
-    low, high = comparison.low_pct, comparison.high_pct
-    return (
-        comparison.significant
-        and comparison.better is not None
-        and math.isfinite(low)
-        and math.isfinite(high)
-        and not low <= 0.0 <= high
-    )
+    """Beyond noise for the verdict (`metrics.stats.beyond_noise`: the whole interval on one
+    side of zero, the 1% floor met) and better or worse."""
+    verdict = stats.beyond_noise(comparison.delta_pct, comparison.low_pct, comparison.high_pct)
+    return bool(comparison.significant and comparison.better is not None and verdict)
 
 
 def step_verdict(comparisons: Sequence[Comparison]) -> tuple[str, list[str], list[str]]:
@@ -227,38 +237,27 @@ def step_verdict(comparisons: Sequence[Comparison]) -> tuple[str, list[str], lis
     return verdict, decided, list(flags)
 
 
-def _compare(parent: ChainStep, step: ChainStep, windows: _Windows, row: dict[str, Any]) -> None:
-    before, after = _paired_runs(parent, step)
-    paired = bool(before)
-    if not paired:
-        before = [r for r in parent.runs if r.valid]
-        after = [r for r in step.runs if r.valid]
-    if not before or not after:
-        return
-    comparisons = _comparisons(before, after, windows, paired)
+def _write(row: dict[str, Any], kind: str, comparisons: list[tuple[str, Comparison]]) -> None:
+    """A judged change into the row: each metric's change and interval, and their level."""
     for column, result in comparisons:
         name = column.removesuffix("_ms")
-        row[f"{name}_step_low_pct"] = result.low_pct
-        row[f"{name}_step_high_pct"] = result.high_pct
+        row[f"{name}_{kind}_pct"] = result.delta_pct
+        row[f"{name}_{kind}_low_pct"] = result.low_pct
+        row[f"{name}_{kind}_high_pct"] = result.high_pct
+    if comparisons:
+        row[f"{kind}_confidence"] = comparisons[0][1].confidence
+
+
+def _compare(comparisons: list[tuple[str, Comparison]], row: dict[str, Any]) -> None:
+    """The step's change against its parent and the verdict it gives."""
+    _write(row, "step", comparisons)
     if comparisons:
         verdict, decided, flags = step_verdict([c for _, c in comparisons])
         row["verdict"] = verdict
         row["decided_by"] = decided
         row["flags"] = flags
         row["significant"] = any(_decides(c) for _, c in comparisons)
-
-
-def _cumulative(base: ChainStep, step: ChainStep, windows: _Windows, row: dict[str, Any]) -> None:
-    """The interval of the change against the baseline: whether the chain's total is beyond
-    noise (`optlab audit` shares out a total only when it is)."""
-    before = [r for r in base.runs if r.valid]
-    after = [r for r in step.runs if r.valid]
-    if not before or not after:
-        return
-    for column, result in _comparisons(before, after, windows, paired=False):
-        name = column.removesuffix("_ms")
-        row[f"{name}_cumulative_low_pct"] = result.low_pct
-        row[f"{name}_cumulative_high_pct"] = result.high_pct
+        row["step_method"] = comparisons[0][1].method
 
 
 def _environment_summary(env: EnvironmentRecord | None) -> dict[str, Any]:
@@ -311,10 +310,18 @@ def stacked_table(store: Store, head: str, slo: Slo | None = None) -> pd.DataFra
             row["verdict"] = "baseline" if index == 0 else "missing parent"
             first = index
         else:
-            _compare(steps[previous], steps[index], windows, row)
+            step_change = judge(steps[previous], steps[index], windows)
+            _compare(step_change, row)
             if row["verdict"] is None:
                 row["verdict"] = "not judged"  # a side has no valid run
-            _cumulative(steps[first], steps[index], windows, row)
+            # Against the baseline: the same question when the parent is the baseline, so
+            # the same answer (`optlab audit` shares out a total only when it is beyond noise).
+            same = first == previous
+            _write(
+                row,
+                "cumulative",
+                step_change if same else judge(steps[first], steps[index], windows),
+            )
         previous = index
     frame = pd.DataFrame(rows)
     for column, _, _, _ in HEADLINE:
@@ -322,12 +329,17 @@ def stacked_table(store: Store, head: str, slo: Slo | None = None) -> pd.DataFra
         base = last = None
         steps_pct: list[float | None] = []
         cumulative: list[float | None] = []
-        for value in frame[column]:
+        for row, value in zip(rows, frame[column], strict=True):
             measured = value is not None and not (isinstance(value, float) and math.isnan(value))
-            steps_pct.append(percent_change(last, value) if measured else None)
+            # A judged change is the statistic's own estimate (over every pair or repeat);
+            # the runs' figures give the change only where it was not judged.
+            judged_step, judged_cum = row[f"{name}_step_pct"], row[f"{name}_cumulative_pct"]
+            figure_step = percent_change(last, value) if measured else None
+            steps_pct.append(judged_step if judged_step is not None else figure_step)
             if measured and base is None:
                 base = value
-            cumulative.append(percent_change(base, value) if measured else None)
+            figure_cum = percent_change(base, value) if measured else None
+            cumulative.append(judged_cum if judged_cum is not None else figure_cum)
             if measured:
                 last = value
         frame[f"{name}_step_pct"] = steps_pct

@@ -71,6 +71,13 @@ class Capacity(_Closed):
         description="Δ step beyond noise (z-test on the two sweeps' intervals); null: not judged"
     )
     cumulative_significant: bool | None = Field(description="Δ cum beyond noise")
+    verdict: Literal["gain", "within noise", "regressed", "not judged"] | None = Field(
+        description="capacity's own verdict on its Δ step (not the runs'); null: no Δ step"
+    )
+    loop: Literal["open", "closed"] | None = Field(
+        description="the loop of the sweep that found it: open (a rate it sustains) or closed "
+        "(the throughput of N clients); null: no sweep"
+    )
     reason: str | None = Field(description="why the capacity or a Δ is missing")
 
 
@@ -127,6 +134,17 @@ class ChainEntry(BaseModel):
     git_commit: str | None
     started_at: str | None = Field(description="ISO 8601, UTC")
     who: str | None = Field(description="user@host that measured the run")
+    step_confidence: float | None = Field(
+        description="the level of step_delta's intervals: the document's `confidence` for one "
+        "run a side, 1 - 0.01/3 where pairs or repeats measure the run-to-run spread; null "
+        "when not judged",
+    )
+    cumulative_confidence: float | None = Field(
+        description="the level of cumulative_delta's intervals; null when not judged"
+    )
+    step_method: str | None = Field(
+        description="the statistic that judged the step (paired t on log-ratios, Welch t ...)"
+    )
 
 
 class ProtocolInfo(BaseModel):
@@ -163,7 +181,12 @@ class TableDocument(_Closed):
     protocol: ProtocolInfo | None = Field(description="null when the head's chain has no run")
     protocol_label: str
     environment: EnvironmentInfo
-    confidence: float = Field(gt=0, lt=1, description="the level of every interval")
+    confidence: float = Field(
+        gt=0,
+        lt=1,
+        description="the level of an interval from one run a side; a step judged on pairs or "
+        "repeats gives its own (`step_confidence`, `cumulative_confidence`)",
+    )
     chain: list[ChainEntry]
 
 

@@ -30,6 +30,7 @@ from optlab.reports.format import (
     change_text,
     cumulative_delta,
     interval,
+    level,
     number,
     percent,
     rate,
@@ -37,6 +38,7 @@ from optlab.reports.format import (
     step_delta,
     verdict_label,
     verdict_of,
+    with_capacity_verdict,
 )
 from optlab.reports.table import stage_columns
 
@@ -134,7 +136,7 @@ def _mark(row: Any, *, compact: bool = False, titled: bool = False) -> str:
     names them (a verdict that wraps a word a line is not read)."""
     if not present(row.get("run_id")):
         return "missing" if compact else "missing: " + str(row.get("missing") or "no run")
-    label = verdict_of(row) if compact else verdict_label(row)
+    label = with_capacity_verdict(verdict_of(row), row) if compact else verdict_label(row)
     marks = [label if present(row.get("verdict")) else ""]
     if not compact or not row.get("valid"):
         marks.append("VALID" if row.get("valid") else "INVALID")
@@ -331,14 +333,20 @@ def _figures(
 
 
 def _significance(row: Any, confidence: Any) -> list[str]:
+    """Whether the step is beyond noise, at the level its own interval was built at (pairs or
+    repeats: `metrics.stats.REPEATED_CONFIDENCE`), and by which statistic."""
     significant = plain(row.get("significant"))  # numpy's bool, or NaN for none
+    own = row.get("step_confidence")
+    confidence = own if present(own) else confidence
     if not isinstance(significant, bool) or not present(confidence):
         return []
-    level = f"at {float(confidence) * 100:g}% confidence"
+    at = f"at {level(confidence)} confidence"
+    method = row.get("step_method")
+    by = f" ({method})" if present(method) else ""
     if not significant:
-        return [f"within noise {level}"]
+        return [f"within noise {at}{by}"]
     decided = ", ".join(as_list(row.get("decided_by")))
-    return [f"beyond noise {level}" + (f" (decided by {decided})" if decided else "")]
+    return [f"beyond noise {at}" + (f", decided by {decided}" if decided else "") + by]
 
 
 def _capacity(row: Any, confidence: Any) -> list[str]:
@@ -351,8 +359,7 @@ def _capacity(row: Any, confidence: Any) -> list[str]:
     if step:
         significant = plain(row.get("capacity_significant"))
         if isinstance(significant, bool) and present(confidence):
-            level = f"{float(confidence) * 100:g}%"
-            step += f" {'beyond' if significant else 'within'} noise at {level}"
+            step += f" {'beyond' if significant else 'within'} noise at {level(confidence)}"
         items.append(f"Δ step {step}")
     cumulative = cumulative_delta(row, "capacity", digits=0, tight=True)
     if cumulative:
