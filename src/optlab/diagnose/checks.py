@@ -300,19 +300,11 @@ def check_cpu(e: Evidence, p: Params) -> Outcome:
 
 
 def _single_worker_queue(e: Evidence, stage: str) -> bool:
-    """Requests queue inside `stage` for one busy thread: qps x fastest ~ 1 with the stage's
-    mean far above its fastest (the serialised rule's reading)."""
-    qps, fastest, row = readings.throughput(e), e.fastest_ms(stage), e.stages.get(stage)
-    if not qps or fastest is None or row is None or row.mean_ms is None:
+    """Requests queue inside `stage` for one busy thread (the serialised rule's finding)."""
+    row, fastest = e.stages.get(stage), e.fastest_ms(stage)
+    if row is None or row.mean_ms is None or fastest is None:
         return False
-    inside = readings.queued_inside(e, stage)
-    return (
-        0.6 <= qps * fastest / 1000 <= 1.4
-        and row.mean_ms >= 2 * fastest
-        and (readings.in_flight(e) or 0) >= 2
-        and inside is not None
-        and inside[3]
-    )
+    return readings.single_worker(e) is not None and row.mean_ms >= 2 * fastest
 
 
 def check_gil(e: Evidence, p: Params) -> Outcome:
@@ -405,52 +397,53 @@ def check_lock(e: Evidence, p: Params) -> Outcome:
         return Passed((Measure("requests in flight", in_flight, p["in_flight"]),))
     name, parallel = best
     stage = None if name == "total" else name
-    row = e.stages[name]
-    fastest_ms = e.fastest_ms(name) or 1.0
     label = stage or "the service"
+    fastest_ms = e.fastest_ms(name) or 1.0
+    inflation = (e.stages[name].mean_ms or 0) / fastest_ms
+    worker = readings.single_worker(e, p["worker_share"])
+    if worker is not None:
+        # One thread does the work every request waits for (a pool of one). Its fastest
+        # request may itself have waited (a FIFO hand-off on a busy machine), so the thread,
+        # not throughput x fastest, is the evidence.
+        measures = [
+            Measure(f"{label}: mean / fastest", inflation, p["inflation"], unit="x"),
+            Measure("requests in flight", in_flight, p["in_flight"]),
+            Measure(f"busiest thread ({worker[0]}): share of the target's CPU",
+                    100 * worker[2], 100 * p["worker_share"], unit="%"),
+        ]  # fmt: skip
+        if not all(m.met for m in measures):
+            return Passed(tuple(measures))
+        return Fired(
+            stage,
+            confidence(ramp(worker[2], p["worker_share"], 0.95), base=0.7, span=0.25),
+            tuple(measures),
+            f"{label} waits for one thread ({worker[0]}, {worker[1]:.0f}% of a core, "
+            f"{100 * worker[2]:.0f}% of the target's CPU) while {in_flight:.0f} requests are "
+            "in flight and cores idle: a single worker (a pool of one) serialises it",
+        )
     measures = [
         Measure(f"{label}: throughput x fastest time", parallel, p["parallel_high"], "<=", "x"),
         Measure(f"{label}: throughput x fastest time", parallel, p["parallel_low"], ">=", "x"),
-        Measure(f"{label}: mean / fastest", (row.mean_ms or 0) / fastest_ms, None, unit="x"),
+        Measure(f"{label}: mean / fastest", inflation, None, unit="x"),
         Measure("requests in flight", in_flight, p["in_flight"]),
     ]
     inside = readings.queued_inside(e, name)
     if inside is not None:
+        # Requests wait for one another inside the stage, not merely vary in length.
         what, value, limit, _ = inside
         op: Literal[">=", "<="] = ">=" if what.startswith("measured") else "<="
         measures.append(Measure(f"{label}: {what}", value, limit, op, "x"))
-    worker = None
     if cpu is not None and cores:
-        cores_used = cpu / 100
-        hot = readings.hot_thread(e)
-        if (
-            hot is not None
-            and hot[1] >= p["worker_pct"]
-            and cores >= 2
-            and cores_used <= hot[1] / 100 + p["idle_cores"]
-            and cores_used < 0.85 * cores
-        ):
-            # One thread busy all the time and the rest of the cores idle: a single worker
-            # (a pool of one) that every request waits for.
-            worker = hot
-            measures.append(Measure(f"busiest thread ({hot[0]}) CPU", hot[1], p["worker_pct"],
-                                    unit="%"))  # fmt: skip
-        else:
-            measures.append(Measure("target CPU (cores)", cores_used, p["idle_cores"], "<=",
-                                    "cores"))  # fmt: skip
+        measures.append(Measure("target CPU (cores)", cpu / 100, p["idle_cores"], "<=", "cores"))
     if not all(m.met for m in measures):
         return Passed(tuple(measures))
-    who = (
-        f"a single worker thread ({worker[0]}, {worker[1]:.0f}% of a core) serves them"
-        if worker is not None
-        else "the CPU idles: a lock or a single worker serialises it"
-    )
     return Fired(
         stage,
         confidence(1 - min(1.0, abs(parallel - 1.0) / 0.5), base=0.62, span=0.3),
         tuple(measures),
         f"{label} serves one request at a time ({qps:.0f}/s x {fastest_ms:.2f} ms fastest = "
-        f"{parallel:.2f}) while {in_flight:.0f} are in flight and {who}",
+        f"{parallel:.2f}) while {in_flight:.0f} are in flight and the CPU idles: a lock or a "
+        "single worker serialises it",
     )
 
 

@@ -18,6 +18,7 @@ __all__ = [
     "saturation",
     "queued_inside",
     "service_time",
+    "single_worker",
     "work_share",
     "throughput",
     "verdict_says",
@@ -212,3 +213,23 @@ def queued_inside(e: Evidence, stage: str) -> tuple[str, float, float, bool] | N
 
 FAIR_HANDOFF = 2.0
 STRAIGHT_THROUGH = 1.5
+
+
+WORKER_SHARE = 0.6  # of the target's CPU, on one thread: a single worker does the work
+WORKER_MIN_PCT = 25.0  # ... and at least this much of a core
+
+
+def single_worker(e: Evidence, least: float = WORKER_SHARE) -> tuple[str, float, float] | None:
+    """One thread of the target does most of its work while requests wait in flight and the
+    target leaves cores idle: (thread, its CPU in % of a core, its share of the target's CPU).
+    A pool of one (or a dispatcher thread) in front of the work; None otherwise. The thread
+    may read below a full core on a shared machine, where others take its turns."""
+    cpu, cores, hot = e.target_cpu_pct(), e.cores, hot_thread(e)
+    if cpu is None or not cores or cores < 2 or hot is None or cpu <= 0:
+        return None
+    share = hot[1] / cpu
+    if hot[1] < WORKER_MIN_PCT or share < least or cpu / 100 >= 0.85 * cores:
+        return None
+    if (in_flight(e) or 0) < 2:
+        return None
+    return hot[0], hot[1], share

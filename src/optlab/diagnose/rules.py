@@ -206,7 +206,7 @@ RULES: tuple[Rule, ...] = (
             "inflation": 2.0,
             "in_flight": 2.0,
             "idle_cores": 0.6,
-            "worker_pct": 70.0,
+            "worker_share": 0.6,
         },
         subsumes=("gil-bound", "cpu-bound"),
         core=True,
