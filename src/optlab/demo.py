@@ -10,10 +10,11 @@ from __future__ import annotations
 import importlib.resources
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from optlab.config.loading import load_experiment
 from optlab.errors import OptlabError, RefusedError
 from optlab.reports.table import stacked_table
 from optlab.run.runner import RunOptions, run
@@ -24,13 +25,16 @@ if TYPE_CHECKING:
 
     from optlab.run.runner import Progress, RunOutcome
 
-# The quick protocol's 5 s give the naive CPU baseline (~75 requests/s here) too few requests
-# for a valid P99 (662); the demo measures each step a little longer, still PROVISIONAL.
-DEMO_DURATION_S = 12.0
-DEMO_WARMUP_S = 2.0
-# A short run on a busy machine can come out INVALID (unstable halves); the chain stops at an
-# invalid step, so the demo measures that step again, at most this many times. Every run is
-# stored, the invalid ones included.
+# The quick protocol's 5 s give the naive CPU baseline (55-130 requests/s on a busy 2-core
+# machine) too few requests for a valid P99 (662); the demo measures each step longer, still
+# PROVISIONAL. Its first seconds run slow (caches, the scheduler settling in beside the load
+# generator's threads): a 3 s warmup keeps them out of the halves the stability rule compares.
+DEMO_DURATION_S = 15.0
+DEMO_WARMUP_S = 3.0
+# A short run on a busy machine can come out INVALID (another process takes the CPU in one
+# half); the chain stops at an invalid step, so the demo measures that step again, at most
+# this many times per step. Every run is stored, the invalid ones included, and each retry is
+# reported with the reasons of the run it replaces.
 DEMO_RETRIES = 2
 # Chain folder -> the head experiment's file in it.
 CHAINS = {"cpu": "04-int8.yaml", "gpu": "03-preprocess.yaml"}
@@ -39,11 +43,22 @@ CHAINS = {"cpu": "04-int8.yaml", "gpu": "03-preprocess.yaml"}
 @dataclass(frozen=True)
 class DemoResult:
     chain: str
-    head: str
+    chain_head: str  # the chain's head experiment
+    head: str  # the head of the table: the chain's head, or the step it stopped at
     database: Path
     outcomes: list[RunOutcome]
     table: pd.DataFrame
     seconds: float
+    # INVALID runs measured again (each stored, with its reasons).
+    retried: list[RunOutcome] = field(default_factory=list)
+    # A run still INVALID after its retries (the chain stops there, unless it is the head's),
+    # or None: every step has a valid run.
+    stopped: RunOutcome | None = None
+
+    @property
+    def log_command(self) -> str:
+        """How to read the demo's runs: its database is not the default one."""
+        return f"optlab --db sqlite:///{self.database} log"
 
 
 def experiments_dir() -> Path:
@@ -92,12 +107,8 @@ def fresh_database(folder: Path) -> Path:
     return path
 
 
-def _again(progress: Progress, last: RunOutcome, fallback: str) -> None:
-    reasons = "; ".join(last.summary.reasons) or fallback
-    progress.note(
-        f"{last.experiment}'s run {last.run_id} is INVALID ({reasons}): a short run "
-        "on a busy machine; measuring it again"
-    )
+def reasons(outcome: RunOutcome) -> str:
+    return "; ".join(outcome.summary.reasons) or outcome.status
 
 
 def run_demo(
@@ -106,9 +117,13 @@ def run_demo(
     progress: Progress,
     on_outcome: Callable[[RunOutcome], None] | None = None,
 ) -> DemoResult:
-    """Measure the whole chain (quick protocol) into `database` and build its table."""
+    """Measure the whole chain (quick protocol) into `database` and build its table.
+
+    A step whose run comes out INVALID is measured again (at most DEMO_RETRIES times); one
+    still INVALID after that stops the chain, and the table shows the chain up to it."""
     started = time.monotonic()
     head_file = experiments_dir() / chain / CHAINS[chain]
+    chain_head = load_experiment(head_file).name
     store = Store.open(f"sqlite:///{database.resolve()}")
     outcomes: list[RunOutcome] = []
 
@@ -118,24 +133,33 @@ def run_demo(
             on_outcome(outcome)
 
     options = RunOptions(quick=True, duration_s=DEMO_DURATION_S, warmup_s=DEMO_WARMUP_S, chain=True)
+    retried: list[RunOutcome] = []
+    stopped: RunOutcome | None = None
     try:
-        for attempt in range(DEMO_RETRIES + 1):
+        while True:
+            before = len(outcomes)
             try:
                 run(head_file, store, options, progress, collect)
-            except RefusedError as exc:
-                last = outcomes[-1] if outcomes else None
-                # Only an INVALID run is noise worth measuring again; a FAILED one is a fault.
-                if last is None or last.status != "FINISHED" or attempt == DEMO_RETRIES:
+            except RefusedError:
+                # Only an INVALID run is noise worth measuring again; a FAILED one is a fault,
+                # and a refusal before anything was measured is the user's to fix.
+                fresh = outcomes[before:]
+                if not fresh or fresh[-1].status != "FINISHED" or fresh[-1].summary.valid:
                     raise
-                _again(progress, last, exc.message)
-                continue
             last = outcomes[-1]
-            # The head's own INVALID run does not stop the chain, but is noise all the same.
-            if last.status != "FINISHED" or last.summary.valid or attempt == DEMO_RETRIES:
+            if last.status != "FINISHED" or last.summary.valid:
                 break
-            _again(progress, last, "")
+            if sum(o.experiment == last.experiment for o in retried) >= DEMO_RETRIES:
+                stopped = last
+                break
+            retried.append(last)
+            progress.note(
+                f"{last.experiment}'s run {last.run_id} is INVALID ({reasons(last)}); "
+                "measuring it again (the INVALID run stays stored)"
+            )
         head = outcomes[-1].experiment
         table = stacked_table(store, head)
     finally:
         store.close()
-    return DemoResult(chain, head, database, outcomes, table, time.monotonic() - started)
+    elapsed = time.monotonic() - started
+    return DemoResult(chain, chain_head, head, database, outcomes, table, elapsed, retried, stopped)

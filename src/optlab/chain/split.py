@@ -40,9 +40,7 @@ class _NoAliases(yaml.SafeDumper):
         return True
 
 
-def _render(
-    entry: SplitFile, spec: StepFile, original: str, last: bool, added: set[str]
-) -> str:
+def _render(entry: SplitFile, spec: StepFile, original: str, last: bool, added: set[str]) -> str:
     document: dict[str, Any] = {"name": entry.name, "parent": entry.parent}
     variable = next(iter(entry.change))
     if last:

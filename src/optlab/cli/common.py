@@ -132,9 +132,7 @@ def _remove_created(file: Path, created: Path) -> None:
         folder = folder.parent
 
 
-def open_store(
-    ctx: click.Context, *, read_only: bool = False, url: str | None = None
-) -> Store:
+def open_store(ctx: click.Context, *, read_only: bool = False, url: str | None = None) -> Store:
     """The store named by --db (or `url`). `read_only`: for commands that only read; they
     then work on read-only media and on a database they may not write, and never create one.
     Any command first stores the runs a refused final write left pending for this database."""

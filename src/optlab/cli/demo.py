@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from optlab.cli.runs import LiveProgress, PlainProgress, render_summary
+from optlab.errors import RefusedError
 
 if TYPE_CHECKING:
     from optlab.run.runner import RunOutcome
@@ -38,7 +39,7 @@ def demo(chain: str, out: Path, verbose: bool, wide: bool) -> None:
     (seconds, not the full protocol's 10 minutes). The database is new, so the demo never
     touches your results; --db is not used.
     """
-    from optlab.demo import choose_chain, fresh_database, run_demo
+    from optlab.demo import choose_chain, fresh_database, reasons, run_demo
     from optlab.reports.terminal import print_table
 
     chosen = choose_chain(chain)
@@ -62,12 +63,29 @@ def demo(chain: str, out: Path, verbose: bool, wide: bool) -> None:
         result = run_demo(chosen, database, progress, show)
     finally:
         progress.close()
+    complete = result.stopped is None
     print_table(
         result.table,
-        title=f"stacked gains: {result.head} ({chosen} chain, quick protocol: PROVISIONAL)",
+        title=f"stacked gains: {result.head} ({chosen} chain, quick protocol: PROVISIONAL)"
+        + ("" if complete else ", INCOMPLETE"),
         wide=wide,
     )
+    for outcome in result.retried:
+        click.echo(
+            f"measured again: {outcome.experiment}'s run {outcome.run_id} was INVALID "
+            f"({reasons(outcome)})"
+        )
     click.echo(
         f"measured {len(result.outcomes)} runs in {result.seconds:.0f} s; database: {database}\n"
-        f"explore it: optlab --db sqlite:///{database} log"
+        f"explore it: {result.log_command}"
     )
+    if result.stopped is not None:
+        last = result.stopped
+        tries = 1 + sum(o.experiment == last.experiment for o in result.retried)
+        raise RefusedError(
+            f"{last.experiment}'s run {last.run_id} is INVALID after {tries} tries "
+            f"({reasons(last)})"
+            + ("" if last.experiment == result.chain_head else "; the chain stops there"),
+            hint=f"see every run's reasons with `{result.log_command}`; on a busy machine, "
+            "run `optlab demo` again when it is quieter",
+        )
