@@ -24,7 +24,10 @@ more than 5% above it; the interval covers the truth in >= 90% of sweeps; measur
 It is a measurement, not a test: PASS/MISS is printed and the exit status is 0 either way.
 
 Run: ``PYTHONPATH=src python benchmarks/sweep_accuracy.py [--seeds 20] [--smoke]
-[--scenarios M/M/2,M/D/2] [--verbose]``.
+[--scenarios M/M/2,M/D/2] [--verbose]``. With ``--real`` the sweeps run REAL levels instead
+(``benchmarks/sweep_real.py``: in-process M/M/1, M/M/4, M/M/8 and an M/D/1 HTTP server, each
+level a real run judged by the same checks as a user's), minutes per sweep:
+``PYTHONPATH=src python benchmarks/sweep_accuracy.py --real --seeds 10``.
 """
 
 from __future__ import annotations
@@ -352,7 +355,18 @@ def main() -> None:
     parser.add_argument("--scenarios", help="comma-separated names, e.g. M/M/2,M/D/2")
     parser.add_argument("--smoke", action="store_true", help="2 scenarios x 2 seeds")
     parser.add_argument("--verbose", action="store_true", help="one line per sweep")
+    parser.add_argument(
+        "--real",
+        action="store_true",
+        help="real levels instead: `optlab sweep` of in-process M/M/1, M/M/4, M/M/8 queues and "
+        "an M/D/1 HTTP server (benchmarks/sweep_real.py); --scenarios picks among them",
+    )
     args = parser.parse_args()
+    if args.real:
+        from sweep_real import run_real
+
+        run_real(args.seeds, args.scenarios.split(",") if args.scenarios else None)
+        return
     chosen = list(SCENARIOS)
     if args.scenarios:
         names = args.scenarios.split(",")
