@@ -335,3 +335,28 @@ def test_a_real_sweep_of_the_chain_reaches_the_table(tmp_path: Path) -> None:
         assert capacity["slo"] == {"percentile": "p99", "ms": 20.0}
         assert capacity["sweep_id"] is not None
         assert capacity["qps"] is not None or capacity["reason"]
+
+
+def test_sweeps_list_keeps_its_columns_apart_with_a_long_interval(
+    swept: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """`optlab sweeps` once printed `14,904.0]saturation`: each column is as wide as its
+    widest cell, two spaces apart."""
+    database = tmp_path / "long.db"
+    shutil.copy(swept[1], database)
+    with Store.open(_url(database)) as store:
+        run = store.list_runs(HEAD, levels=True)[-1]
+        sweep_id = _store_sweep(store, HEAD, 20.0, 14_904.0, (14_100.5, 15_210.3), 9_000.0, run.id)
+    result = _cli(_url(database), "sweeps")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    header, row = lines[0], next(line for line in lines if line.lstrip().startswith(str(sweep_id)))
+    assert "[14,100.5, 15,210.3]  slo" in row
+    # Every column starts where its header does (right-aligned ones end there).
+    for name in ("experiment", "status", "mode", "SLO", "interval", "limited by"):
+        start = header.index(name)
+        assert row[start - 2 : start] == "  " and row[start] != " ", name
+    for name in ("capacity/s", "levels"):
+        end = header.index(name) + len(name)
+        assert row[end - 1] != " " and row[end : end + 2] in ("  ", ""), name
+    assert "14,904.0" in row and f"{HEAD}" in row

@@ -134,7 +134,7 @@ def sweep(
 def sweeps(ctx: click.Context, experiment: str | None, show_id: int | None, as_json: bool) -> None:
     """List sweeps (oldest first): SLO, status, capacity with its interval, what limited it;
     --show ID prints one sweep's levels."""
-    from optlab.reports.sweep import load_sweep, render_sweep, sweep_json
+    from optlab.reports.sweep import load_sweep, render_sweep, render_sweep_list, sweep_json
 
     store = open_store(ctx, read_only=True)
     ids = [show_id] if show_id is not None else [s.id for s in store.list_sweeps(experiment)]
@@ -149,18 +149,4 @@ def sweeps(ctx: click.Context, experiment: str | None, show_id: int | None, as_j
     if not found:
         click.echo("no sweeps yet" + (f" for {experiment}" if experiment else ""))
         return
-    click.echo(
-        f"{'id':>4}  {'experiment':<24}{'status':<10}{'mode':<8}{'SLO':<14}"
-        f"{'capacity/s':>11}  {'interval':<20}{'limited by':<12}{'levels':>6}"
-    )
-    for s in found:
-        result = s.result or {}
-        interval = result.get("capacity_interval")
-        shown = f"[{interval[0]:,.1f}, {interval[1]:,.1f}]" if interval else "-"
-        capacity = "-" if s.capacity_qps is None else f"{s.capacity_qps:,.1f}"
-        click.echo(
-            f"{s.id:>4}  {s.experiment[:23]:<24}{s.status:<10}{s.mode:<8}"
-            f"{s.slo_percentile}={s.slo_ms:g}ms".ljust(14)
-            + f"{capacity:>11}  {shown:<20}{str(result.get('limited_by') or '-'):<12}"
-            f"{len(s.levels):>6}"
-        )
+    echo_or_reader_gone(render_sweep_list(found))

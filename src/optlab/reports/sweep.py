@@ -8,6 +8,7 @@ Everything is read back from the store (the sweep row, its level runs and their 
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ __all__ = [
     "SweepView",
     "load_sweep",
     "render_sweep",
+    "render_sweep_list",
     "render_sweep_markdown",
     "sweep_json",
 ]
@@ -215,3 +217,40 @@ def render_sweep_markdown(view: SweepView) -> str:
     out += ["", "| " + " | ".join(_HEADERS) + " |", "|" + "---|" * len(_HEADERS)]
     out += ["| " + " | ".join(row) + " |" for row in _rows(view)]
     return "\n".join(out) + "\n"
+
+
+_LIST_HEADERS = (
+    "id", "experiment", "status", "mode", "SLO", "capacity/s", "interval", "limited by", "levels",
+)  # fmt: skip
+_LIST_RIGHT = {0, 5, 8}
+
+
+def _list_row(sweep: SweepRecord) -> tuple[str, ...]:
+    result = sweep.result or {}
+    interval = result.get("capacity_interval")
+    return (
+        str(sweep.id),
+        sweep.experiment,
+        sweep.status,
+        sweep.mode,
+        f"{sweep.slo_percentile}={sweep.slo_ms:g}ms",
+        _qps(sweep.capacity_qps),
+        f"[{interval[0]:,.1f}, {interval[1]:,.1f}]" if interval else "-",
+        str(result.get("limited_by") or "-"),
+        str(len(sweep.levels)),
+    )
+
+
+def render_sweep_list(sweeps: Sequence[SweepRecord]) -> str:
+    """`optlab sweeps`: one line per sweep. Each column is as wide as its widest cell, with two
+    spaces between columns, so a long interval (`[14,904.0, 15,210.3]`) or a long name never
+    runs into the next column."""
+    rows = [_LIST_HEADERS, *(_list_row(s) for s in sweeps)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_LIST_HEADERS))]
+    return "\n".join(
+        "  ".join(
+            cell.rjust(widths[i]) if i in _LIST_RIGHT else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ).rstrip()
+        for row in rows
+    )
