@@ -44,7 +44,9 @@ def _windows(
         t = WARMUP_S + k + 1
         in_flight = int(np.sum((sent <= t) & (done > t)))
         completed = int(np.sum((done > t - 1) & (done <= t)))
-        windows.append(WindowStats("measure", k, completed, 0, float(completed), in_flight=in_flight))
+        windows.append(
+            WindowStats("measure", k, completed, 0, float(completed), in_flight=in_flight)
+        )
     finished = np.sum((done >= WARMUP_S) & (done < end))
     measured = (intended >= WARMUP_S) & (intended < end)
     return windows, float(finished / seconds), float((done - intended)[measured].mean() * 1000)
@@ -80,13 +82,14 @@ def test_littles_law_stays_quiet_on_honest_mmc_levels() -> None:
 def test_littles_law_sees_a_generator_that_holds_requests_back(servers: int) -> None:
     rng = np.random.default_rng(servers)
     caught = sum(
-        _fires(*_windows(servers, QUEUES[servers] / 2, 15, rng, hold_factor=3.0))
-        for _ in range(20)
+        _fires(*_windows(servers, QUEUES[servers] / 2, 15, rng, hold_factor=3.0)) for _ in range(20)
     )
     assert caught >= 16, f"a 3x hold-back caught in only {caught} of 20 levels"
 
 
-def _record(p99_ms: float, send_lag_p99_ms: float, qps: float, reasons: tuple[str, ...]) -> RunRecord:
+def _record(
+    p99_ms: float, send_lag_p99_ms: float, qps: float, reasons: tuple[str, ...]
+) -> RunRecord:
     now = datetime.now(UTC)
     total = LatencyStats(p50=p99_ms / 4, p95=p99_ms / 2, p99=p99_ms, mean=p99_ms / 3, count=2000)
     lag = LatencyStats(p50=0.1, p99=send_lag_p99_ms, mean=send_lag_p99_ms / 5, count=2000)
