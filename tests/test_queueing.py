@@ -15,6 +15,8 @@ from scipy import integrate, stats  # type: ignore[import-untyped]
 from optlab.reference.queueing import (
     capacity,
     erlang_c,
+    md1_capacity,
+    md1_wait_cdf,
     mean_service,
     mmc_capacity,
     mmc_mean_sojourn,
@@ -237,3 +239,41 @@ def test_capacity_dispatches_and_caches() -> None:
     assert capacity(1, "fixed", 0.01, 0.0, 0.05) == first
     assert capacity.cache_info().hits == before + 1
     assert simulated_capacity(1, "fixed", 0.02, 0.0, 0.015) == 0.0  # service alone misses
+
+
+def test_md1_wait_law_is_erlangs_formula() -> None:
+    lam, s = 70.0, 0.01  # rho = 0.7
+    assert md1_wait_cdf(0.0, lam, s) == pytest.approx(1 - lam * s)  # P(no wait) = 1 - rho
+    assert md1_wait_cdf(-1.0, lam, s) == 0.0
+    # The mean from the law (integral of 1 - F) is Pollaczek-Khinchine's lambda s^2/(2(1-rho)):
+    # at rho = 0.5 the tail past 15 service times holds a negligible part of it.
+    half = 50.0
+    mean_wait, _ = integrate.quad(
+        lambda t: 1 - md1_wait_cdf(t, half, s),
+        0,
+        0.15,
+        limit=200,
+        points=[s * k for k in range(1, 15)],
+    )
+    assert mean_wait == pytest.approx(half * s * s / (2 * (1 - half * s)), rel=1e-4)
+    # And the simulated waits follow it point by point.
+    rng = np.random.default_rng(8)
+    arrivals = poisson_arrivals(lam, 3000.0, rng)
+    waits = simulate_sojourn(arrivals, np.full(arrivals.size, s), 1) - s
+    for t in (0.005, 0.02, 0.05):
+        below = float(np.mean(waits <= t))
+        se = batch_mean_se(waits, lambda v, t=t: float(np.mean(v <= t)))
+        assert below == pytest.approx(md1_wait_cdf(t, lam, s), abs=4 * se)
+    with pytest.raises(ValueError, match="cancels"):
+        md1_wait_cdf(1.0, lam, s)  # 100 service times: the sum has lost its precision
+    with pytest.raises(ValueError, match="unstable"):
+        md1_wait_cdf(0.05, 100.0, s)
+
+
+def test_md1_capacity_matches_the_simulated_one() -> None:
+    exact = md1_capacity(0.01, 0.1)
+    assert exact == pytest.approx(77.35, abs=0.01)
+    # The simulation's own spread at its default length is ~1/s (module docstring).
+    assert simulated_capacity(1, "fixed", 0.01, 0.0, 0.1, seed=4) == pytest.approx(exact, abs=3)
+    assert md1_capacity(0.01, 0.005) == 0.0  # the service alone misses
+    assert mmc_capacity(1, 100.0, 0.1) < exact < 100.0

@@ -17,6 +17,12 @@ Exact, for exponential service (M/M/c):
   Systems* vol. 1 (1975), §3.5; the exponential law of a waiting arrival's FCFS wait follows
   from it (all c servers busy, departures at rate cμ).
 
+Exact, for fixed service on one server (M/D/1): :func:`md1_wait_cdf`, Erlang's (1909) formula
+for the FCFS waiting time, ``P(W <= t) = (1 - ρ) Σ_{k=0}^{⌊t/D⌋} (λ(kD - t))^k / k! e^{-λ(kD - t)}``
+(Crommelin 1932), summed with ``math.fsum``: its terms alternate in sign and grow as e^{λt},
+so it is exact to ~1e-9 while λt stays below about 9 (an SLO of up to ~10 service times at
+any stable load), and refuses beyond; :func:`md1_capacity` searches the rate.
+
 Simulated, for the others (M/D/c, M/G/c with lognormal service): :func:`simulate_sojourn` runs
 the Kiefer–Wolfowitz recursion (each arrival takes the server that frees first) over a long
 Poisson stream; :func:`simulated_quantile` and :func:`simulated_capacity` read the quantile and
@@ -50,6 +56,8 @@ __all__ = [
     "Distribution",
     "capacity",
     "erlang_c",
+    "md1_capacity",
+    "md1_wait_cdf",
     "mean_service",
     "mmc_capacity",
     "mmc_mean_sojourn",
@@ -173,6 +181,55 @@ def mmc_capacity(servers: int, service_rate: float, slo_s: float, q: float = 0.9
         return 0.0
     bound = servers * service_rate
     # The quantile grows without limit as λ -> cμ, so some rate just below the bound misses.
+    hi = bound * (1 - 1e-9)
+    if excess(hi) <= 0:
+        return hi
+    return float(brentq(excess, 0.0, hi, xtol=bound * 1e-12, rtol=1e-12))
+
+
+# Erlang's M/D/1 sum cancels: its terms alternate in sign and grow as e^{λt}, so each carries
+# a rounding error of ~1e-16 of its size. Past this absolute error the answer is refused.
+MD1_MAX_ERROR = 1e-9
+
+
+def md1_wait_cdf(t_s: float, arrival_rate: float, service_s: float) -> float:
+    """P(W <= t_s) for the FCFS waiting time of an M/D/1 queue (stable queues only).
+
+    ValueError where the sum's cancellation leaves an error above MD1_MAX_ERROR (λ t beyond
+    about 9: an SLO many service times long at a high load); simulate there instead."""
+    if not service_s > 0:
+        raise ValueError(f"service_s must be > 0, not {service_s}")
+    _check_stable(1, arrival_rate, 1.0 / service_s)
+    if t_s < 0:
+        return 0.0
+    rho = arrival_rate * service_s
+    terms = []
+    for k in range(int(math.floor(t_s / service_s)) + 1):
+        x = arrival_rate * (k * service_s - t_s)  # <= 0
+        terms.append(x**k / math.factorial(k) * math.exp(-x))
+    error = 4e-16 * math.fsum(abs(term) for term in terms) * (len(terms) + 1)
+    if error > MD1_MAX_ERROR:
+        raise ValueError(
+            f"Erlang's M/D/1 sum at t = {t_s:g} s ({t_s / service_s:.0f} service times) and "
+            f"{arrival_rate:g}/s cancels to an error of ~{error:.0e}: simulate "
+            "(simulated_quantile) instead"
+        )
+    return min(1.0, max(0.0, (1.0 - rho) * math.fsum(terms)))
+
+
+def md1_capacity(service_s: float, slo_s: float, q: float = 0.99) -> float:
+    """The highest arrival rate (/s) whose M/D/1 sojourn q-quantile (wait + D) is <= slo_s;
+    0.0 when the service time alone misses the SLO."""
+    _check_q(q)
+    if slo_s < service_s:
+        return 0.0
+    bound = 1.0 / service_s
+
+    def excess(rate: float) -> float:
+        return q - md1_wait_cdf(slo_s - service_s, rate, service_s)
+
+    if excess(0.0) > 0:
+        return 0.0
     hi = bound * (1 - 1e-9)
     if excess(hi) <= 0:
         return hi
