@@ -348,6 +348,18 @@ def test_clients_held_up_between_calls_are_a_reason() -> None:
     assert not verdict(replace(CLOSED, total_mean_ms=29.0)).valid
     # An open loop has no clients to starve.
     assert clients_in_system(replace(starved, open_loop=True)) is None
+    # One client that waits between calls still sends one request at a time, as configured.
+    assert verdict(replace(starved, clients=1, completed=12_000)).valid
+
+
+def test_a_target_faster_than_the_clients_own_work_is_a_note() -> None:
+    # 2 clients, calls of 1.2 us, 105,000/s: 0.25 inside a call; the 17 us between calls
+    # per request is the harness's own work, not time taken from it.
+    echo = replace(CLOSED, clients=2, completed=63_000_000, total_mean_ms=0.0012, total_max_ms=12.0)
+    judged = verdict(echo)
+    assert judged.valid, judged.reasons
+    (note,) = [n for n in judged.notes if n.startswith("of 2 clients only 0.1 were inside")]
+    assert "the QPS is the load generator's ceiling, not the target's" in note
 
 
 def test_what_could_have_kept_the_clients_busy_is_allowed_for() -> None:

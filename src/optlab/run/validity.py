@@ -96,7 +96,7 @@ def _pace(facts: RunFacts, reasons: list[str], notes: list[str]) -> None:
         )
     held_up = starved(facts)
     if held_up is not None:
-        reasons.append(held_up)
+        (reasons if held_up[0] else notes).append(held_up[1])
     if (
         facts.in_process
         and facts.start_lag_p99_ms is not None
