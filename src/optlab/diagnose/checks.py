@@ -258,6 +258,12 @@ def check_cpu(e: Evidence, p: Params) -> Outcome:
     measures = [Measure("target CPU (of the machine)", used, p["machine_pct"], unit="%")]
     strengths = [ramp(used, p["machine_pct"], 98)]
     saturated = measures[0].met
+    if not saturated and machine is not None and machine >= p["machine_pct"] and used >= 50:
+        # The machine is full and the target holds most of it (the load generator the rest):
+        # it has no more CPU to take.
+        full = Measure("machine CPU", machine, p["machine_pct"], unit="%")
+        measures = [Measure("target CPU (of the machine)", used, 50, unit="%"), full]
+        strengths, saturated = [ramp(machine, p["machine_pct"], 98)], True
     share = readings.work_share(e, top[0]) if top is not None else None
     if saturated and e.in_process and top is not None and share is not None:
         # The process is busy, but is the stage? One that sleeps or waits leaves the CPU to
@@ -279,7 +285,7 @@ def check_cpu(e: Evidence, p: Params) -> Outcome:
         # limit. (Without batching, a busy engine is the queueing rule's: batch first.)
         busy = Measure("engine busy (per instance)", 100 * engine[0], p["thread_pct"], unit="%")
         measures, strengths, saturated = [busy], [ramp(busy.value, p["thread_pct"], 99)], busy.met
-    if machine is not None:
+    if machine is not None and not any(m.metric == "machine CPU" for m in measures):
         measures.append(Measure("machine CPU", machine, None, unit="%"))
     if top is not None:
         measures.append(Measure(f"{top[0]} share of latency", 100 * top[2], None, unit="%"))

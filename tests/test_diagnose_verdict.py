@@ -1,0 +1,441 @@
+"""`optlab diagnose` against the validity verdict and on the runs it must not call healthy
+(docs/diagnose.md "Agreement with the verdict", "States"): each INVALID reason the verdict gives
+(its own text, from `optlab.run.validity.verdict` on the run's facts) read back by the rules
+from a run's evidence with the numbers that made it; a lognormal service time that is not a
+lock, a pool of one that is, a sleeping stage that is neither GIL- nor CPU-bound, GC churn, and
+a service whose CPU decides the CPU rules without stages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import pytest
+
+from optlab.diagnose import Diagnosis, diagnose
+from optlab.diagnose.evidence import Evidence
+from optlab.metrics.histogram import LatencyHistogram
+from optlab.run.validity import RunFacts, verdict
+from optlab.store import RunEvidence, RunRecord, RunSummary
+from optlab.store.records import ResourceSample, StageStatsRow, WindowStats
+from optlab.store.summary import GcEvidence, LatencyStats, ProcessEvidence, ThreadCpu
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _row(stage: str, samples_ms: np.ndarray[Any, Any]) -> StageStatsRow:
+    """A stage's measured row from its requests' times, with the histogram optlab stores."""
+    histogram = LatencyHistogram()
+    histogram.record_array((samples_ms * 1e6).astype(np.int64))
+    return StageStatsRow(
+        stage=stage,
+        phase="measure",
+        count=len(samples_ms),
+        histogram=histogram.encode(),
+        min_ms=float(samples_ms.min()),
+        mean_ms=float(samples_ms.mean()),
+        stddev_ms=float(samples_ms.std()),
+        p50_ms=float(np.percentile(samples_ms, 50)),
+        p90_ms=float(np.percentile(samples_ms, 90)),
+        p95_ms=float(np.percentile(samples_ms, 95)),
+        p99_ms=float(np.percentile(samples_ms, 99)),
+        max_ms=float(samples_ms.max()),
+    )
+
+
+@dataclass
+class Run:
+    """What a stored run holds, in the few numbers each case sets."""
+
+    kind: str = "python"
+    load: dict[str, Any] = field(default_factory=lambda: {"mode": "closed", "concurrency": 8})
+    stage_ms: np.ndarray[Any, Any] = field(
+        default_factory=lambda: np.random.default_rng(0).normal(4.0, 0.2, 2000).clip(3.5)
+    )
+    qps: float = 400.0
+    status: str = "FINISHED"
+    requests: int | None = 2000
+    errors: int | None = 0
+    reasons: tuple[str, ...] = ()
+    cpu_pct: float = 30.0  # the target's, % of one core
+    threads: tuple[tuple[str, float], ...] = ()
+    other_pct: float = 5.0  # other processes, % of one core
+    send_lag_ms: float = 0.2
+    start_lag_ms: float = 0.1
+    in_flight: tuple[int, ...] = (8, 8, 8, 8, 8)
+    gc: GcEvidence | None = None
+    errors_by_type: dict[str, int] = field(default_factory=dict)
+    fastest_ms: float | None = None  # the whole run's, warmup included; else the stage's
+    machine_pct: float = 50.0  # every core, 0..100
+
+    def evidence(self) -> Evidence:
+        in_process = self.kind in ("python", "builtin", "synthetic")
+        usage = ProcessEvidence(
+            cpu_user_pct=self.cpu_pct,
+            cpu_system_pct=0.0,
+            threads=tuple(ThreadCpu(name=n, cpu_pct=c) for n, c in self.threads),
+        )
+        recorded = RunEvidence(
+            cores=2,
+            process=usage if in_process else ProcessEvidence(cpu_user_pct=10.0),
+            service=None if in_process else usage,
+            neighbour_cpu_pct=self.other_pct,
+            steal_pct=0.0,
+            gc=self.gc,
+            in_flight_mean=float(sum(self.in_flight)) / len(self.in_flight),
+        )
+        total = self.stage_ms + 0.05
+        lags = {
+            "send_lag": LatencyStats(p99=self.send_lag_ms, count=1),
+            "start_lag": LatencyStats(p99=self.start_lag_ms, count=1),
+        }
+        valid = not self.reasons
+        summary = RunSummary.model_validate(
+            {
+                "run_id": 1,
+                "experiment": "case",
+                "status": self.status,
+                "valid": valid,
+                "provisional": True,
+                "reasons": list(self.reasons),
+                "protocol": "quick",
+                "load": self.load["mode"],
+                "requests": self.requests,
+                "errors": self.errors,
+                "errors_by_type": self.errors_by_type,
+                "qps": self.qps,
+                "warmup_s": 1.0,
+                "duration_s": 5.0,
+                "harness_ms": {k: v.model_dump() for k, v in lags.items()},
+                "evidence": recorded.model_dump(),
+            }
+        )
+        run = RunRecord(
+            id=1,
+            uid="u",
+            experiment="case",
+            config_id=1,
+            config_hash="h",
+            environment_id=None,
+            status=self.status,
+            protocol_name="quick",
+            protocol={},
+            provisional=True,
+            repeat=False,
+            code_identity={},
+            git_commit=None,
+            git_dirty=None,
+            hostname="elsewhere",
+            pid=1,
+            started_at=NOW,
+            heartbeat_at=NOW,
+            finished_at=NOW,
+            warmup_s=1.0,
+            duration_s=5.0,
+            valid=valid,
+            reasons=self.reasons,
+            requests=self.requests,
+            errors=self.errors,
+            qps=self.qps,
+            summary=summary,
+            error_message=None,
+        )
+        target: dict[str, Any] = {"kind": self.kind, "factory": "m:build"}
+        if not in_process:
+            target = {"kind": self.kind, "url": "http://127.0.0.1:1/", "command": ["serve"]}
+        samples = tuple(
+            ResourceSample(
+                phase="measure",
+                t_s=float(t),
+                cpu_process_pct=self.cpu_pct,
+                cpu_system_pct=self.machine_pct,
+                iowait_pct=0.0,
+                steal_pct=0.0,
+                other_cpu_pct=self.other_pct,
+            )
+            for t in range(5)
+        )
+        windows = tuple(
+            WindowStats(
+                phase="measure",
+                t_s=t,
+                completed=int(self.qps or 0),
+                errors=0,
+                qps=self.qps or 0.0,
+                in_flight=n,
+            )
+            for t, n in enumerate(self.in_flight)
+        )
+        stages = {"infer": _row("infer", self.stage_ms), "total": _row("total", total)}
+        return Evidence(
+            run=run,
+            config={"target": target, "workload": {"load": self.load}, "knobs": {}},
+            stages=stages,
+            windows=windows,
+            samples=samples,
+            cores=2,
+            fastest={
+                "infer": self.fastest_ms or float(self.stage_ms.min()),
+                "total": (self.fastest_ms or float(self.stage_ms.min())) + 0.05,
+            },
+        )
+
+
+def facts(**changes: Any) -> RunFacts:
+    base: dict[str, Any] = {
+        "requested_s": 5.0,
+        "measured_s": 5.0,
+        "completed": 2000,
+        "errors": 0,
+        "max_error_rate": 0.001,
+        "send_lag_p99_ms": 0.2,
+        "max_send_lag_p99_ms": 2.0,
+        "start_lag_p99_ms": 0.1,
+        "total_p50_ms": 4.0,
+        "first_half_qps": 400.0,
+        "second_half_qps": 400.0,
+        "stability_tolerance": 0.1,
+        "throttled": False,
+        "interrupted": False,
+        "open_loop": True,
+        "intended_qps": 400.0,
+        "completed_qps": 400.0,
+        "in_process": True,
+    }
+    return RunFacts(**{**base, **changes})
+
+
+def reasons(word: str, **changes: Any) -> tuple[str, ...]:
+    """The verdict's own INVALID reasons for these facts; one of them names `word`."""
+    said = verdict(facts(**changes)).reasons
+    assert any(word in r for r in said), said
+    return said
+
+
+def first(d: Diagnosis) -> str | None:
+    return d.top.rule.id if d.top is not None else None
+
+
+OPEN = {"mode": "open", "rate": 400.0, "arrival": "poisson"}
+SLOW = np.random.default_rng(1).normal(245.0, 20.0, 1500).clip(150)  # P50 ~245 ms
+
+
+def test_a_saturated_open_loop_blames_the_target_never_the_generator() -> None:
+    said = reasons(
+        "saturated",
+        intended_qps=400.0,
+        completed_qps=300.0,
+        in_flight_start=0,
+        in_flight_end=200,
+        in_flight_max=200,
+        send_lag_p99_ms=40.0,
+    )
+    run = Run(
+        load=OPEN,
+        qps=300.0,
+        reasons=said,
+        send_lag_ms=40.0,
+        cpu_pct=190.0,
+        in_flight=(0, 50, 100, 150, 200),
+        stage_ms=SLOW,
+    )
+    d = diagnose(run.evidence())
+    assert d.top is not None and d.top.resource in ("queue", "cpu"), d.findings
+    assert not any(f.rule.id == "load-generator" for f in d.findings)
+    assert d.top.rule.id == "saturated" and "not the load generator" in d.top.summary
+    # Read from the rate and the backlog alone (a run judged before the rule): the same.
+    unjudged = diagnose(
+        Run(
+            load=OPEN,
+            qps=300.0,
+            send_lag_ms=40.0,
+            cpu_pct=190.0,
+            in_flight=(0, 50, 100, 150, 200),
+            stage_ms=SLOW,
+        ).evidence()
+    )
+    assert first(unjudged) in ("saturated", "cpu-bound"), unjudged.findings
+    assert not any(f.rule.id == "load-generator" for f in unjudged.findings)
+
+
+def test_a_generator_bound_run_is_the_generators_and_its_advice_fits_the_target() -> None:
+    lag = 60.0
+    said = reasons(
+        "load generator",
+        send_lag_p99_ms=lag,
+        total_p99_ms=8.0,
+        send_lag_p99_low_ms=lag,
+        in_flight_max=3,
+        in_flight_limit=1000,
+    )
+    d = diagnose(Run(load=OPEN, reasons=said, send_lag_ms=lag).evidence())
+    assert first(d) == "load-generator", d.findings
+    assert d.top is not None and "kind command or http" in d.top.advice  # in process
+    served = diagnose(Run(kind="http", load=OPEN, reasons=said, send_lag_ms=lag).evidence())
+    top = next(f for f in served.findings if f.rule.id == "load-generator")
+    assert "kind command or http" not in top.advice and "processes" in top.advice
+    # Valid by the verdict (the lag small beside what was measured): the rule agrees.
+    calm = diagnose(Run(load=OPEN, send_lag_ms=3.0, stage_ms=SLOW).evidence())
+    assert not any(f.rule.id == "load-generator" for f in calm.findings)
+
+
+def test_burners_that_make_the_generator_late_are_the_neighbours() -> None:
+    said = reasons(
+        "load generator", send_lag_p99_ms=30.0, total_p99_ms=20.0, send_lag_p99_low_ms=30.0
+    )
+    d = diagnose(
+        Run(load=OPEN, reasons=said, send_lag_ms=30.0, other_pct=190.0, stage_ms=SLOW).evidence()
+    )
+    assert first(d) == "noisy-neighbour", d.findings
+    assert not any(f.rule.id == "load-generator" for f in d.findings)
+
+
+def test_every_other_invalid_reason_is_read_the_same_way() -> None:
+    failing = reasons("error rate", completed=1800, errors=200)
+    d = diagnose(
+        Run(
+            reasons=failing, requests=1800, errors=200, errors_by_type={"ValueError": 200}
+        ).evidence()
+    )
+    assert first(d) == "errors" and d.partial is None  # partial is gather's; see below
+
+    stuck = reasons("stuck in a call", open_loop=False, stuck_clients=3, clients=8)
+    d = diagnose(Run(reasons=stuck).evidence())
+    assert first(d) == "errors" and "stuck" in (d.top.summary if d.top else "")
+
+    drift = reasons(
+        "unstable",
+        open_loop=False,
+        first_half_qps=401.0,
+        second_half_qps=251.0,
+        measured_s=10.0,
+        requested_s=10.0,
+    )
+    noisy = diagnose(Run(reasons=drift, other_pct=150.0).evidence())
+    assert first(noisy) == "noisy-neighbour"
+    quiet = diagnose(Run(reasons=drift).evidence())
+    assert not quiet.healthy and quiet.state == "undecided" and "INVALID" in str(quiet.state_reason)
+
+    for word, changes in (
+        ("successful queries", {"completed": 300}),
+        ("interrupted", {"interrupted": True, "measured_s": 2.0}),
+        ("accuracy", {"accuracy_drop_pts": 3.0, "max_accuracy_drop_pts": 1.0}),
+        ("thermal", {"throttled": True}),
+    ):
+        said = reasons(word, **changes)
+        d = diagnose(Run(reasons=said).evidence())
+        assert not d.healthy and d.state in ("undecided", "findings"), (word, d.state)
+
+
+def test_a_starved_closed_loop_is_the_generators() -> None:
+    if "total_mean_ms" not in RunFacts.__dataclass_fields__:
+        pytest.skip("the verdict has no starved-clients reason yet")
+    said = reasons(
+        "load generator",
+        open_loop=False,
+        clients=8,
+        total_mean_ms=4.0,
+        total_max_ms=6.0,
+        timeout_ms=1000.0,
+        completed=5000,
+        measured_s=5.0,
+    )
+    d = diagnose(Run(reasons=said, in_flight=(4, 4, 4, 4, 4), start_lag_ms=3.0).evidence())
+    assert first(d) == "load-generator", d.findings
+
+
+def test_a_lognormal_service_time_is_not_a_lock_and_a_lock_is() -> None:
+    rng = np.random.default_rng(5)
+    # The synthetic example: 4 clients, each call sleeps a lognormal time (median 2 ms,
+    # sigma 0.3) in parallel: throughput x fastest lands near 1 by coincidence.
+    service = 2.0 * rng.lognormal(0.0, 0.3, 9000)
+    qps = 4 / float(service.mean()) * 1000
+    calm = diagnose(Run(stage_ms=service, qps=qps, in_flight=(4,) * 5, cpu_pct=35.0).evidence())
+    assert not any(f.rule.id in ("serialised", "gil-bound") for f in calm.findings), calm.findings
+    assert calm.healthy
+    # A 4 ms lock under 8 clients, handed over unfairly: a quarter go straight through.
+    held = np.concatenate([np.full(600, 4.1), 4.1 * rng.integers(2, 16, 1800)])
+    locked = diagnose(Run(stage_ms=held, qps=231.0, cpu_pct=7.0).evidence())
+    assert first(locked) == "serialised" and locked.top is not None
+    assert (locked.top.stage, locked.top.resource) == ("infer", "lock")
+
+
+def test_a_pool_of_one_is_serialised_not_cpu_or_gil_bound() -> None:
+    rng = np.random.default_rng(6)
+    waits = 3.5 * (8 + rng.normal(0, 0.5, 1500)).clip(2)  # FIFO: each waits for the others
+    # The warmup's first request found the worker free: one computation, 3.5 ms.
+    d = diagnose(
+        Run(
+            stage_ms=waits,
+            qps=280.0,
+            cpu_pct=104.0,
+            fastest_ms=3.5,
+            threads=(("pool-of-one_0", 98.0), ("optlab-load-1", 1.0)),
+        ).evidence()
+    )
+    assert first(d) == "serialised", d.findings
+    assert d.top is not None and "pool-of-one_0" in d.top.summary
+    assert not any(f.rule.id in ("cpu-bound", "gil-bound") for f in d.findings)
+
+
+def test_a_sleeping_stage_is_not_gil_or_cpu_bound() -> None:
+    rng = np.random.default_rng(7)
+    sleeps = 1.0 + rng.exponential(0.08, 20000)  # time.sleep(1 ms) under 8 clients
+    # The harness's threads used ~0.9 of a core at 7,000 calls a second.
+    d = diagnose(
+        Run(
+            stage_ms=sleeps,
+            qps=7000.0,
+            cpu_pct=90.0,
+            threads=tuple((f"optlab-load-{i}", 11.0) for i in range(8)),
+        ).evidence()
+    )
+    assert not any(f.rule.id in ("gil-bound", "cpu-bound") for f in d.findings), d.findings
+
+
+def test_gc_churn_is_named_not_the_generator() -> None:
+    gc = GcEvidence(collections=450, pause_total_ms=950.0, pause_max_ms=324.0, share_pct=19.0)
+    d = diagnose(
+        Run(
+            load={**OPEN, "rate": 100.0},
+            qps=100.0,
+            send_lag_ms=300.0,
+            gc=gc,
+            in_flight=(1, 0, 2, 1, 0),
+        ).evidence()
+    )
+    assert first(d) == "gc-churn", d.findings
+    assert d.top is not None and (d.top.stage, d.top.resource) == (None, "memory")
+    assert not any(f.rule.id in ("load-generator", "tail-stalls") for f in d.findings)
+
+
+def test_a_service_busy_on_its_cpu_is_judged_without_stages() -> None:
+    # 1.5 cores of 2 to the service, the rest to the load generator: the machine is full.
+    run = Run(kind="command", cpu_pct=150.0, in_flight=(8,) * 5, machine_pct=97.0)
+    evidence = run.evidence()
+    bare = replace(
+        evidence,
+        stages={"total": evidence.stages["total"]},
+        fastest={"total": evidence.fastest["total"]},
+    )
+    d = diagnose(bare)
+    missing = dict(d.not_evaluated)
+    assert "cpu-bound" not in missing and "gil-bound" not in missing, missing
+    assert first(d) == "cpu-bound" and d.top is not None and d.top.stage is None
+
+
+def test_no_data_and_unevaluated_core_rules_are_never_healthy() -> None:
+    empty = Run(status="FAILED", requests=0, errors=0, qps=None)  # type: ignore[arg-type]
+    evidence = empty.evidence()
+    d = diagnose(replace(evidence, no_data="the run FAILED before any request finished"))
+    assert d.state == "no-data" and not d.healthy and not d.findings
+    assert d.to_json()["state"] == "no-data" and d.to_json()["healthy"] is False
+    # No send-lag series recorded (an old run): the generator rule cannot run: undecided.
+    old = Run().evidence()
+    summary = old.run.summary
+    assert summary is not None
+    bare = summary.model_copy(update={"harness_ms": {}})
+    d = diagnose(replace(old, run=replace(old.run, summary=bare)))
+    assert not d.findings and d.state == "undecided" and "load-generator" in d.undecided
