@@ -249,7 +249,7 @@ def bundle_from_json(value: Any) -> RunBundle:
 
 
 def _bundle(value: dict[str, Any], run: dict[str, Any]) -> RunBundle:
-    rules.check_json_ints(value)
+    rules.check_json_values(value)
     for key, kind in _REQUIRED_RUN.items():
         _need(run, key, kind, "run")
     rules.one_of(run["status"], "run.status", RUN_STATUSES)

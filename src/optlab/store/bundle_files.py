@@ -22,6 +22,7 @@ from optlab.store.bundle import (
     bundle_from_json,
     bundle_json,
 )
+from optlab.store.bundle_rules import NonFinite
 from optlab.store.database import masked
 from optlab.store.files import open_regular, write_atomic
 from optlab.store.models import utcnow
@@ -55,7 +56,8 @@ def write_bundle(path: str | Path, bundles: Sequence[RunBundle], source: str) ->
 def _malformed(path: Path, line: int, why: str) -> StoreError:
     return StoreError(
         f"{path}:{line}: malformed run bundle: {why}",
-        hint="the file is damaged or truncated; export the runs again",
+        hint="the file is damaged, truncated or was edited after `optlab export` wrote it; "
+        "export the runs again from the database that measured them",
     )
 
 
@@ -114,7 +116,8 @@ def _refuse_constant(name: str) -> Any:
 
 def _parse(text: str) -> Any:
     try:
-        return json.loads(text, parse_constant=_refuse_constant)
+        # NaN and infinities are kept as markers, for `bundle_from_json` to name their field.
+        return json.loads(text, parse_constant=NonFinite)
     except RecursionError as exc:
         raise ValueError("nested too deeply to be a run bundle") from exc
 

@@ -43,8 +43,22 @@ class Malformed(ValueError):
     """A field that breaks a rule; the message names it."""
 
 
-def check_json_ints(value: Any, where: str = "line", depth: int = 0) -> None:
-    """Every integer in a parsed line fits a 64-bit column (a larger one crashed the store)."""
+class NonFinite:
+    """What the bundle reader makes of NaN, Infinity and -Infinity (`json.loads`'s
+    `parse_constant`): kept apart until `check_json_values` names the field that held it."""
+
+    def __init__(self, spelling: str) -> None:
+        self.spelling = spelling
+
+
+def check_json_values(value: Any, where: str = "") -> None:
+    """Every number in a parsed line is finite (NaN reached `log --json` as non-JSON) and
+    every integer fits a 64-bit column (a larger one crashed the store)."""
+    if isinstance(value, NonFinite):
+        raise Malformed(
+            f"{where or 'the line'}: {value.spelling} is not a finite number (JSON has no NaN "
+            "or infinities)"
+        )
     if isinstance(value, bool):
         return
     if isinstance(value, int):
@@ -52,10 +66,10 @@ def check_json_ints(value: Any, where: str = "line", depth: int = 0) -> None:
             raise Malformed(f"{where}: {value:.3g} is beyond a 64-bit integer")
     elif isinstance(value, dict):
         for key, item in value.items():
-            check_json_ints(item, f"{where}.{key}", depth + 1)
+            check_json_values(item, f"{where}.{key}" if where else str(key))
     elif isinstance(value, list):
         for index, item in enumerate(value):
-            check_json_ints(item, f"{where}[{index}]", depth + 1)
+            check_json_values(item, f"{where}[{index}]")
 
 
 def name(value: Any, where: str) -> str:

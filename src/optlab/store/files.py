@@ -114,8 +114,13 @@ def _write_error(path: Path, exc: OSError) -> StoreError:
             hint="free disk space, or choose a path on another disk",
         )
     if exc.errno in (errno.ENOTDIR, errno.ENOENT):
+        what_is = (
+            "does not exist"
+            if exc.errno == errno.ENOENT
+            else "(or a folder above it) is a file, not a folder"
+        )
         return StoreError(
-            f"cannot write {path}: {why}: {folder} is not an existing folder",
+            f"cannot write {path}: {folder} {what_is}",
             hint="create the folder first, or choose another path",
         )
     return StoreError(f"cannot write {path}: {why}", hint="choose another path")

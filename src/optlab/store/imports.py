@@ -7,7 +7,6 @@ and skips a run already stored.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -16,8 +15,8 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from optlab.config.canonical import canonical_json
 from optlab.errors import RefusedError
+from optlab.store import bundle_rules as rules
 from optlab.store.bundle import TIMESTAMP_FIELDS, ImportResult, RunBundle, parse_timestamp
 from optlab.store.convert import summary_json
 from optlab.store.measurements import replace_measurements
@@ -43,11 +42,6 @@ def _column_values(run: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
             value = parse_timestamp(value, f"run.{key}")
         values[RUN_COLUMNS[key]] = list(value or ()) if key == "reasons" else value
     return values
-
-
-def _fingerprint_hash(fingerprint: dict[str, Any]) -> str:
-    # The same hash Store.record_environment keys environments by.
-    return hashlib.sha256(canonical_json(fingerprint).encode()).hexdigest()
 
 
 class ImportMixin:
@@ -221,7 +215,7 @@ class ImportMixin:
         if environment is None:
             return None
         fingerprint = environment["fingerprint"]
-        fingerprint_hash = _fingerprint_hash(fingerprint)
+        fingerprint_hash = rules.fingerprint_hash(fingerprint)
         query = select(SqlEnvironment.id).where(SqlEnvironment.fingerprint_hash == fingerprint_hash)
         existing = session.scalar(query)
         if existing is not None:
