@@ -5,6 +5,7 @@ wrong, no file created where the user did not ask."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
@@ -75,3 +76,51 @@ def test_demo_retries_an_invalid_step_reports_each_retry_and_still_prints_its_ta
     )
     assert stored == [("base", 1), ("errors", 0), ("errors", 0), ("errors", 0)]
     assert not (tmp_path / ".optlab").exists()  # nothing beside the demo's own folder
+
+
+# ------------------------------------------------------------- --quick supports a P99
+
+
+def test_quick_without_a_duration_measures_until_a_p99_is_supported() -> None:
+    from optlab.config.models import Protocol
+    from optlab.config.protocol import (
+        QUICK_MIN_QUERIES,
+        effective_protocol,
+        protocol_label,
+    )
+    from optlab.run.validity import P99_MIN_QUERIES
+
+    assert QUICK_MIN_QUERIES == P99_MIN_QUERIES  # the config layer cannot import the run's
+    run = effective_protocol(Protocol(), quick=True, until_queries=True)
+    assert (run.duration_s, run.min_queries, run.max_duration_s) == (5.0, 662, 30.0)
+    assert "longer until 662 queries (at most 30 s)" in protocol_label(run.as_dict())
+    # An explicit --duration is what the user asked for; a sweep sizes its own levels; the
+    # full protocol and the stored form of other protocols are unchanged.
+    for other in (
+        effective_protocol(Protocol(), quick=True, duration_s=5.0, until_queries=True),
+        effective_protocol(Protocol(), quick=True),
+        effective_protocol(Protocol(), until_queries=True),
+    ):
+        assert other.min_queries == 0 and "min_queries" not in other.as_dict()
+
+
+@pytest.mark.slow
+def test_a_quick_run_of_a_slow_target_is_long_enough_for_its_p99(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ~100 requests/s: 5 s would give ~500 answers, short of the 662 a P99 needs.
+    monkeypatch.chdir(tmp_path)
+    write(
+        tmp_path,
+        "slow.yaml",
+        "name: slow\ntarget: {kind: builtin, name: synthetic}\n"
+        "knobs: {distribution: fixed, service_ms: 10}\n"
+        "workload: {load: {mode: closed, concurrency: 1}}\nprotocol: {name: full}\n",
+    )
+    database = tmp_path / "q.db"
+    result = cli_run("--db", f"sqlite:///{database}", "run", "slow.yaml", "--quick", "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["valid"], summary["reasons"]
+    assert summary["requests"] >= 662
+    assert 5.0 < summary["duration_s"] < 30.0

@@ -232,7 +232,8 @@ class PhaseLoop:
             yield
             return
         pid = self.target.service_pid or os.getpid()
-        profiler = Profiler(pid, max_s=self.protocol.duration_s + PROFILE_SLACK_S)
+        longest = self.protocol.max_duration_s or self.protocol.duration_s
+        profiler = Profiler(pid, max_s=longest + PROFILE_SLACK_S)
         try:
             profiler.start()
         except ProfilerError as exc:
@@ -244,6 +245,22 @@ class PhaseLoop:
         finally:
             self.profiled = profiler.stop()
 
+    def _short_of_queries(self) -> bool:
+        """A protocol that measures until a P99 is supported: too few answers yet, and time."""
+        p = self.protocol
+        return (
+            p.min_queries > 0
+            and p.max_duration_s is not None
+            and self.measured_s < p.max_duration_s
+            and self.collector.totals("measure")[0] < p.min_queries
+        )
+
+    def _planned_s(self) -> float:
+        p = self.protocol
+        if self.measured_s < p.duration_s or p.max_duration_s is None:
+            return p.duration_s
+        return p.max_duration_s
+
     def _measure(self) -> None:
         if self.target is not None and self.target.reset_metrics is not None:
             self.target.reset_metrics()  # the target's own counters cover the measured phase
@@ -254,9 +271,10 @@ class PhaseLoop:
             self.set_phase("measure")
             self.sampler.set_phase("measure")
             try:
-                while self.measured_s < self.protocol.duration_s:
-                    self.measured_s = self._tick("measure", started, self.protocol.duration_s)
-                    if self.early_stop is not None and self.measured_s < self.protocol.duration_s:
+                while self.measured_s < self.protocol.duration_s or self._short_of_queries():
+                    planned = self._planned_s()
+                    self.measured_s = self._tick("measure", started, planned)
+                    if self.early_stop is not None and self.measured_s < planned:
                         self.stopped_early = self.early_stop()
                         if self.stopped_early is not None:
                             note = f"[{self.name}] stopping early: {self.stopped_early}"

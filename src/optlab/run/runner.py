@@ -76,6 +76,7 @@ def _config_and_protocol(
         quick=options.quick,
         duration_s=options.duration_s,
         warmup_s=options.warmup_s,
+        until_queries=True,
     )
     return config, protocol
 
