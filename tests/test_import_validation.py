@@ -269,6 +269,11 @@ def test_unknown_enums_and_names_that_break_the_rules_are_refused(exported: Path
 
     refused(tampered(exported, fingerprint), "environment.fingerprint_hash", "was changed")
 
+    def material(runs: list[dict[str, Any]]) -> None:
+        runs[1]["environment"]["material_hash"] = "0" * 64  # would hide a change of machine
+
+    refused(tampered(exported, material), "tampered.jsonl:3: run", "environment.material_hash")
+
 
 def test_one_bad_run_refuses_the_whole_bundle(exported: Path) -> None:
     """Refusing all is the rule (docs/bundles.md): half a chain stored would make the next

@@ -19,6 +19,7 @@ import zlib
 from collections.abc import Sequence
 from functools import lru_cache
 
+from optlab.env.compare import material_hash
 from optlab.errors import StoreError
 from optlab.metrics.histogram import (
     HIGHEST_NS,
@@ -87,7 +88,21 @@ def check_all(bundles: Sequence[RunBundle]) -> None:
         check_imported(bundle)
 
 
+def _check_environment(bundle: RunBundle) -> None:
+    environment = bundle.environment
+    if environment is None:
+        return
+    recomputed = material_hash(environment["fingerprint"])
+    if environment["material_hash"] != recomputed:
+        raise Disagrees(
+            f"environment.material_hash {str(environment['material_hash'])[:16]!r} is not what "
+            f"this optlab makes of its fingerprint ({recomputed[:16]}): edited, or written by an "
+            "optlab that judged machines alike by other fields"
+        )
+
+
 def _check(bundle: RunBundle) -> None:
+    _check_environment(bundle)
     decoded = {(row.phase, row.stage): _check_row(row) for row in bundle.stage_stats}
     run = bundle.run
     total = decoded.get(("measure", "total"))
