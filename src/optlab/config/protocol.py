@@ -40,10 +40,11 @@ class EffectiveProtocol:
     stability_tolerance: float = STABILITY_TOLERANCE
     # protocol.stability_pct was given: the halves may differ by the tolerance and no more,
     # noise or not. Unset, a drift past the tolerance counts only beyond the halves' own
-    # noise (run/stability.py); left out of `as_dict` then, so stored protocols compare.
+    # noise (run/stability.py). How a run is judged, not how it is measured: left out of
+    # `as_dict` (the stored protocol runs compare by; the stored config keeps stability_pct).
     stability_fixed: bool = False
     # Measure past duration_s until this many queries completed, up to max_duration_s
-    # (0: exactly duration_s); left out of `as_dict` when 0, like stability_fixed.
+    # (0: exactly duration_s); left out of `as_dict` when 0.
     min_queries: int = 0
     max_duration_s: float | None = None
 
@@ -57,8 +58,7 @@ class EffectiveProtocol:
 
     def as_dict(self) -> dict[str, Any]:
         data = {**asdict(self), "provisional": self.provisional}
-        if not self.stability_fixed:
-            del data["stability_fixed"]
+        del data["stability_fixed"]
         if not self.min_queries:
             del data["min_queries"], data["max_duration_s"]
         return data
