@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+import sqlite3
 import subprocess
 from collections.abc import Callable
 from dataclasses import replace
@@ -16,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import Result
+from click.testing import CliRunner, Result
 
 from optlab import api
+from optlab.cli.main import cli
 from optlab.diagnose import RULES, diagnose
 from optlab.diagnose.evidence import Evidence
 from optlab.store import RunEvidence, RunRecord, RunSummary
@@ -239,6 +241,8 @@ def test_the_reference_baseline_writes_the_preprocess_step_once(
     text = step.read_text("utf-8")
     assert "parent: cpu-baseline" in text and "preprocess: numpy-pooled" in text
     assert "hypothesis: " in text and "diagnosis " in text
+    # Measured as its parent was: the quick protocol of 8 s after 0.5 s.
+    assert f"optlab run {step} --quick --duration 8 --warmup 0.5`" in wrote.stderr
     diff = invoke("diff", str(step))
     assert diff.exit_code == 0, diff.output
     assert "changes 1 variable against cpu-baseline" in diff.output
@@ -248,6 +252,32 @@ def test_the_reference_baseline_writes_the_preprocess_step_once(
     again = invoke("diagnose", "cpu-baseline", "--write-step")
     assert again.exit_code == 2 and "exists; nothing was written" in again.stderr
     assert step.read_text("utf-8") == text
+
+    # The database carried elsewhere (as an import carries a run whose file named a folder of
+    # another machine): the experiment file is not under this folder or that project, so
+    # nothing is written beside it unless --output says where.
+    away = tmp_path.parent / f"{tmp_path.name}-away"  # outside this test's folder
+    away.mkdir()
+    copy = away / "optlab.db"
+    with sqlite3.connect(tmp_path / "optlab.db") as source, sqlite3.connect(copy) as target:
+        source.backup(target)
+    monkeypatch.chdir(away)
+
+    def elsewhere(*args: str) -> Result:
+        return CliRunner().invoke(cli, ["--db", f"sqlite:///{copy}", *args])
+
+    before_files = sorted(p.name for p in folder.iterdir())
+    step.unlink()
+    refused = elsewhere("diagnose", "cpu-baseline", "--write-step")
+    assert refused.exit_code == 2 and "is not here" in refused.stderr, refused.output
+    assert "--output" in refused.stderr
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        n for n in before_files if n != step.name
+    )
+    placed = elsewhere("diagnose", "cpu-baseline", "--write-step", "--output", "next.yaml")
+    assert placed.exit_code == 0 and (away / "next.yaml").is_file(), placed.output
+    monkeypatch.chdir(tmp_path)
+    step.write_text(text, "utf-8")
     # A target whose knobs optlab does not know gets advice, and no file.
     python_target = experiment(folder, "spin", "{mode: sleep, sleep_ms: 1}")
     monkeypatch.syspath_prepend(str(folder))
@@ -365,31 +395,123 @@ def test_every_rule_is_documented_with_its_parameters() -> None:
 
 @pytest.mark.slow
 def test_running_and_killed_runs_are_diagnosed_as_partial(
-    synth: Path, invoke: Invoke, sqlite_url: str
+    synth: Path, invoke: Invoke, sqlite_url: str, tmp_path: Path
 ) -> None:
     from tests.test_reliability import _spawn
 
     db = Path(sqlite_url.removeprefix("sqlite:///"))
     args = ["run", str(synth / "baseline.yaml"), "--quick", "--duration", "60", "--warmup", "0.3"]
-    proc = _spawn(args, db, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        run_id = wait_for_measure(db)
-        running = diagnosed(invoke, str(run_id))
-        assert running["status"] == "RUNNING" and running["partial"]
-        assert "still RUNNING" in running["partial_reason"]
-        # What it can still say: the windows written so far are there; the stage breakdown
-        # comes at the end, so the rules that need it say so.
-        missing = {entry["rule"]: entry["missing"] for entry in running["not_evaluated"]}
-        assert "no stage timings" in missing["cpu-bound"]
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=60)
-    assert proc.returncode == 130
+    # The child's output goes to files: a pipe nobody reads while it runs fills on a slow
+    # machine and stalls the run.
+    with (tmp_path / "out.txt").open("w") as out, (tmp_path / "err.txt").open("w") as err:
+        proc = _spawn(args, db, stdout=out, stderr=err)
+        try:
+            run_id = wait_for_measure(db, timeout_s=120)
+            running = diagnosed(invoke, str(run_id))
+            assert running["status"] == "RUNNING" and running["partial"]
+            assert "still RUNNING" in running["partial_reason"]
+            # What it can still say: the windows written so far are there; the stage breakdown
+            # comes at the end, so the rules that need it say what they lack (the CPU samples
+            # too, when the sampler has not flushed yet on a busy machine), and nothing is
+            # called healthy meanwhile.
+            missing = {entry["rule"]: entry["missing"] for entry in running["not_evaluated"]}
+            assert missing["cpu-bound"].startswith(("no stage timings", "no CPU samples"))
+            assert not running["healthy"] and running["state"] in ("undecided", "findings")
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=120)
+    assert proc.returncode == 130, (tmp_path / "err.txt").read_text()
     killed = diagnosed(invoke, str(run_id))
     assert killed["status"] == "KILLED" and killed["partial"]
     assert "KILLED" in killed["partial_reason"] and "before it stopped" in killed["partial_reason"]
     text = invoke("diagnose", str(run_id)).output
     assert "partial evidence: the run was KILLED" in text
+
+
+@pytest.mark.slow
+def test_failed_killed_and_abandoned_runs_without_requests_are_no_data(
+    synth: Path, invoke: Invoke, sqlite_url: str, tmp_path: Path, folder: Path
+) -> None:
+    from tests.test_reliability import _spawn
+
+    # A target whose build fails: a FAILED run, no request.
+    code = "def build(knobs):\n    raise RuntimeError('no model')\n\n\ndef inputs(w):\n    return [1]\n"
+    write(folder, "nobuild.py", code)
+    path = write(
+        folder,
+        "nobuild.yaml",
+        "name: nobuild\n"
+        "target: {kind: python, factory: 'nobuild:build', inputs: 'nobuild:inputs'}\n"
+        "workload: {load: {mode: closed, concurrency: 1}}\nprotocol: {name: quick}\n",
+    )
+    invoke("run", str(path), "--quick", "--duration", "1")
+    failed = diagnosed(invoke, "nobuild")
+    assert failed["status"] == "FAILED", failed
+    assert failed["state"] == "no-data" and not failed["healthy"] and not failed["findings"]
+    assert "FAILED" in failed["state_reason"]
+    text = invoke("diagnose", "nobuild").output
+    assert "no data: " in text and "healthy" not in text
+
+    db = Path(sqlite_url.removeprefix("sqlite:///"))
+    args = ["run", str(synth / "baseline.yaml"), "--quick", "--duration", "60", "--warmup", "60"]
+    for how in (signal.SIGINT, signal.SIGKILL):  # KILLED in its warmup; gone without a word
+        with (tmp_path / "err.txt").open("w") as err:
+            proc = _spawn(args, db, stdout=subprocess.DEVNULL, stderr=err)
+            try:
+                run_id = _wait_for_warmup(db)
+            finally:
+                proc.send_signal(how)
+                proc.wait(timeout=120)
+        document = diagnosed(invoke, str(run_id))
+        assert document["state"] == "no-data" and not document["healthy"], document
+        if how == signal.SIGKILL:
+            assert document["status"] == "RUNNING"
+            assert "abandoned" in document["partial_reason"]
+            assert f"pid {proc.pid}" in document["partial_reason"]
+        else:
+            assert document["status"] == "KILLED"
+
+
+def _wait_for_warmup(db: Path, timeout_s: float = 120) -> int:
+    """The id of the run a subprocess has started (its row stored, RUNNING)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(0.3)
+        try:
+            with sqlite3.connect(db, timeout=5) as con:
+                row = con.execute(
+                    "select id from runs where status = 'RUNNING' order by id desc limit 1"
+                ).fetchone()
+        except sqlite3.OperationalError:
+            continue
+        if row:
+            time.sleep(1.0)  # into its warmup
+            return int(row[0])
+    raise AssertionError("the run never started")
+
+
+@pytest.mark.slow
+def test_the_synthetic_example_is_not_a_lock_nor_gil_bound(invoke: Invoke, synth: Path) -> None:
+    # Every call sleeps a lognormal time in parallel (no queue): healthy, or a fixed service
+    # time; never a lock its throughput x fastest happens to land near 1 for.
+    for name in ("baseline.yaml", "01-faster-service.yaml"):
+        quick = ("--quick", "--duration", "3", "--warmup", "0.5", "--allow-invalid")
+        assert invoke("run", str(synth / name), *quick).exit_code == 0
+        document = diagnosed(invoke, str(synth / name))
+        wrong = [
+            f["rule"] for f in document["findings"] if f["rule"] in ("serialised", "gil-bound")
+        ]
+        assert not wrong, document["findings"]
+
+
+def test_a_run_id_past_the_database_range_is_refused(invoke: Invoke, folder: Path) -> None:
+    path = experiment(folder, "fresh", "{mode: sleep, sleep_ms: 1}")
+    assert invoke("diff", str(path)).exit_code == 0
+    huge = invoke("diagnose", "99999999999999999999999")
+    assert huge.exit_code == 2 and "run 99999999999999999999999 does not exist" in huge.stderr
+    assert "unexpected" not in huge.stderr and "optlab log" in huge.stderr
 
 
 def test_a_sweep_is_diagnosed_at_its_knee_or_busiest_level(
