@@ -60,6 +60,9 @@ class GateLine:
     passed: bool
     beyond_noise: bool | None
     versus: str | None = None  # the step judged against, where not the result's `against`
+    # The table's statistic the change is, where the sides have several runs (pairs, repeats):
+    # then `before` and `after`, the newest runs' figures, are not what the change compares.
+    statistic: str | None = None
 
 
 @dataclass(frozen=True)
@@ -194,9 +197,17 @@ def evaluate(frame: pd.DataFrame, thresholds: list[Threshold], against: str) -> 
         if change is not None and not higher:
             change = -change  # signed so that + is an improvement
         passed = _judge(threshold, change, noise)
-        lines.append(GateLine(threshold, before, after, change, passed, noise))
+        statistic = None
+        if noise is not None and _several_runs(base, head):
+            method = head.get("step_method") if against == "parent" else None
+            statistic = method if isinstance(method, str) else "the table's Δ cum"
+        lines.append(GateLine(threshold, before, after, change, passed, noise, None, statistic))
     lines += capacity_lines
     return GateResult(str(head["experiment"]), str(base["experiment"]), lines, problems)
+
+
+def _several_runs(*rows: Any) -> bool:
+    return any((_value(row, "runs") or 0) > 1 for row in rows)
 
 
 def _table_change(head: Any, metric: str, against: str) -> tuple[float | None, bool | None]:
@@ -246,6 +257,11 @@ def render_gate(result: GateResult, protocol_label: str) -> str:
         out.append(
             f"| {t.metric} | {gate} | {_fmt(line.before)} | {_fmt(line.after)} | {change} | "
             f"{noise} | {'pass' if line.passed else '**FAIL**'} |"
+        )
+    for statistic in sorted({line.statistic for line in result.lines if line.statistic}):
+        out.append(
+            f"\n- change and beyond noise: the stacked table's statistic over every pair or "
+            f"repeat ({statistic}); before and after: the newest run of each step"
         )
     for problem in result.problems:
         out.append(f"\n- **FAIL**: {problem}")
