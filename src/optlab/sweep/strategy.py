@@ -18,12 +18,23 @@ Open loop (rates):
    capacity's interval is within the tolerance. A short growth level that passed only
    narrowly no longer vouches for its rate once a level has failed, and the bracket's passing
    end is measured again at the refining length before it is the answer ("confirm").
-4. The capacity is the model's answer, reported low on purpose (the 30th percentile of a
-   parametric bootstrap when that is lower: above the truth overloads a service, below it
-   only leaves headroom), kept inside the bracket; without a model, the bracket's passing end.
-   Its interval is what the levels say with confidence: between the highest rate whose level
-   met the SLO beyond its own noise and the lowest whose level missed it beyond its noise (or
-   could not keep up at all); where no level did, the bootstrap's 95% bound stands in.
+4. The capacity is the model's central estimate (a low percentile of the bootstrap, as
+   before, landed 10-20% under the truth on working sweeps), kept inside the bracket; without
+   a model, the bracket's passing end. The model is fitted on the rate each level ACHIEVED: a
+   short Poisson level's arrivals run a few percent off the offered rate, and its percentile
+   follows the arrivals that came. Its interval is what the levels say with confidence:
+   between the highest rate whose level met the SLO beyond its own noise and the lowest whose
+   level missed it beyond its noise (or could not keep up at all); where no level did, the
+   bootstrap's 95% bound stands in.
+5. An inconclusive level is measured once more, at the same rate with its own seed, before it
+   counts ("again"): one the load generator decided (it held requests back by enough to tip the
+   level over the SLO; lag inside a level that met the SLO is already in its latency, counted
+   from the intended send), or one that met the SLO but was INVALID (unstable halves, too few
+   queries). Send lag moved 0.2-3.6 ms between identical quiet runs, and one such level used
+   to end the sweep. A rate the generator decides twice caps the capacity (`generator`), and
+   the search goes on below it. Every level has its own workload seed (from the experiment's
+   and the level's position), so a seed whose arrivals run fast, or whose halves differ, does
+   not bias or fail every level alike.
 
 Why levels near capacity need care: a queue's latencies are autocorrelated and its tail is
 set by a few busy periods, so one level's P99 is noisy and biased low when short. Simulated
@@ -39,14 +50,14 @@ with a Gaussian kernel in ln(P / SLO) (KERNEL_WIDTH), so only levels near the cr
 it: the curve is flat near the unloaded latency and has a pole at saturation, and no single
 global form fits both M/M/1 and M/M/8.
 
-Measured (`benchmarks/sweep_accuracy.py`, 20 seeds each, SLO P99 <= 100 ms; the README of
-benchmarks/ has the table): within +-5% of the truth in 11 (M/M/1), 12 (M/M/2), 14 (M/M/4),
-15 (M/M/8), 20 (M/G/4) and 19 (M/D/2) of 20 sweeps; more than 5% above in 1, 0, 2, 0, 0, 0;
-the interval covers the truth in 16, 20, 20, 20, 19, 20 of 20; 0.34-0.49 of the measured
-seconds of a perf_analyzer-style binary search (which got 8, 8, 16, 18, 20, 14 of 20 within
-+-5%). The steep curves (M/M/8, M/G/4, M/D/2) meet or nearly meet the goal of 19 of 20; the
-gentle ones cannot at this cost: at +-5% in rate the P99 of M/M/1 moves only ~6% (elasticity
-~1.2), well inside one level's noise, so no level short of minutes pins it.
+Measured (`benchmarks/sweep_accuracy.py`, simulated levels, 20 seeds each, SLO P99 <= 100 ms;
+the README of benchmarks/ has the table), with the central estimate: within +-10% of the truth
+in 15 (M/M/1), 20 (M/M/2), 18 (M/M/4), 19 (M/M/8), 20 (M/G/4) and 20 (M/D/2) of 20 sweeps
+(within +-5%: 8, 16, 11, 18, 18, 18); the interval covers the truth in 19, 20, 20, 20, 20, 18
+of 20; 0.34-0.48 of the measured seconds of a perf_analyzer-style binary search (within +-10%:
+10, 15, 19, 20, 20, 20). The gentle curve of M/M/1 is the hard one: at +-5% in rate its P99
+moves only ~6% (elasticity ~1.2), well inside one level's noise, so no level short of minutes
+pins it. `--real` runs the same queues with real levels (`benchmarks/sweep_real.py`).
 
 Closed loop (clients): 1, 2, 4, ... clients until the SLO breaks or throughput stops growing
 (< 5% more for twice the clients), then bisection of the client count between the last
