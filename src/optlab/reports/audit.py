@@ -43,6 +43,8 @@ class AuditStep:
     flags: list[str] = field(default_factory=list)
     missing: str | None = None
     decided_by: list[str] = field(default_factory=list)  # the metrics that decided the verdict
+    # The level of its change's interval (pairs or repeats have their own: `metrics.stats`).
+    confidence: float | None = None
     # Capacity under the table's SLO (a swept chain): requests/s, and what this step bought.
     capacity_qps: float | None = None
     capacity_interval: list[float] | None = None
@@ -312,6 +314,7 @@ def _audit_step(row: Any, shares: _Shares) -> AuditStep:
         flags=list(row.get("flags") or []),
         missing=_text(row, "missing"),
         decided_by=as_list(row.get("decided_by")),
+        confidence=_num(row.get("step_confidence")),
     )
 
 
@@ -394,7 +397,8 @@ def render_audit(audit: Audit) -> str:
         if step.qps_share_pct is not None:
             interval = ""
             if step.qps_share_low_pct is not None and step.qps_share_high_pct is not None:
-                level = f"{audit.confidence * 100:g}% " if audit.confidence else ""
+                confidence = step.confidence or audit.confidence
+                level = f"{confidence * 100:.4g}% " if confidence else ""
                 interval = (
                     f" ({level}interval {step.qps_share_low_pct:.0f}% to "
                     f"{step.qps_share_high_pct:.0f}%)"
