@@ -203,6 +203,20 @@ def test_a_config_that_is_not_its_hash_is_refused(exported: Path) -> None:
         tampered(exported, step_changes_the_workload), "differs from its parent's beyond the knobs"
     )
 
+    def change_says_otherwise(runs: list[dict[str, Any]]) -> None:
+        runs[1]["experiments"][1]["change"] = {"sigma": 0.9}  # the config changes service_ms
+
+    refused(tampered(exported, change_says_otherwise), "changes knob 'service_ms', but its change")
+
+    def two_knobs(runs: list[dict[str, Any]]) -> None:
+        step = runs[1]["experiments"][1]
+        step["config"]["knobs"]["sigma"] = 0.9
+        step["config_hash"] = runs[1]["run"]["config_hash"] = config_hash(step["config"])
+
+    refused(
+        tampered(exported, two_knobs), "changes 2 knobs against its parent", "a step changes one"
+    )
+
     def not_a_config(runs: list[dict[str, Any]]) -> None:
         config = runs[0]["experiments"][0]["config"]
         config["workload"]["load"]["concurrency"] = -3

@@ -19,6 +19,7 @@ import zlib
 from collections.abc import Sequence
 from functools import lru_cache
 
+from optlab.chain.plan import group_by_variable
 from optlab.env.compare import material_hash
 from optlab.errors import StoreError
 from optlab.metrics.histogram import (
@@ -101,8 +102,33 @@ def _check_environment(bundle: RunBundle) -> None:
         )
 
 
+def _check_steps(bundle: RunBundle) -> None:
+    """Each step changes one variable against its parent, the one its `change` and
+    `variable` name (what `optlab diff` stored; the table shows both)."""
+    for index in range(1, len(bundle.experiments)):
+        parent, step = bundle.experiments[index - 1], bundle.experiments[index]
+        where = f"experiments[{index}] ({step['name']!r})"
+        names = [
+            v.name for v in group_by_variable(parent["config"]["knobs"], step["config"]["knobs"])
+        ]
+        if len(names) > 1:
+            raise Disagrees(
+                f"{where}.config changes {len(names)} knobs against its parent "
+                f"({', '.join(names)}); a step changes one"
+            )
+        stated = step.get("variable")
+        if names and (names[0] not in step["change"] or stated not in (None, names[0])):
+            raise Disagrees(
+                f"{where} changes knob {names[0]!r}, but its change names "
+                f"{sorted(step['change'])} and its variable is {stated!r}"
+            )
+        if not names and stated is not None:
+            raise Disagrees(f"{where}.variable is {stated!r}, but its config changes no knob")
+
+
 def _check(bundle: RunBundle) -> None:
     _check_environment(bundle)
+    _check_steps(bundle)
     decoded = {(row.phase, row.stage): _check_row(row) for row in bundle.stage_stats}
     run = bundle.run
     total = decoded.get(("measure", "total"))
