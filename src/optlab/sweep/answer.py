@@ -66,6 +66,10 @@ def _closed_knee(levels: Sequence[Level]) -> tuple[int | None, float | None]:
     return int(found), float(qps)
 
 
+def _drawn(drawn: np.ndarray | None, percentile: float) -> float | None:
+    return None if drawn is None else float(np.percentile(drawn, percentile))
+
+
 def _none_meets(levels: Sequence[Level], settings: Settings) -> Result:
     """No capacity: the lowest load tried (the lowest open rate in an open sweep, whose one
     client level only seeds it) already failed; the message says how."""
@@ -134,15 +138,20 @@ def conclude(levels: Sequence[Level], settings: Settings) -> Result:
     # Where no level passed or failed beyond its noise, the fit's own spread (or, without
     # one, the bracket stretched by its width) stands in for that end of the interval.
     tail = (1 - INTERVAL_CONFIDENCE) / 2 * 100
-    if lower is None:
-        lower = min(lo, float(np.percentile(drawn, tail))) if drawn is not None else lo
-    elif drawn is not None:
+    if lower is not None and drawn is not None:
         # A confident pass far below (a growth level at half the rate) says less than the
         # model's spread near the crossing: the interval's low end is the nearer of the two.
         lower = max(lower, min(float(np.percentile(drawn, tail)), capacity))
+    # Above, the bracket stretched by its own width bounds the fit's spread too: a draw whose
+    # line is nearly flat puts its crossing anywhere (simulated M/M/4 sweeps reached 14x the
+    # truth), though a level at `hi` already missed; an interval that wide cannot tell two
+    # steps apart.
+    stretch = 1 + max(settings.tolerance, hi / lo - 1)
+    low_drawn, high_drawn = _drawn(drawn, tail), _drawn(drawn, 100 - tail)
+    if lower is None:
+        lower = lo if low_drawn is None else min(lo, low_drawn)
     if upper is None:
-        stretched = hi * (1 + max(settings.tolerance, hi / lo - 1))
-        upper = max(hi, float(np.percentile(drawn, 100 - tail))) if drawn is not None else stretched
+        upper = hi * stretch if high_drawn is None else min(max(hi, high_drawn), hi * stretch)
     # The answer stays inside the bracket (a failing level caps it) and the interval.
     capacity = min(max(capacity, lo * (1 - FIT_SLACK), min(lower, hi)), hi, upper)
     interval = (min(lower, capacity), max(upper, capacity))
