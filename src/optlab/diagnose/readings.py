@@ -181,14 +181,15 @@ def service_time(e: Evidence, stage: str) -> float | None:
 
 
 def work_share(e: Evidence, stage: str) -> float | None:
-    """The target's CPU per request over `stage`'s median time: ~1 or more when the stage is
-    CPU work, far below 1 when it mostly waits (a sleep, I/O, a remote call); None without
-    the figures. A stage that only sleeps leaves the CPU to the harness, whose cost per
-    request must not be read as the stage's."""
-    cpu, qps, median = e.target_cpu_pct(), throughput(e), service_time(e, stage)
-    if cpu is None or not qps or not median:
+    """The target's CPU per request over `stage`'s fastest time (its bare cost: under the GIL
+    or a full machine its median stretches with waits for the CPU): ~1 or more when the stage
+    is CPU work, far below 1 when it mostly waits (a sleep, I/O, a remote call). A stage that
+    only sleeps leaves the CPU to the harness, whose cost per request must not be read as the
+    stage's. None without the figures."""
+    cpu, qps, fastest = e.target_cpu_pct(), throughput(e), e.fastest_ms(stage)
+    if cpu is None or not qps or not fastest:
         return None
-    return cpu / 100 * 1000 / qps / median
+    return cpu / 100 * 1000 / qps / fastest
 
 
 def queued_inside(e: Evidence, stage: str) -> tuple[str, float, float, bool] | None:
