@@ -25,11 +25,12 @@ if TYPE_CHECKING:
 
     from optlab.run.runner import Progress, RunOutcome
 
-# The quick protocol's 5 s give the naive CPU baseline (55-130 requests/s on a busy 2-core
-# machine) too few requests for a valid P99 (662); the demo measures each step longer, still
-# PROVISIONAL. Its first seconds run slow (caches, the scheduler settling in beside the load
+# The quick protocol as `optlab run --quick` measures it: 5 s, longer until a P99 has its 662
+# queries (the naive CPU baseline serves 55-130 requests/s on a busy 2-core machine), at most
+# 30 s; still PROVISIONAL. None: the protocol's own length.
+DEMO_DURATION_S: float | None = None
+# The baseline's first seconds run slow (caches, the scheduler settling in beside the load
 # generator's threads): a 3 s warmup keeps them out of the halves the stability rule compares.
-DEMO_DURATION_S = 15.0
 DEMO_WARMUP_S = 3.0
 # A short run on a busy machine can come out INVALID (another process takes the CPU in one
 # half); the chain stops at an invalid step, so the demo measures that step again, at most

@@ -227,7 +227,12 @@ def _start_run(
         f"run {run_id}: {link.name} ({protocol.name} protocol"
         f"{', PROVISIONAL' if protocol.provisional else ''}; warmup "
         f"{'until stable' if protocol.warmup == 'stable' else f'{protocol.warmup_s:g} s'}, "
-        f"measure {protocol.duration_s:g} s)"
+        f"measure {protocol.duration_s:g} s"
+        + (
+            f", longer until {protocol.min_queries} queries, at most {protocol.max_duration_s:g} s)"
+            if protocol.min_queries and protocol.max_duration_s
+            else ")"
+        )
     )
     return run_id
 
