@@ -145,3 +145,23 @@ def test_a_closed_level_keeps_the_runs_generator_verdict() -> None:
     slo = parse_slo("p99=60ms")
     level = level_of(_record(30.0, 25.0, 198.0, LAGGED), [], "closed", 4, slo, "growth")
     assert level.generator == LAGGED[0]
+
+
+def test_each_level_has_its_own_seed_derived_from_the_experiments() -> None:
+    from optlab.config.models import ResolvedConfig
+    from optlab.sweep.driver import level_config, level_seed
+    from optlab.sweep.strategy import Probe
+
+    config = ResolvedConfig.model_validate(
+        {
+            "target": {"kind": "builtin", "name": "synthetic"},
+            "knobs": {"servers": 2},
+            "workload": {"load": {"mode": "open", "rate": 10}, "seed": 5},
+            "protocol": {"name": "quick"},
+        }
+    )
+    seeds = [level_config(config, Probe("open", 50.0, "growth"), k).workload.seed for k in range(8)]
+    assert len(set(seeds)) == 8 and all(0 <= s < 2**31 for s in seeds)
+    assert seeds == [level_seed(5, k) for k in range(8)]  # deterministic
+    assert seeds != [level_seed(6, k) for k in range(8)]  # and the experiment's seed matters
+    assert level_config(config, Probe("open", 50.0, "growth")).workload.seed == 5

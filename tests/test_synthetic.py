@@ -319,3 +319,72 @@ def test_two_servers_are_an_mm2_queue() -> None:
         low, high = np.quantile(runs, [0.0005, 0.9995])
         assert low < exact < high  # the band is around the truth
         assert low - lateness_s <= measured <= high + lateness_s, (measured, exact, low, high)
+
+
+def test_the_workload_seed_gives_the_service_its_own_draws() -> None:
+    from optlab.config.models import ResolvedConfig
+    from optlab.targets.kinds.synthetic import _seeded
+
+    def config(workload_seed: int) -> ResolvedConfig:
+        return ResolvedConfig.model_validate(
+            {
+                "target": {"kind": "builtin", "name": "synthetic"},
+                "knobs": {"distribution": "exponential", "servers": 2, "seed": 3},
+                "workload": {"load": {"mode": "open", "rate": 10}, "seed": workload_seed},
+                "protocol": {"name": "quick"},
+            }
+        )
+
+    def draws(workload_seed: int) -> list[int]:
+        target = build(_seeded(config(workload_seed)))
+        return [target.service_time() for _ in range(5)]
+
+    assert _seeded(config(0))["seed"] == 3  # the default workload seed leaves the knob's draws
+    assert draws(7) == draws(7)
+    assert draws(7) != draws(8) != draws(0)
+
+
+@pytest.mark.slow
+def test_the_queue_served_over_http_is_one_fcfs_server() -> None:
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    args = ["--port", str(port), "--servers", "1", "--distribution", "fixed", "--service-ms", "20"]
+    server = subprocess.Popen([sys.executable, "-m", "optlab.reference.synthetic", *args])
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as up:
+                    assert up.status == 200
+                    break
+            except OSError:
+                assert time.monotonic() < deadline and server.poll() is None, "never came up"
+                time.sleep(0.1)
+
+        def post(_: int) -> tuple[float, str]:
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/", data=b"x")
+            started = time.perf_counter()
+            with urllib.request.urlopen(request, timeout=30) as response:
+                timing = response.headers["Server-Timing"]
+            return time.perf_counter() - started, timing
+
+        began = time.perf_counter()
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(post, range(4)))
+        elapsed = time.perf_counter() - began
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    # One server, 20 ms each: four requests take at least 80 ms however they arrive, and each
+    # reports its own 20 ms of service after whatever it queued.
+    assert elapsed >= 0.079
+    for _, timing in answers:
+        queue, service = (float(part.split("dur=")[1]) for part in timing.split(", "))
+        assert service == 20.0 and queue >= 0.0

@@ -31,7 +31,14 @@ from optlab.config.validation import target_knobs
 from optlab.load.timerslack import sleep_until
 from optlab.metrics.stages import stage
 
-__all__ = ["SyntheticKnobs", "SyntheticTarget", "build", "inputs", "simulate_open_loop"]
+__all__ = [
+    "SyntheticKnobs",
+    "SyntheticTarget",
+    "build",
+    "inputs",
+    "queue_app",
+    "simulate_open_loop",
+]
 
 DEFAULT_INPUTS = 64
 
@@ -210,3 +217,69 @@ def inputs(workload: Any) -> list[Any]:
     extra = getattr(workload, "inputs", None)
     count = extra.get("count", DEFAULT_INPUTS) if isinstance(extra, dict) else DEFAULT_INPUTS
     return list(range(int(count)))
+
+
+# -- the same queue as an HTTP service ----------------------------------------------------------
+
+
+def queue_app(target: SyntheticTarget) -> Any:
+    """An aiohttp application that is `target` over HTTP: any request to `/` is scheduled on
+    its servers at arrival (FCFS, as in process) and answered when its service ends; `GET
+    /health` answers at once. The event loop sleeps to each request's finish, so one thread
+    serves any number of waiting requests and the queue is the target's, not the server's.
+    A `Server-Timing` header gives the `queue` and `service` stages in ms."""
+    import asyncio
+
+    from aiohttp import web
+
+    async def call(request: web.Request) -> web.Response:
+        await request.read()
+        arrival = time.perf_counter_ns() - target.t0_ns
+        if target._free is None:  # no queue: every request served at once
+            begin, done = arrival, arrival + target.service_time()
+        else:
+            begin, done = target._schedule()
+        wait = (target.t0_ns + done - time.perf_counter_ns()) / 1e9
+        if wait > 0:
+            await asyncio.sleep(wait)
+        queued, served = max(0, begin - arrival) / 1e6, (done - begin) / 1e6
+        timing = f"queue;dur={queued:.3f}, service;dur={served:.3f}"
+        return web.Response(text="ok", headers={"Server-Timing": timing})
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_route("*", "/", call)
+    return app
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m optlab.reference.synthetic --port P [--servers C] [--distribution D]
+    [--service-ms MS] [--seed S]`: the synthetic queue as an HTTP service on 127.0.0.1."""
+    import argparse
+
+    from aiohttp import web
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--servers", type=int, default=1)
+    parser.add_argument("--distribution", default="fixed")
+    parser.add_argument("--service-ms", type=float, default=10.0)
+    parser.add_argument("--sigma", type=float, default=0.5)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    knobs = {
+        "servers": args.servers,
+        "distribution": args.distribution,
+        "service_ms": args.service_ms,
+        "sigma": args.sigma,
+        "seed": args.seed,
+    }
+    web.run_app(queue_app(build(knobs)), host=args.host, port=args.port, print=None)
+
+
+if __name__ == "__main__":
+    main()
