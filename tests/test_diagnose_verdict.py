@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -439,3 +440,28 @@ def test_no_data_and_unevaluated_core_rules_are_never_healthy() -> None:
     bare = summary.model_copy(update={"harness_ms": {}})
     d = diagnose(replace(old, run=replace(old.run, summary=bare)))
     assert not d.findings and d.state == "undecided" and "load-generator" in d.undecided
+
+
+@pytest.fixture
+def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.slow
+def test_a_real_saturated_open_loop_run_is_the_targets(invoke: Any, folder: Path) -> None:
+    from tests.test_diagnose import diagnosed, experiment, run
+
+    # A lock held 4 ms a request (at most ~250/s) offered 600/s: the backlog grows.
+    path = experiment(
+        folder, "flooded", "{mode: lock, hold_ms: 4}", "{mode: open, rate: 600, arrival: poisson}"
+    )
+    run(invoke, path)
+    document = diagnosed(invoke, "flooded")
+    assert document["valid"] is False and "saturated" in document["partial_reason"], document
+    rules = [f["rule"] for f in document["findings"]]
+    assert "load-generator" not in rules, document["findings"]
+    own = [f for f in document["findings"] if f["rule"] != "noisy-neighbour"]
+    assert own and own[0]["rule"] == "saturated", rules
+    assert own[0]["bottleneck"]["resource"] == "queue"
