@@ -97,3 +97,18 @@ def test_installed_wheel_upgrades_a_database(wheel: Path, tmp_path: Path) -> Non
     assert (workdir / ".optlab" / "optlab.db").exists()
     current = optlab("db", "current")
     assert current.returncode == 0 and "up to date" in current.stdout
+
+
+def test_the_notebook_extra_installs_what_the_readme_tells_a_user_to_start() -> None:
+    # The README and the notebook say to start Jupyter: the extra they name must install a
+    # Jupyter frontend (the `jupyter lab` command), not only a kernel.
+    import tomllib
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    frontends = [r for r in extras["notebook"] if r.split(">")[0].strip() == "jupyterlab"]
+    assert frontends, extras["notebook"]
+    readme = (REPO / "README.md").read_text()
+    assert "-e '.[notebook]'" in readme
+    assert "jupyter lab notebooks/explore_results.ipynb" in " ".join(readme.split())
