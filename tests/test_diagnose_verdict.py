@@ -465,3 +465,31 @@ def test_a_real_saturated_open_loop_run_is_the_targets(invoke: Any, folder: Path
     own = [f for f in document["findings"] if f["rule"] != "noisy-neighbour"]
     assert own and own[0]["rule"] == "saturated", rules
     assert own[0]["bottleneck"]["resource"] == "queue"
+
+
+def test_every_form_says_the_state_not_healthy() -> None:
+    from optlab.reports.diagnose import (
+        render_diagnosis,
+        render_diagnosis_html,
+        render_diagnosis_markdown,
+        run_line,
+    )
+
+    failed = Run(status="FAILED", requests=0, errors=0, qps=None)  # type: ignore[arg-type]
+    nothing = diagnose(replace(failed.evidence(), no_data="the run FAILED before any request"))
+    drift = reasons(
+        "unstable",
+        open_loop=False,
+        first_half_qps=401.0,
+        second_half_qps=251.0,
+        measured_s=10.0,
+        requested_s=10.0,
+    )
+    undecided = diagnose(Run(reasons=drift).evidence())
+    for d, word in ((nothing, "no data"), (undecided, "undecided")):
+        assert word in render_diagnosis(d) and "healthy: no rule fired" not in render_diagnosis(d)
+        assert word in render_diagnosis_markdown(d).lower() and "**Healthy**" not in (
+            render_diagnosis_markdown(d)
+        )
+        assert d.state in render_diagnosis_html([("case", d)])
+        assert d.state in run_line(d) and "healthy, no rule fired" not in run_line(d)
