@@ -384,6 +384,12 @@ def test_a_deep_or_huge_line_is_malformed_not_a_crash(exported: Path) -> None:
     deep = exported.with_name("deep.jsonl")
     deep.write_text(header + "\n" + "[" * 100_000 + "]" * 100_000 + "\n")
     refused(deep, "deep.jsonl:2: malformed run bundle")
+    for depth in (150, 900, 990):  # within what Python's reader takes, beyond what optlab does
+        text = json.dumps(json.loads(exported.read_text().splitlines()[1])).replace(
+            '"protocol": {', '"protocol": {"deep": ' + "[" * depth + "]" * depth + ", ", 1
+        )
+        deep.write_text(header + "\n" + text + "\n")
+        refused(deep, "deep.jsonl:2: malformed run bundle", "deep")
     digits = exported.with_name("digits.jsonl")
     line = json.loads(exported.read_text().splitlines()[1])
     text = json.dumps(line).replace('"errors": 0', '"errors": ' + "9" * 5000, 1)

@@ -33,6 +33,7 @@ MAX_PCT = 1e6  # a CPU share: of one core, on 10,000 cores
 MAX_TEXT = 1 << 20  # the experiment file's own limit
 MAX_LINE_TEXT = 64 * 1024  # one message, reason, or example
 MAX_SHORT = 1024  # a host, a stage, an error type, a hash
+MAX_DEPTH = 100  # objects and lists inside each other
 MAX_ITEMS = 100_000  # list lengths inside one run (windows of a day are 86,400)
 _NAME = re.compile(NAME_PATTERN)
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -51,9 +52,13 @@ class NonFinite:
         self.spelling = spelling
 
 
-def check_json_values(value: Any, where: str = "") -> None:
-    """Every number in a parsed line is finite (NaN reached `log --json` as non-JSON) and
-    every integer fits a 64-bit column (a larger one crashed the store)."""
+def check_json_values(value: Any, where: str = "", depth: int = 0) -> None:
+    """Every number in a parsed line is finite (NaN reached `log --json` as non-JSON), every
+    integer fits a 64-bit column (a larger one crashed the store), and nothing is nested more
+    than MAX_DEPTH deep (real bundles nest under ten; deeper ones exhaust the stack of every
+    reader after this one)."""
+    if depth > MAX_DEPTH:
+        raise Malformed(f"{where[:60]}...: nested more than {MAX_DEPTH} levels deep")
     if isinstance(value, NonFinite):
         raise Malformed(
             f"{where or 'the line'}: {value.spelling} is not a finite number (JSON has no NaN "
@@ -66,10 +71,10 @@ def check_json_values(value: Any, where: str = "") -> None:
             raise Malformed(f"{where}: {value:.3g} is beyond a 64-bit integer")
     elif isinstance(value, dict):
         for key, item in value.items():
-            check_json_values(item, f"{where}.{key}" if where else str(key))
+            check_json_values(item, f"{where}.{key}" if where else str(key), depth + 1)
     elif isinstance(value, list):
         for index, item in enumerate(value):
-            check_json_values(item, f"{where}[{index}]")
+            check_json_values(item, f"{where}[{index}]", depth + 1)
 
 
 def name(value: Any, where: str) -> str:
