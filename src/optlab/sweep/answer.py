@@ -129,8 +129,12 @@ def conclude(levels: Sequence[Level], settings: Settings) -> Result:
         method = f"model fit on {fit.points} levels"
         # The central estimate, with the bootstrap's spread as its interval: a capacity
         # reported low on purpose (a low percentile of the draws) lands 10-20% under the
-        # truth on working sweeps, and its interval says nothing about that bias.
+        # truth on working sweeps, and its interval says nothing about that bias. The draws'
+        # median, not the fit's own crossing: a shallow line (levels that a busy machine made
+        # slow at low rates) puts the crossing far off while most redrawn lines agree.
         drawn = bootstrap(opened, settings, fit)
+        if drawn is not None:
+            capacity = float(np.median(drawn))
     else:
         fit = None
         capacity = lo
