@@ -18,8 +18,9 @@ Open loop (rates):
    capacity's interval is within the tolerance. A short growth level that passed only
    narrowly no longer vouches for its rate once a level has failed, and the bracket's passing
    end is measured again at the refining length before it is the answer ("confirm").
-4. The capacity is the model's central estimate, the median of its bootstrap (a low percentile of the bootstrap, as
-   before, landed 10-20% under the truth on working sweeps), kept inside the bracket; without
+4. The capacity is the model's central estimate, the median of its bootstrap (a low
+   percentile of it, as before, landed 10-20% under the truth on working sweeps), kept inside
+   the bracket; without
    a model, the bracket's passing end. The model is fitted on the rate each level ACHIEVED: a
    short Poisson level's arrivals run a few percent off the offered rate, and its percentile
    follows the arrivals that came. Its interval is what the levels say with confidence:
