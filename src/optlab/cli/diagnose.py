@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from optlab.cli.common import open_store
+from optlab.cli.common import open_store, store_url
 from optlab.cli.runs import echo_or_reader_gone
 
 
@@ -58,7 +58,8 @@ def diagnose(
         render_diagnosis_markdown,
     )
 
-    store = open_store(ctx, read_only=not write_step)
+    # An experiment file's project database when run from elsewhere (common.store_url).
+    store = open_store(ctx, read_only=not write_step, url=store_url(ctx, subject))
     chosen = resolve(store, subject)
     diagnosis = diagnose_run(store, chosen.run_id, source=chosen.source)
     knobs = diagnosis.knobs

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from optlab.cli.common import EXPERIMENT_PATH, open_store
+from optlab.cli.common import EXPERIMENT_PATH, open_store, store_url
 from optlab.cli.runs import LiveProgress, PlainProgress, echo_or_reader_gone
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ def sweep(
         chain=chain,
     )
     check_options(options)  # before the database is opened: a refusal leaves nothing behind
-    store = open_store(ctx)
+    store = open_store(ctx, url=store_url(ctx, experiment))  # the project's, from elsewhere
     live = sys.stderr.isatty() and not as_json
     shown: PlainProgress | LiveProgress = LiveProgress() if live else PlainProgress()
     progress = GuardedProgress(shown)
