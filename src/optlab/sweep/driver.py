@@ -35,6 +35,7 @@ from optlab.run.runner import Context, link_code, measure_level, open_context, p
 from optlab.run.validity import P99_MIN_QUERIES
 from optlab.store import RunRecord, Store, SweepLevelTag
 from optlab.sweep.levels import level_of
+from optlab.sweep.probe import AGAIN
 from optlab.sweep.slo import Slo
 from optlab.sweep.strategy import Level, Mode, Probe, Result, Settings, conclude, next_probe
 
@@ -370,7 +371,8 @@ class _Sweep:
         position = self.position
         self.position += 1
         key = (probe.mode, round(probe.load, 6), _protocol_key(protocol.as_dict()))
-        reused = self.reusable.get(key)
+        # A rate measured again is measured anew: reusing a run would only repeat its verdict.
+        reused = None if probe.purpose == AGAIN else self.reusable.get(key)
         if reused is not None:
             self.store.add_sweep_level(
                 self.sweep_id, position, reused.id, probe.mode, probe.load, probe.purpose

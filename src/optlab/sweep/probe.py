@@ -138,6 +138,7 @@ def open_levels(levels: Sequence[Level]) -> list[Level]:
 
 
 MEASURES_PER_RATE = 2  # an inconclusive rate is measured once more before it counts as a limit
+AGAIN = "again"  # the purpose of that second measurement
 
 
 def inconclusive(level: Level, settings: Settings) -> bool:
@@ -168,7 +169,7 @@ def remeasure(levels: Sequence[Level], settings: Settings, hi: float | None) -> 
             continue
         same = sum(1 for lv in opened if round(lv.load, 6) == round(level.load, 6))
         if same < MEASURES_PER_RATE:
-            return Probe("open", level.load, "again")
+            return Probe("open", level.load, AGAIN)
     return None
 
 

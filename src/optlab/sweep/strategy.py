@@ -55,10 +55,11 @@ Measured (`benchmarks/sweep_accuracy.py`, simulated levels, 20 seeds each, SLO P
 the README of benchmarks/ has the table), with the central estimate (the bootstrap's median):
 within +-10% of the truth in 14 (M/M/1), 20 (M/M/2), 18 (M/M/4), 19 (M/M/8), 20 (M/G/4) and
 20 (M/D/2) of 20 sweeps (within +-5%: 8, 17, 13, 18, 19, 18); the interval covers the truth in
-19, 20, 20, 20, 20, 18 of 20; 0.34-0.48 of the measured seconds of a perf_analyzer-style binary search (within +-10%:
-10, 15, 19, 20, 20, 20). The gentle curve of M/M/1 is the hard one: at +-5% in rate its P99
-moves only ~6% (elasticity ~1.2), well inside one level's noise, so no level short of minutes
-pins it. `--real` runs the same queues with real levels (`benchmarks/sweep_real.py`).
+19, 20, 20, 20, 20, 18 of 20; 0.34-0.48 of the measured seconds of a perf_analyzer-style
+binary search (within +-10%: 10, 15, 19, 20, 20, 20). The gentle curve of M/M/1 is the hard
+one: at +-5% in rate its P99 moves only ~6% (elasticity ~1.2), well inside one level's noise,
+so no level short of minutes pins it. `--real` sweeps such queues with real levels
+(`benchmarks/sweep_real.py`).
 
 Closed loop (clients): 1, 2, 4, ... clients until the SLO breaks or throughput stops growing
 (< 5% more for twice the clients), then bisection of the client count between the last
