@@ -14,6 +14,10 @@ line is one run: `{"kind": "run", "experiments", "environment", "run", "stage_st
 config the run used. `run.summary` is the run's `RunSummary` in its JSON form (`to_bundle`:
 every field, with the summary's own schema_version); bundles written before summaries had a
 version hold the same fields without it, and read the same.
+
+Reading a line checks its run as if it were measured here (`store.bundle_rules`: names,
+numbers, enums, hashes); its figures against its histograms are checked above the store
+(`run.imported`), before anything is stored.
 """
 
 from __future__ import annotations
