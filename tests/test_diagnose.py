@@ -10,7 +10,6 @@ import json
 import shutil
 import signal
 import sqlite3
-import subprocess
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -426,92 +425,6 @@ def test_running_and_killed_runs_are_diagnosed_as_partial(
     assert "KILLED" in killed["partial_reason"] and "before it stopped" in killed["partial_reason"]
     text = invoke("diagnose", str(run_id)).output
     assert "partial evidence: the run was KILLED" in text
-
-
-@pytest.mark.slow
-def test_failed_killed_and_abandoned_runs_without_requests_are_no_data(
-    synth: Path, invoke: Invoke, sqlite_url: str, tmp_path: Path, folder: Path
-) -> None:
-    from tests.test_reliability import _spawn
-
-    # A target whose build fails: a FAILED run, no request.
-    code = "def build(knobs):\n    raise RuntimeError('no model')\n\n\ndef inputs(w):\n    return [1]\n"
-    write(folder, "nobuild.py", code)
-    path = write(
-        folder,
-        "nobuild.yaml",
-        "name: nobuild\n"
-        "target: {kind: python, factory: 'nobuild:build', inputs: 'nobuild:inputs'}\n"
-        "workload: {load: {mode: closed, concurrency: 1}}\nprotocol: {name: quick}\n",
-    )
-    invoke("run", str(path), "--quick", "--duration", "1")
-    failed = diagnosed(invoke, "nobuild")
-    assert failed["status"] == "FAILED", failed
-    assert failed["state"] == "no-data" and not failed["healthy"] and not failed["findings"]
-    assert "FAILED" in failed["state_reason"]
-    text = invoke("diagnose", "nobuild").output
-    assert "no data: " in text and "healthy" not in text
-
-    db = Path(sqlite_url.removeprefix("sqlite:///"))
-    args = ["run", str(synth / "baseline.yaml"), "--quick", "--duration", "60", "--warmup", "60"]
-    for how in (signal.SIGINT, signal.SIGKILL):  # KILLED in its warmup; gone without a word
-        with (tmp_path / "err.txt").open("w") as err:
-            proc = _spawn(args, db, stdout=subprocess.DEVNULL, stderr=err)
-            try:
-                run_id = _wait_for_warmup(db)
-            finally:
-                proc.send_signal(how)
-                proc.wait(timeout=120)
-        document = diagnosed(invoke, str(run_id))
-        assert document["state"] == "no-data" and not document["healthy"], document
-        if how == signal.SIGKILL:
-            assert document["status"] == "RUNNING"
-            assert "abandoned" in document["partial_reason"]
-            assert f"pid {proc.pid}" in document["partial_reason"]
-        else:
-            assert document["status"] == "KILLED"
-
-
-def _wait_for_warmup(db: Path, timeout_s: float = 120) -> int:
-    """The id of the run a subprocess has started (its row stored, RUNNING)."""
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        time.sleep(0.3)
-        try:
-            with sqlite3.connect(db, timeout=5) as con:
-                row = con.execute(
-                    "select id from runs where status = 'RUNNING' order by id desc limit 1"
-                ).fetchone()
-        except sqlite3.OperationalError:
-            continue
-        if row:
-            time.sleep(1.0)  # into its warmup
-            return int(row[0])
-    raise AssertionError("the run never started")
-
-
-@pytest.mark.slow
-def test_the_synthetic_example_is_not_a_lock_nor_gil_bound(invoke: Invoke, synth: Path) -> None:
-    # Every call sleeps a lognormal time in parallel (no queue): healthy, or a fixed service
-    # time; never a lock its throughput x fastest happens to land near 1 for.
-    for name in ("baseline.yaml", "01-faster-service.yaml"):
-        quick = ("--quick", "--duration", "3", "--warmup", "0.5", "--allow-invalid")
-        assert invoke("run", str(synth / name), *quick).exit_code == 0
-        document = diagnosed(invoke, str(synth / name))
-        wrong = [
-            f["rule"] for f in document["findings"] if f["rule"] in ("serialised", "gil-bound")
-        ]
-        assert not wrong, document["findings"]
-
-
-def test_a_run_id_past_the_database_range_is_refused(invoke: Invoke, folder: Path) -> None:
-    path = experiment(folder, "fresh", "{mode: sleep, sleep_ms: 1}")
-    assert invoke("diff", str(path)).exit_code == 0
-    huge = invoke("diagnose", "99999999999999999999999")
-    assert huge.exit_code == 2 and "run 99999999999999999999999 does not exist" in huge.stderr
-    assert "unexpected" not in huge.stderr and "optlab log" in huge.stderr
 
 
 def test_a_sweep_is_diagnosed_at_its_knee_or_busiest_level(

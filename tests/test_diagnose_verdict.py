@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from optlab.diagnose import RULES, Diagnosis, diagnose
+from optlab.diagnose import Diagnosis, diagnose
 from optlab.diagnose.evidence import Evidence
 from optlab.metrics.histogram import LatencyHistogram
 from optlab.run.validity import RunFacts, verdict
@@ -493,52 +493,3 @@ def test_every_form_says_the_state_not_healthy() -> None:
         )
         assert d.state in render_diagnosis_html([("case", d)])
         assert d.state in run_line(d) and "healthy, no rule fired" not in run_line(d)
-
-
-@pytest.mark.slow
-def test_a_step_is_written_only_beside_a_file_here(
-    invoke: Any, folder: Path, sqlite_url: str, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    import sqlite3
-
-    from optlab.diagnose import diagnose_run
-    from optlab.diagnose.diagnosis import Finding
-    from optlab.diagnose.remedies import Suggestion
-    from optlab.diagnose.subject import measure_command, write_next_step
-    from optlab.errors import ConfigError
-    from optlab.store import Store
-    from tests.test_diagnose import experiment, run
-
-    path = experiment(folder, "calm", "{mode: sleep, sleep_ms: 1}")
-    run(invoke, path)  # --quick --duration 3 --warmup 0.5
-    # Whatever the machine made of the run, a finding with a knob to change:
-    change = Suggestion("batching", {"mode": "dynamic"}, "a test's change")
-    with Store.open(sqlite_url) as store:
-        found = diagnose_run(store, 1)
-        rule = next(r for r in RULES if r.id == "queueing")
-        finding = Finding(rule, "queue", 0.9, (), "requests queue", change, "")
-        diagnosis = replace(found, findings=(finding,))
-        written = write_next_step(store, diagnosis, "optlab diagnose calm")
-        assert written.parent == folder and written.is_file()
-        assert measure_command(store, 1, written).endswith("--quick --duration 3 --warmup 0.5")
-        written.unlink()
-    # The database carried to another folder (an import's run names a file of elsewhere):
-    away = tmp_path_factory.mktemp("away")
-    copy = away / "optlab.db"
-    with (
-        sqlite3.connect(sqlite_url.removeprefix("sqlite:///")) as source,
-        sqlite3.connect(copy) as to,
-    ):
-        source.backup(to)
-    before = sorted(p.name for p in folder.iterdir())
-    with (
-        pytest.MonkeyPatch.context() as patch,
-        Store.open(f"sqlite:///{away / 'optlab.db'}") as other,
-    ):
-        patch.chdir(away)
-        with pytest.raises(ConfigError, match="is not here") as refused:
-            write_next_step(other, diagnosis, "optlab diagnose calm")
-        assert "--output" in (refused.value.hint or "")
-        assert sorted(p.name for p in folder.iterdir()) == before  # nothing beside the file
-        placed = write_next_step(other, diagnosis, "optlab diagnose calm", away / "next.yaml")
-        assert placed == away / "next.yaml" and placed.is_file()

@@ -26,22 +26,24 @@ from dataclasses import dataclass, field
 from optlab.diagnose.checks import (
     check_batching,
     check_cpu,
-    check_errors,
-    check_gc,
-    check_generator,
     check_gil,
     check_io,
     check_lock,
     check_memory,
-    check_neighbour,
     check_network,
     check_queueing,
-    check_saturated,
     check_stalls,
 )
 from optlab.diagnose.evidence import Evidence
 from optlab.diagnose.findings import Outcome, Params, Passed, Resource
 from optlab.diagnose.gpu_checks import check_gpu_compute, check_gpu_starved, check_gpu_throttled
+from optlab.diagnose.pace_checks import (
+    check_errors,
+    check_gc,
+    check_generator,
+    check_neighbour,
+    check_saturated,
+)
 
 __all__ = ["RULES", "Rule", "rule_by_id"]
 
