@@ -139,6 +139,9 @@ def _single_worker_queue(e: Evidence, stage: str) -> bool:
     return readings.single_worker(e) is not None and row.mean_ms >= 2 * fastest
 
 
+FULL_MACHINE_PCT = 85.0
+
+
 def check_gil(e: Evidence, p: Params) -> Outcome:
     cpu, cores = e.target_cpu_pct(), e.cores
     if cpu is None or cores is None:
@@ -156,6 +159,11 @@ def check_gil(e: Evidence, p: Params) -> Outcome:
         Measure("machine cores", cores, 2),
         Measure("requests in flight", in_flight, 2),
     ]
+    machine = e.machine_cpu_pct()
+    if not e.in_process and machine is not None:
+        # A service's other cores must idle: on a full machine (the load generator on the
+        # rest) one core is all it could get, which is cpu-bound's finding.
+        measures.append(Measure("machine CPU", machine, FULL_MACHINE_PCT, "<=", "%"))
     # py-spy's GIL share is context, not a gate: its samplers run side by side and their
     # counts drift apart on a busy machine (metrics/profile.py); it only adds confidence.
     profile = e.recorded.profile if e.recorded is not None else None
