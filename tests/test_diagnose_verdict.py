@@ -413,18 +413,24 @@ def test_gc_churn_is_named_not_the_generator() -> None:
 
 
 def test_a_service_busy_on_its_cpu_is_judged_without_stages() -> None:
+    def bare(run: Run) -> Diagnosis:
+        evidence = run.evidence()
+        total = evidence.stages["total"]
+        return diagnose(replace(evidence, stages={"total": total},
+                                fastest={"total": evidence.fastest["total"]}))  # fmt: skip
+
     # 1.5 cores of 2 to the service, the rest to the load generator: the machine is full.
-    run = Run(kind="command", cpu_pct=150.0, in_flight=(8,) * 5, machine_pct=97.0)
-    evidence = run.evidence()
-    bare = replace(
-        evidence,
-        stages={"total": evidence.stages["total"]},
-        fastest={"total": evidence.fastest["total"]},
-    )
-    d = diagnose(bare)
-    missing = dict(d.not_evaluated)
+    full = bare(Run(kind="command", cpu_pct=150.0, in_flight=(8,) * 5, machine_pct=97.0))
+    missing = dict(full.not_evaluated)
     assert "cpu-bound" not in missing and "gil-bound" not in missing, missing
-    assert first(d) == "cpu-bound" and d.top is not None and d.top.stage is None
+    assert first(full) == "cpu-bound" and full.top is not None and full.top.stage is None
+    # One core of two, the other idle, 8 requests waiting: one thread's worth (no profile).
+    single = bare(Run(kind="command", cpu_pct=100.0, in_flight=(8,) * 5, machine_pct=55.0))
+    assert first(single) == "gil-bound" and single.top is not None
+    assert "--profile" in single.top.summary
+    # The same core on a full machine (the generator on the other): all it could get.
+    shared = bare(Run(kind="command", cpu_pct=100.0, in_flight=(8,) * 5, machine_pct=97.0))
+    assert first(shared) == "cpu-bound", shared.findings
 
 
 def test_no_data_and_unevaluated_core_rules_are_never_healthy() -> None:
