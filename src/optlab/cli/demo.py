@@ -37,7 +37,9 @@ def demo(chain: str, out: Path, verbose: bool, wide: bool) -> None:
 
     Every step changes one knob of the built-in image classifier; each run is PROVISIONAL
     (seconds, not the full protocol's 10 minutes). The database is new, so the demo never
-    touches your results; --db is not used.
+    touches your results; --db is not used. A step whose run is INVALID is measured again,
+    at most twice, and each retry is listed under the table; one still INVALID ends the
+    chain there (the table of what was measured, then exit 2).
     """
     from optlab.demo import choose_chain, fresh_database, reasons, run_demo
     from optlab.reports.terminal import print_table
