@@ -395,3 +395,43 @@ def test_a_deep_or_huge_line_is_malformed_not_a_crash(exported: Path) -> None:
     text = json.dumps(line).replace('"errors": 0', '"errors": ' + "9" * 5000, 1)
     digits.write_text(header + "\n" + text + "\n")
     refused(digits, "digits.jsonl:2: malformed run bundle")
+
+
+@pytest.mark.slow
+def test_genuine_runs_of_other_kinds_import_unrefused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checks refuse no honest run: an open loop with failed requests (error rows, windows
+    with errors) and a FAILED run with no request, exported and imported as they are."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("OPTLAB_DB", raising=False)
+    (tmp_path / "open.yaml").write_text(
+        "name: open-errors\ntarget: {kind: builtin, name: synthetic}\n"
+        "knobs: {distribution: lognormal, service_ms: 2.0, sigma: 0.3, error_rate: 0.05}\n"
+        "workload:\n  load: {mode: open, rate: 300}\nprotocol: {name: quick}\n"
+    )
+    (tmp_path / "broken.py").write_text("def factory(knobs):\n    raise RuntimeError('boom')\n")
+    (tmp_path / "fails.yaml").write_text(
+        "name: fails\ntarget: {kind: python, factory: 'broken:factory'}\n"
+        "workload:\n  load: {mode: closed, concurrency: 1}\nprotocol: {name: quick}\n"
+    )
+    measured = f"sqlite:///{tmp_path / 'measured.db'}"
+    for name in ("open.yaml", "fails.yaml"):
+        ran = optlab(measured, "run", name, "--quick", "--duration", "2", "--warmup", "0.2")
+        assert ran.exit_code in (0, 1, 2, 4), ran.output
+    with Store.open(measured) as store:
+        runs = store.list_runs()
+    assert [(r.experiment, r.status) for r in runs] == [
+        ("open-errors", "FINISHED"),
+        ("fails", "FAILED"),
+    ]
+    assert runs[0].errors and runs[0].requests and not runs[1].requests
+    assert optlab(measured, "export", "--all", "-o", "runs.jsonl").exit_code == 0
+    team = f"sqlite:///{tmp_path / 'team.db'}"
+    imported = optlab(team, "import", "runs.jsonl")
+    assert imported.exit_code == 0, imported.output
+    assert "2 runs: 2 imported" in imported.stdout
+    with Store.open(team) as store:
+        assert [(r.requests, r.errors, r.qps) for r in store.list_runs()] == [
+            (r.requests, r.errors, r.qps) for r in runs
+        ]
