@@ -93,7 +93,7 @@ class SendLag:
             times = self.lag_ms / self.gap_ms
             parts.append(f"{times:.2g}x the mean {self.gap_ms:.2f} ms between sends")
         if self.low_ms < self.lag_ms * LAG_BOUND_SHOWN:
-            parts.append(f"its lower 99% bound {self.low_ms:.2f} ms, from few sends")
+            parts.append(f"judged by its lower 99% bound, {self.low_ms:.2f} ms")
         return ", ".join(parts) if parts else "no latency to judge it by"
 
 
