@@ -90,8 +90,9 @@ RULES: tuple[Rule, ...] = (
         ("neighbour_cpu_pct", "steal_pct"),
         {"machine_pct": 20.0, "steal_pct": 10.0},
         invalidates=True,
-        # Other work that took the CPU also makes the generator late: the lag is its doing.
-        subsumes=("load-generator",),
+        # Other work that took the CPU also makes the generator late and stalls requests
+        # while it runs: the lag and the tail are its doing until it is gone.
+        subsumes=("load-generator", "tail-stalls"),
         core=True,
         check_fn=check_neighbour,
     ),
