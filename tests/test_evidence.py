@@ -5,6 +5,7 @@ classifier batching, a command target's service; and the pure parts against nump
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +33,8 @@ from tests.test_pipeline import BATCHED
 Invoke = Callable[..., Result]
 LEAK_BYTES = 10 * 1024  # per request: 10 MiB per 1,000 requests less malloc's rounding
 EXPECTED_SLOPE = LEAK_BYTES * 1000 / 2**20  # MiB per 1,000 requests
+SPIN_CPU_S = 0.5  # the busy thread's CPU between the two snapshots
+TICK_S = 1 / os.sysconf("SC_CLK_TCK")  # the resolution of /proc's CPU times
 
 # One request: keep `leak_bytes` (written, so resident), make `cycles` self-referencing lists
 # (garbage only the collector frees), then spin `busy_ms` or sleep `sleep_ms`.
@@ -283,18 +286,24 @@ def test_gc_pauses_are_timed_only_inside_and_the_callback_always_goes() -> None:
 
 
 def test_usage_between_names_the_busy_thread_of_this_process() -> None:
-    stop = threading.Event()
+    stop, spun = threading.Event(), threading.Event()
 
     def spin() -> None:
+        began = time.thread_time()
         while not stop.is_set():
             sum(range(1000))
+            if time.thread_time() - began >= SPIN_CPU_S:
+                spun.set()
 
     me = psutil.Process()
     start = snapshot_tree([me], me.pid)
     thread = threading.Thread(target=spin, name="evidence-spinner")
     thread.start()
     try:
-        time.sleep(0.6)
+        # The span ends once the spinner has had SPIN_CPU_S of CPU, however long a busy
+        # machine takes to give it: a fixed sleep left it a few ticks, within the counters'
+        # rounding of the process's other threads.
+        assert spun.wait(300), "the spinner never got its CPU"
         end = snapshot_tree([me], me.pid)  # while it runs: a thread gone takes its counters
     finally:
         stop.set()
@@ -302,7 +311,15 @@ def test_usage_between_names_the_busy_thread_of_this_process() -> None:
     usage = usage_between(start, end)
     assert usage is not None and usage.threads
     assert usage.threads[0][0] == "evidence-spinner"  # Python's name, not the kernel's
-    assert usage.cpu_user_pct + usage.cpu_system_pct >= usage.threads[0][1] * 0.9
+    # The process's CPU includes its busiest thread's. The two are read a moment apart in each
+    # snapshot (the process's times, then its threads'): the thread may have run in those
+    # moments, and each counter is rounded to the kernel's ticks.
+    before, after = start.processes[me.pid], end.processes[me.pid]
+    thread_s = usage.threads[0][1] / 100 * (after.threads_at_s - before.threads_at_s)
+    process_s = (usage.cpu_user_pct + usage.cpu_system_pct) / 100 * (end.at_s - start.at_s)
+    apart_s = (after.threads_at_s - after.read_at_s) + (before.threads_at_s - before.read_at_s)
+    assert thread_s >= SPIN_CPU_S * 0.9
+    assert process_s >= thread_s - apart_s - 4 * TICK_S
     assert usage.ctx_voluntary_per_s is not None and usage.ctx_voluntary_per_s >= 0
     assert usage_between(end, start) is None  # an empty span is unknown
     gone = snapshot_tree([], me.pid)

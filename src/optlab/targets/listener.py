@@ -1,12 +1,12 @@
 """The process behind an `http` target's URL when it listens on this host: the target's own
 service, sampled as its process tree, never counted as a neighbour of the run.
 
-Found by its port: the processes holding a listening socket on the URL's port at an address
+Found by its port: the process holding a listening socket on the URL's port at an address
 that is this host's (a loopback address, one of its interfaces', or a wildcard). Several
-processes hold it when a server forks workers that inherit the socket: the service is the one
-whose parent is not among them (the master), or, when the listeners are siblings, their common
-parent (of the same program: two unrelated servers sharing a port are not one service, the
-oldest is taken). A process of another user cannot be seen (its sockets are not readable):
+processes hold it when a server forks workers that inherit the socket: the service is their
+master, the parent that holds it too or, when it closed its copy, the parent (of the same
+program) of workers that hold it. Two unrelated servers sharing a port are not one service:
+the oldest is taken. A process of another user cannot be seen (its sockets are not readable):
 such a service is not found, and its CPU is counted with the other processes'.
 """
 
@@ -24,6 +24,7 @@ import psutil
 __all__ = ["Listener", "local_listener"]
 
 WILDCARDS = frozenset({"0.0.0.0", "::"})
+ANCESTRY_DEPTH = 16  # how far up a server's processes are followed to their master
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ def local_listener(url: str) -> Listener | None:
     local = _local_addresses()
     if not addresses & local and not any(_loopback(a) for a in addresses):
         return None  # another machine: nothing of it to sample
-    pids: set[int] = set()
+    held: dict[int, str] = {}  # pid -> the listening socket it holds ("socket:[inode]")
     try:
         connections = psutil.net_connections(kind="tcp")
     except (psutil.Error, OSError):
@@ -61,45 +62,52 @@ def local_listener(url: str) -> Listener | None:
             continue
         ip, at = _plain(str(conn.laddr.ip)), int(conn.laddr.port)
         if at == port and (ip in addresses or ip in WILDCARDS):
-            pids.add(conn.pid)
-    root = _root(pids)
-    if root is None:
+            held[conn.pid] = _fd_target(conn.pid, conn.fd)
+    roots = [r for pid, sock in held.items() if (r := _root(pid, sock)) is not None]
+    if not roots:
         return None
+    root = min(roots, key=_created)  # unrelated servers sharing the port: the oldest
     return Listener(root.pid, _name(root), f"listening on {host}:{port}")
 
 
-def _root(pids: set[int]) -> psutil.Process | None:
-    """The process that owns the listening socket: the one whose parent does not hold it, or
-    the common parent of several that each hold it; never optlab's process or an ancestor."""
-    procs: list[psutil.Process] = []
-    for pid in sorted(pids):
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.Error:
-            continue
-    if not procs:
+def _root(pid: int, sock: str) -> psutil.Process | None:
+    """The service that holds the listening socket `sock` in process `pid`: psutil names one
+    holder, so the others are looked for around it. Its parent when that holds the socket too
+    (a master whose workers inherited it), or when a sibling of the same program holds it (a
+    master that closed its own copy); never optlab's process or one of its ancestors."""
+    try:
+        proc = psutil.Process(pid)
+        for _ in range(ANCESTRY_DEPTH):
+            parent = proc.parent()
+            if parent is None or _optlab_or_above(parent.pid):
+                break  # the service is below optlab, never optlab or what runs it
+            if sock and _holds(parent.pid, sock):
+                proc = parent
+                continue
+            if sock and _name(parent) == _name(proc):
+                siblings = [c for c in parent.children() if c.pid != proc.pid]
+                if any(_holds(c.pid, sock) for c in siblings):
+                    proc = parent
+            break
+    except psutil.Error:
         return None
-    tops: list[psutil.Process] = []
-    for proc in procs:
-        try:
-            ppid = proc.ppid()
-        except psutil.Error:
-            continue
-        if ppid not in pids:
-            tops.append(proc)
-    if not tops:
-        return None
-    tops.sort(key=_created)
-    top = tops[0]  # unrelated listeners (SO_REUSEPORT): the oldest
-    if len(tops) > 1:
-        try:
-            parents = {proc.ppid() for proc in tops}
-            parent = psutil.Process(parents.pop()) if len(parents) == 1 else None
-        except psutil.Error:
-            parent = None
-        if parent is not None and _name(parent) == _name(top):
-            top = parent  # workers that a master started and that each hold the socket
-    return None if _optlab_or_above(top.pid) else top
+    return None if _optlab_or_above(proc.pid) else proc
+
+
+def _fd_target(pid: int, fd: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/fd/{fd}") if fd >= 0 else ""
+    except OSError:
+        return ""
+
+
+def _holds(pid: int, sock: str) -> bool:
+    """Whether process `pid` has `sock` among its open files (False when unreadable)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    return any(_fd_target(pid, int(fd)) == sock for fd in fds if fd.isdigit())
 
 
 def _optlab_or_above(pid: int) -> bool:
