@@ -34,7 +34,7 @@ from optlab.run.validity import halves
 MEAN_QPS = 290.0
 SWING = 0.25
 TOLERANCE = 0.10
-LENGTHS = (20, 30, 40, 60, 120, 600)
+LENGTHS = (6, 10, 20, 30, 40, 60, 120, 600)
 KINDS = ("iid", "ar0.5", "ar0.8", "blocks", "step -30%", "ramp -30%")
 
 

@@ -4,9 +4,10 @@ A server whose per-second QPS swings ±25% on a quiet machine (batching, a garba
 thread pool) gives halves 10% apart by chance on short runs; a fixed percentage then voids runs
 of a system that never changed. The halves are instead compared against the spread of their
 own seconds: Welch's t-test on batch means. Per-second QPS is autocorrelated (a slow second is
-often followed by another), so the seconds are grouped into batches of about sqrt(n) seconds
-and the batches' means, close to independent, carry the test (the batch-means method of
-simulation output analysis). benchmarks/stability_false_alarms.py measures the false alarms
+often followed by another), so each half's seconds are grouped into batches of about
+sqrt(n/2) seconds and the batches' means, close to independent, carry the test (the
+batch-means method of simulation output analysis); a half too short for two such batches has
+its seconds taken as the batches. benchmarks/stability_false_alarms.py measures the false alarms
 on stationary noisy series and the power on real drifts.
 """
 
@@ -49,12 +50,14 @@ class HalvesTest:
 
 
 def halves_test(qps_per_second: Sequence[float]) -> HalvesTest | None:
-    """The test on the measured phase's per-second QPS (oldest first); None when the halves
-    are too short to hold two batches each (then the noise cannot be told)."""
+    """The test on the measured phase's per-second QPS (oldest first); None when a half has
+    fewer than two seconds (then the noise cannot be told)."""
     n = len(qps_per_second)
     half = n // 2
     size = max(1, round(math.sqrt(half)))
-    count = half // size if half else 0
+    if half // size < MIN_BATCHES:
+        size = 1  # a short run: its seconds taken as the batches (3 s a half: 3 batches)
+    count = half // size
     if count < MIN_BATCHES:
         return None
     used = count * size
