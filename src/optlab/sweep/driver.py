@@ -350,9 +350,14 @@ class _Sweep:
     def _level(self, probe: Probe) -> str:
         protocol = _level_protocol(self.base, probe, _expected_qps(probe, self.outcome.levels))
         status, record = self._measure(probe, protocol)
+        longer = None
         if record is not None and _too_short(record, protocol):
+            assert record.qps is not None
+            longer = _level_protocol(self.base, probe, record.qps)
+        if record is not None and longer is not None and longer.duration_s > protocol.duration_s:
             # The first closed level has no rate to size it by: now it has one. The short run
-            # stays stored (as a "sizing" level), and the level is measured again, long enough.
+            # stays stored (as a "sizing" level), and the level is measured again, long enough
+            # (unless the protocol's longest level is what it already had: again, as few).
             assert record.qps is not None
             self.store.relabel_level(self.sweep_id, self.position - 1, SIZING)
             self.outcome.measured_s += (record.warmup_s or 0.0) + (record.duration_s or 0.0)
@@ -360,8 +365,7 @@ class _Sweep:
                 f"sweep {self.sweep_id}: {record.requests} queries at {record.qps:,.1f}/s are too "
                 f"few for P99 ({P99_MIN_QUERIES}); measuring {_describe(probe)} again, longer"
             )
-            protocol = _level_protocol(self.base, probe, record.qps)
-            status, record = self._measure(probe, protocol)
+            status, record = self._measure(probe, longer)
         if record is None:
             return status
         return self._add(probe, record, status == "reused")

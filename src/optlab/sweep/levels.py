@@ -4,6 +4,7 @@ uncertainty, whether the target kept up, and whether the load generator did."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -23,6 +24,7 @@ LITTLE_TOLERANCE = 0.05
 LITTLE_ALPHA = 0.00135
 GENERATOR_REASON = "the load generator fell behind"
 NOT_STEADY = ("the target is saturated", "stopped after", "unstable")
+FEW_QUERIES = re.compile(r"^\d+ successful queries: ")
 
 
 def littles_law_gap(
@@ -160,6 +162,11 @@ def level_of(
         top = max(kinds.items(), key=lambda kv: kv[1])[0] if kinds else "errors"
         failed = f"every request failed ({errors} x {top})"
     generator, excused = _generator(record, windows, mode, load, slo)
+    if mode == "open" and value is not None and value <= slo.ms:
+        # A level too short for MLPerf's query bound at a rate so low that the longest level
+        # the protocol allows cannot reach it (583 queries in 60 s at 9.7/s) met the SLO all
+        # the same: measuring it again gives as few, and the next rate up has enough.
+        excused += tuple(r for r in record.reasons if FEW_QUERIES.match(r))
     return Level(
         mode=mode,
         load=load,
