@@ -18,6 +18,7 @@ from optlab.sweep.model import (
     fit_model,
 )
 from optlab.sweep.probe import (
+    MEASURES_PER_RATE,
     Level,
     Limit,
     Probe,
@@ -57,7 +58,12 @@ def next_probe(levels: Sequence[Level], settings: Settings) -> Probe | None:
             return None
     if settings.mode == "closed":
         return _next_closed(levels, settings)
-    return _next_open(levels, settings)
+    probe = _next_open(levels, settings)
+    if probe is not None and probe.mode == "open":
+        same = sum(1 for lv in levels if lv.mode == "open" and math.isclose(lv.load, probe.load))
+        if same > MEASURES_PER_RATE:
+            return None  # a rate whose levels keep coming out inconclusive: nothing more to learn
+    return probe
 
 
 def _first_rate(levels: Sequence[Level], settings: Settings) -> float | None:

@@ -23,11 +23,15 @@ SATURATION_SHORTFALL = 0.05  # achieved below 95% of the offered rate: the targe
 
 REFINE_DURATION_FACTOR = 4.0
 
+# Levels that narrow the bracket, measured 4x longer; a rate measured again ("again") is too:
+# a short retry that passed narrowly would not vouch for its rate, and bisection would come
+# back to it.
 REFINING = (
     "model",
     "bisection",
     "confirm",
-)  # a level this many kernel widths from the SLO counts as near it
+    "again",
+)
 
 
 @dataclass(frozen=True)
@@ -138,7 +142,7 @@ def open_levels(levels: Sequence[Level]) -> list[Level]:
 
 
 MEASURES_PER_RATE = 2  # an inconclusive rate is measured once more before it counts as a limit
-AGAIN = "again"  # the purpose of that second measurement
+AGAIN = REFINING[-1]  # the purpose of that second measurement
 
 
 def inconclusive(level: Level, settings: Settings) -> bool:
