@@ -26,6 +26,7 @@ from optlab.metrics.usage import snapshot_tree
 from optlab.store import RunEvidence, Store
 from optlab.targets.listener import local_listener
 from tests.conftest import wait_until, write
+from tests.test_evidence import run_file
 from tests.test_http import free_port, http_experiment, spawn_run, wait_listening
 
 SPIN_MS = 1.0  # CPU the test server spends on each request (its own thread's CPU time)
@@ -203,6 +204,85 @@ def test_a_burner_started_and_stopped_within_the_phase_is_named() -> None:
     # optlab's own process and its children (its watcher among them) are never neighbours.
     mine = {os.getpid(), *(c.pid for c in psutil.Process().children(recursive=True))}
     assert not pids & (mine | watchers)
+
+
+# A python target that, when its measured phase starts (`reset_metrics`), starts a burner
+# outside optlab's process tree and kills it a few seconds later, inside the phase.
+BURNING_TARGET = """\
+import json, os, signal, subprocess, sys, threading, time
+
+import psutil
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SPAWN = (
+    "import subprocess, sys\\n"
+    "quiet = {'stdout': subprocess.DEVNULL, 'stderr': subprocess.DEVNULL}\\n"
+    "p = subprocess.Popen([sys.executable, '-c', 'while True: pass'], **quiet)\\n"
+    "print(p.pid, flush=True)\\n"
+)
+
+
+def burn():
+    began = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", SPAWN], capture_output=True, text=True)
+    pid = int(out.stdout)
+    up = time.perf_counter()
+    cpu = 0.0
+    while time.perf_counter() - up < 4.0 and cpu < 1.0:
+        times = psutil.Process(pid).cpu_times()
+        cpu = times.user + times.system
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    while psutil.pid_exists(pid):
+        time.sleep(0.02)
+    record = {"pid": pid, "cpu_s": cpu, "gone_after_s": time.perf_counter() - began}
+    with open(os.path.join(HERE, "burner.json"), "w") as handle:
+        json.dump(record, handle)
+
+
+class Target:
+    def __call__(self, request):
+        time.sleep(0.002)
+        return request
+
+    def reset_metrics(self):
+        threading.Thread(target=burn, daemon=True).start()
+
+
+def build(knobs):
+    return Target()
+"""
+
+
+@pytest.mark.slow
+def test_a_run_names_a_burner_that_ran_and_exited_inside_its_measured_phase(
+    tmp_path: Path,
+) -> None:
+    write(tmp_path, "burning_target.py", BURNING_TARGET)
+    path = write(
+        tmp_path,
+        "burning.yaml",
+        "name: burning\ntarget: {kind: python, factory: 'burning_target:build'}\n"
+        "knobs: {}\nworkload: {load: {mode: closed, concurrency: 2}}\n",
+    )
+    summary = run_file(tmp_path, path, duration_s=10.0)
+    burner = json.loads((tmp_path / "burner.json").read_text())
+    # It was gone before the phase ended (the phase began as the burner was started).
+    assert summary.duration_s is not None and burner["gone_after_s"] < summary.duration_s
+    assert not psutil.pid_exists(burner["pid"])
+    evidence = summary.evidence
+    assert evidence is not None
+    named = {n.pid: n for n in evidence.neighbours}
+    if burner["pid"] not in named:
+        # Only a list already full of processes that used more of the CPU may leave it out.
+        share = 100 * burner["cpu_s"] / summary.duration_s
+        assert len(named) == 3 and all(n.cpu_pct >= 0.5 * share for n in named.values()), (
+            burner,
+            named,
+        )
+    else:
+        assert named[burner["pid"]].name.startswith("python")
+    assert os.getpid() not in named  # optlab's own process never is
 
 
 def test_a_child_of_the_service_started_mid_phase_is_the_service_s() -> None:
