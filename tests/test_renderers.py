@@ -20,6 +20,7 @@ import pytest
 
 from optlab.reports.data import CDF_PERCENTILES, ReportData, StepData, collect_report
 from optlab.reports.export import present, render_csv, render_json
+from optlab.reports.format import bound, interval
 from optlab.reports.html import render_html
 from optlab.reports.markdown import PROVISIONAL_NOTE as PROVISIONAL
 from optlab.reports.markdown import render_markdown
@@ -343,3 +344,11 @@ def test_end_to_end_over_a_quick_synthetic_chain(
     assert "synthetic-faster-service" in page and "no data" not in page
     if os.environ.get("OPTLAB_REPORT_OUT"):  # for a look in a browser
         Path(os.environ["OPTLAB_REPORT_OUT"]).write_text(page, encoding="utf-8")
+
+
+def test_a_ratio_interval_never_reads_as_minus_100() -> None:
+    """A ratio's bound lies above -100%: one that rounds to -100 keeps the digits that say so."""
+    assert interval(-99.955, 22527.0) == " [-99.95, +22527]"
+    assert interval(-99.99999, 3.0, tight=True) == " [>-100,+3]"
+    assert interval(-44.4, 56.0) == " [-44, +56]"
+    assert bound(-100.0) == "-100" and bound(-99.96, 1) == "-99.96"

@@ -13,6 +13,7 @@ from optlab.metrics.stats import MIN_EFFECT_PCT, beyond_noise
 from optlab.reports.capacity import has_capacity, most_headroom
 from optlab.reports.export import as_list, plain
 from optlab.reports.format import (
+    bound,
     capacity_label,
     capacity_value,
     cumulative_delta,
@@ -113,7 +114,7 @@ def _noise_note(label: str, total: float | None, interval: list[float] | None) -
         return None
     within = percent(total, missing="-")
     if interval is not None:
-        within += f" [{interval[0]:+.1f}, {interval[1]:+.1f}]"
+        within += f" [{bound(interval[0], 1)}, {bound(interval[1], 1)}]"
     if interval is not None and interval[0] <= 0.0 <= interval[1]:
         why = "its interval spans zero"
     elif abs(total) < SHARE_MIN_TOTAL_PCT:
@@ -338,7 +339,7 @@ def _questionable_runs(store: Store, names: Iterable[Any]) -> list[str]:
 
 
 def _span(interval: list[float] | None) -> str:
-    return "" if interval is None else f" [{interval[0]:+.1f}, {interval[1]:+.1f}]"
+    return "" if interval is None else f" [{bound(interval[0], 1)}, {bound(interval[1], 1)}]"
 
 
 def _outcome(row: Any) -> str:

@@ -32,12 +32,23 @@ def rate(value: Any, missing: str = MISSING) -> str:
     return f"{float(value):.1%}" if present(value) else missing
 
 
+def bound(value: float, digits: int = 0) -> str:
+    """An interval's bound in percent, `+44`: a ratio's bound lies above -100%, so one that
+    rounds to -100 gets the digits that show it does not reach it (`-99.96`; `>-100` past
+    four)."""
+    text = f"{value:+.{digits}f}"
+    while value > -100 and float(text) <= -100 and digits < 4:
+        digits += 1
+        text = f"{value:+.{digits}f}"
+    return ">-100" if value > -100 and float(text) <= -100 else text
+
+
 def interval(low: Any, high: Any, *, tight: bool = False) -> str:
     """` [+44, +56]` (` [+44,+56]` when `tight`), or "" when a bound is missing."""
     if not (present(low) and present(high)):
         return ""
     separator = "," if tight else ", "
-    return f" [{float(low):+.0f}{separator}{float(high):+.0f}]"
+    return f" [{bound(float(low))}{separator}{bound(float(high))}]"
 
 
 def step_delta(row: Any, prefix: str, *, digits: int = 1, tight: bool = False) -> str:
