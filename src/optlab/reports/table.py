@@ -5,6 +5,12 @@ Computed here, rendered elsewhere (`reports.terminal`, `reports.markdown`, `repo
 into figures, each step's change against the previous measured step and against the baseline,
 with its confidence interval and significance (`metrics.stats`), SLO checks and a verdict.
 The columns are listed in `COLUMNS`; renderers rely on them.
+
+One statistic per question: `judge` compares two steps (their newest shared `--paired` session
+pair by pair, else every valid run of each), and its estimate, interval and level are what the
+row holds; a step whose parent is the baseline has its step change as its cumulative change.
+`optlab audit` and `optlab check` read these columns and judge them with the same
+`metrics.stats.beyond_noise`, so none of them can disagree with the table.
 """
 
 from __future__ import annotations
