@@ -199,7 +199,19 @@ def test_a_batching_run_of_the_reference_classifier(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_command_target_fills_service_and_network(tmp_path: Path, invoke: Invoke) -> None:
     path = command_experiment(tmp_path, "svc", free_port())
-    result = invoke("run", str(path), "--quick", "--duration", "2", "--warmup", "0.5", "--json")
+    # The evidence is what is checked, not the verdict: a busy machine may serve too few
+    # queries in 2 s for a P99 (INVALID, exit 4).
+    result = invoke(
+        "run",
+        str(path),
+        "--quick",
+        "--duration",
+        "2",
+        "--warmup",
+        "0.5",
+        "--json",
+        "--allow-invalid",
+    )
     assert result.exit_code == 0, result.output
     printed = summary_of(result)
     assert "evidence" in printed  # `run --json` prints it
