@@ -21,6 +21,7 @@ import numpy as np
 import psutil
 import pytest
 
+from optlab.metrics.procwatch import parse
 from optlab.metrics.resources import ResourceSampler
 from optlab.metrics.usage import snapshot_tree
 from optlab.store import RunEvidence, Store
@@ -204,6 +205,16 @@ def test_a_burner_started_and_stopped_within_the_phase_is_named() -> None:
     # optlab's own process and its children (its watcher among them) are never neighbours.
     mine = {os.getpid(), *(c.pid for c in psutil.Process().children(recursive=True))}
     assert not pids & (mine | watchers)
+    # The watcher ended with the phase: nothing of it is left behind.
+    assert not any(psutil.pid_exists(pid) for pid in watchers)
+
+
+def test_a_watcher_that_gives_no_table_leaves_the_snapshots_only() -> None:
+    assert parse(b"") is None and parse(b"{}") is None and parse(b"not json") is None
+    assert parse(b'[[12, 1, "x", 0.5, 100.0], ["bad"], [13, null, "y", 1, 2]]') == [
+        (12, 1, "x", 0.5, 100.0),
+        (13, None, "y", 1.0, 2.0),
+    ]
 
 
 # A python target that, when its measured phase starts (`reset_metrics`), starts a burner

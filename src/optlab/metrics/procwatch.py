@@ -55,6 +55,8 @@ class ProcessWatch:
         """Start the child; False when it cannot be started (the figures are then a floor)."""
         # -P: the script's folder (optlab's metrics package) is not put on the child's path,
         # where a module of it would shadow the standard library's of the same name.
+        if not sys.executable:  # an embedded interpreter: nothing to start the child with
+            return False
         command = [sys.executable, "-P", str(Path(__file__).resolve()), str(self.interval_s)]
         try:
             self._child = subprocess.Popen(
