@@ -361,6 +361,11 @@ def test_a_lognormal_service_time_is_not_a_lock_and_a_lock_is() -> None:
     locked = diagnose(Run(stage_ms=held, qps=231.0, cpu_pct=7.0).evidence())
     assert first(locked) == "serialised" and locked.top is not None
     assert (locked.top.stage, locked.top.resource) == ("infer", "lock")
+    # Handed over fairly: every request waits for the seven others (~33 ms, close together);
+    # only the warmup's first found it free (4.1 ms).
+    fair = 4.1 * 8 + rng.normal(0, 0.4, 700)
+    queued = diagnose(Run(stage_ms=fair, qps=241.0, cpu_pct=5.0, fastest_ms=4.1).evidence())
+    assert first(queued) == "serialised", queued.findings
 
 
 def test_a_pool_of_one_is_serialised_not_cpu_or_gil_bound() -> None:

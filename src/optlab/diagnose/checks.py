@@ -280,7 +280,7 @@ def check_lock(e: Evidence, p: Params) -> Outcome:
     if inside is not None:
         # Requests wait for one another inside the stage, not merely vary in length.
         what, value, limit, _ = inside
-        op: Literal[">=", "<="] = ">=" if what.startswith("measured") else "<="
+        op: Literal[">=", "<="] = ">=" if "bulk" in what else "<="
         measures.append(Measure(f"{label}: {what}", value, limit, op, "x"))
     if cpu is not None and cores:
         measures.append(Measure("target CPU (cores)", cpu / 100, p["idle_cores"], "<=", "cores"))

@@ -194,25 +194,26 @@ def work_share(e: Evidence, stage: str) -> float | None:
 
 def queued_inside(e: Evidence, stage: str) -> tuple[str, float, float, bool] | None:
     """Whether requests wait for one another inside `stage`: (what was read, its value, the
-    threshold, met). A lock hands itself over either fairly, and then every measured request
-    waits for the others (the measured phase's fastest is several times the whole run's,
-    whose first requests found it free), or unfairly, and then a share of requests goes
-    straight through at the bare service time while the rest wait long (the P10 sits at the
-    fastest). A stage whose time merely varies (a lognormal service time) shows neither: its
-    P10 is well above its fastest, which is its distribution's far tail. None without a
-    histogram."""
+    threshold, met). A lock hands itself over either fairly, and then every request waits for
+    the others: the bulk of the stage's times sits together (P90 / P10 within 1.5x) several
+    times above the fastest request, which found it free (the warmup's first, or a lone one);
+    or unfairly, and then a share of requests goes straight through at the bare service time
+    while the rest wait long (the P10 within 1.5x of the fastest). A stage whose time merely
+    varies (a lognormal service time) shows neither: its P10 is well above its fastest, the
+    distribution's far tail, and its bulk is spread as wide. None without a histogram."""
     fastest, row = e.fastest_ms(stage), e.stages.get(stage)
-    p10 = e.stage_percentile(stage, 10)
-    if fastest is None or row is None or row.min_ms is None or p10 is None:
+    p10, p90 = e.stage_percentile(stage, 10), e.stage_percentile(stage, 90)
+    if fastest is None or row is None or p10 is None or p90 is None:
         return None
-    fair = row.min_ms / max(fastest, 1e-6)
-    if fair >= FAIR_HANDOFF:
-        return ("measured fastest / the whole run's fastest", fair, FAIR_HANDOFF, True)
-    straight = p10 / max(fastest, 1e-6)
-    return ("P10 / fastest", straight, STRAIGHT_THROUGH, straight <= STRAIGHT_THROUGH)
+    above = p10 / max(fastest, 1e-6)
+    if above >= FAIR_HANDOFF and p90 / max(p10, 1e-6) <= BULK_SPREAD:
+        return ("P10 / fastest, the bulk together (P90 / P10 within 1.5x)", above,
+                FAIR_HANDOFF, True)  # fmt: skip
+    return ("P10 / fastest", above, STRAIGHT_THROUGH, above <= STRAIGHT_THROUGH)
 
 
 FAIR_HANDOFF = 2.0
+BULK_SPREAD = 1.5
 STRAIGHT_THROUGH = 1.5
 
 
