@@ -53,7 +53,7 @@ class DemoResult:
     # INVALID runs measured again (each stored, with its reasons).
     retried: list[RunOutcome] = field(default_factory=list)
     # A run still INVALID after its retries (the chain stops there, unless it is the head's),
-    # or None: every step has a valid run.
+    # or the head's FAILED run; None: every step has a valid run.
     stopped: RunOutcome | None = None
 
     @property
@@ -148,7 +148,10 @@ def run_demo(
                 if not fresh or fresh[-1].status != "FINISHED" or fresh[-1].summary.valid:
                     raise
             last = outcomes[-1]
-            if last.status != "FINISHED" or last.summary.valid:
+            if last.status != "FINISHED":
+                stopped = last  # the head's own FAILED run: no table row to stand on
+                break
+            if last.summary.valid:
                 break
             if sum(o.experiment == last.experiment for o in retried) >= DEMO_RETRIES:
                 stopped = last

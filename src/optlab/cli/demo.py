@@ -84,9 +84,9 @@ def demo(chain: str, out: Path, verbose: bool, wide: bool) -> None:
     if result.stopped is not None:
         last = result.stopped
         tries = 1 + sum(o.experiment == last.experiment for o in result.retried)
+        state = f"INVALID after {tries} tries" if last.status == "FINISHED" else last.status
         raise RefusedError(
-            f"{last.experiment}'s run {last.run_id} is INVALID after {tries} tries "
-            f"({reasons(last)})"
+            f"{last.experiment}'s run {last.run_id} is {state} ({reasons(last)})"
             + ("" if last.experiment == result.chain_head else "; the chain stops there"),
             hint=f"see every run's reasons with `{result.log_command}`; on a busy machine, "
             "run `optlab demo` again when it is quieter",
