@@ -59,15 +59,15 @@ class ResourceReading:
 CHILDREN_REFRESH_S = 5.0  # how often new child processes are looked for
 # Phases at whose start every process's CPU is noted: the measured span's neighbours.
 NEIGHBOUR_SNAPSHOTS = ("measure", "drain")
+# The phase whose start reads optlab's and the service's trees on the caller's thread, at
+# once: the load has stopped being measured, and a moment later its threads are gone, their
+# counters with them.
+AT_ONCE = "drain"
 # How far up a process's parents are followed to tell whether optlab or the service started it.
 ANCESTRY_DEPTH = 64
 
 # Another process as a snapshot notes it: (name, CPU seconds, create time, parent pid).
 _Other = tuple[str, float, float, int | None]
-# The phase whose start reads optlab's and the service's trees on the caller's thread, at
-# once: the load has stopped being measured, and a moment later its threads are gone, their
-# counters with them.
-AT_ONCE = "drain"
 
 
 class ResourceSampler:
@@ -301,6 +301,9 @@ class ResourceSampler:
                 self._watch = ProcessWatch()
                 if not self._watch.start():
                     self._watch = None
+                elif self._watch.pid is not None:
+                    with self._lock:  # the measuring tool, whoever's child it is
+                        self._inside_ever.add(self._watch.pid)
             elif phase == "drain":
                 self._stop_watch()
 
