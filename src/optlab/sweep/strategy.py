@@ -18,15 +18,16 @@ Open loop (rates):
    capacity's interval is within the tolerance. A short growth level that passed only
    narrowly no longer vouches for its rate once a level has failed, and the bracket's passing
    end is measured again at the refining length before it is the answer ("confirm").
-4. The capacity is the model's central estimate, the median of its bootstrap (a low
-   percentile of it, as before, landed 10-20% under the truth on working sweeps), kept inside
-   the bracket; without
-   a model, the bracket's passing end. The model is fitted on the rate each level ACHIEVED: a
-   short Poisson level's arrivals run a few percent off the offered rate, and its percentile
-   follows the arrivals that came. Its interval is what the levels say with confidence:
-   between the highest rate whose level met the SLO beyond its own noise and the lowest whose
-   level missed it beyond its noise (or could not keep up at all); where no level did, the
-   bootstrap's 95% bound stands in.
+4. The capacity is the model's central estimate: the median of its bootstrap draws that agree
+   with the bracket (a level passed at its low end, one missed at its high end), kept inside
+   it; without a model, the bracket's passing end. (A low percentile of the draws, as before,
+   landed 10-20% under the truth on working sweeps.) The model is fitted on the rate each level
+   ACHIEVED: a short Poisson level's arrivals run a few percent off the offered rate, and its
+   percentile follows the arrivals that came. Its interval is what the levels say with
+   confidence: between the highest rate whose level met the SLO beyond its own noise and the
+   lowest whose level missed it beyond its noise (or could not keep up at all); where no level
+   did, the bootstrap's 95% bound stands in, the upper one capped at the bracket's failing end
+   stretched by the bracket's width.
 5. An inconclusive level is measured once more, at the same rate with its own seed, before it
    counts ("again"): one the load generator decided (it held requests back by enough to tip the
    level over the SLO; lag inside a level that met the SLO is already in its latency, counted
@@ -52,14 +53,14 @@ it: the curve is flat near the unloaded latency and has a pole at saturation, an
 global form fits both M/M/1 and M/M/8.
 
 Measured (`benchmarks/sweep_accuracy.py`, simulated levels, 20 seeds each, SLO P99 <= 100 ms;
-the README of benchmarks/ has the table), with the central estimate (the bootstrap's median):
-within +-10% of the truth in 14 (M/M/1), 20 (M/M/2), 18 (M/M/4), 19 (M/M/8), 20 (M/G/4) and
-20 (M/D/2) of 20 sweeps (within +-5%: 8, 17, 13, 18, 19, 18); the interval covers the truth in
-19, 20, 20, 20, 20, 18 of 20; 0.34-0.48 of the measured seconds of a perf_analyzer-style
-binary search (within +-10%: 10, 15, 19, 20, 20, 20). The gentle curve of M/M/1 is the hard
-one: at +-5% in rate its P99 moves only ~6% (elasticity ~1.2), well inside one level's noise,
-so no level short of minutes pins it. `--real` sweeps such queues with real levels
-(`benchmarks/sweep_real.py`).
+the README of benchmarks/ has the table), with the central estimate (the median of the
+bootstrap draws inside the bracket): within +-10% of the truth in 14 (M/M/1), 20 (M/M/2),
+20 (M/M/4), 19 (M/M/8), 20 (M/G/4) and 20 (M/D/2) of 20 sweeps (within +-5%: 8, 16, 18, 17,
+20, 19); the interval covers the truth in 19, 20, 20, 20, 20, 18 of 20; 0.34-0.48 of the
+measured seconds of a perf_analyzer-style binary search (within +-10%: 10, 15, 19, 20, 20,
+20). The gentle curve of M/M/1 is the hard one: at +-5% in rate its P99 moves only ~6%
+(elasticity ~1.2), well inside one level's noise, so no level short of minutes pins it.
+`--real` sweeps such queues with real levels (`benchmarks/sweep_real.py`).
 
 Closed loop (clients): 1, 2, 4, ... clients until the SLO breaks or throughput stops growing
 (< 5% more for twice the clients), then bisection of the client count between the last
