@@ -395,7 +395,11 @@ class _Sweep:
             self.link,
             level_config(self.config, probe, position),
             protocol,
-            RunOptions(quick=self.options.quick, stop_when_saturated=True),
+            # The level's pace is judged against the sweep's SLO, which may differ from the
+            # experiment file's (a send lag is small or not against the bound being tested).
+            RunOptions(
+                quick=self.options.quick, stop_when_saturated=True, slo_ms=self.options.slo.ms
+            ),
             self.progress,
             self.context,
             tag,
