@@ -50,6 +50,7 @@ import numpy.typing as npt
 
 from optlab.load.timerslack import sleep_until
 from optlab.metrics.stages import stage
+from optlab.reference.fault_target import FaultTarget, knob
 from optlab.reference.faults_extra import gc_churn, pool_of_one, sleep_stage
 
 __all__ = [
@@ -73,17 +74,6 @@ KIB = 1024
 F32 = npt.NDArray[np.float32]
 
 
-def _knob(knobs: Mapping[str, Any], name: str, default: float) -> float:
-    value = knobs.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ValueError(f"knob {name!r} must be a number >= 0, not {value!r}")
-    return float(value)
-
-
-def _seed(knobs: Mapping[str, Any]) -> int:
-    return int(_knob(knobs, "seed", 0))
-
-
 def _light(request: Any) -> int:
     """A request's parsing: a few microseconds, so a light stage still shows in the breakdown."""
     return hash((request, 17)) & 0xFF
@@ -93,33 +83,7 @@ def _sleep_ms(ms: float) -> None:
     sleep_until(time.perf_counter_ns() + round(ms * 1e6))
 
 
-class _Target:
-    """What every fault target shares: a request counter for `metrics()`, and `close()`."""
-
-    fault = ""
-
-    def __init__(self, knobs: Mapping[str, Any]) -> None:
-        self.knobs = dict(knobs)
-        self.seed = _seed(knobs)
-        self._count_lock = threading.Lock()
-        self.served = 0
-
-    def _served(self) -> None:
-        with self._count_lock:
-            self.served += 1
-
-    def metrics(self) -> dict[str, Any]:
-        return {"fault": self.fault, "served": self.served}
-
-    def reset_metrics(self) -> None:
-        with self._count_lock:
-            self.served = 0
-
-    def close(self) -> None:
-        return None
-
-
-class _Numpy(_Target):
+class _Numpy(FaultTarget):
     """Ufunc passes over one seeded array, into a scratch buffer allocated per call.
 
     Not a buffer per thread: the open loop spreads its calls over all of its worker threads
@@ -147,8 +111,8 @@ class CpuPreprocess(_Numpy):
     fault = "cpu in preprocess (numpy, the GIL released)"
 
     def __init__(self, knobs: Mapping[str, Any]) -> None:
-        super().__init__(knobs, int(_knob(knobs, "elements", 500_000)))
-        self.rounds = max(1, int(_knob(knobs, "rounds", 4)))
+        super().__init__(knobs, int(knob(knobs, "elements", 500_000)))
+        self.rounds = max(1, int(knob(knobs, "rounds", 4)))
 
     def __call__(self, request: Any) -> Any:
         with stage("preprocess"):
@@ -164,13 +128,13 @@ def cpu_preprocess(knobs: Mapping[str, Any]) -> CpuPreprocess:
     return CpuPreprocess(knobs)
 
 
-class ComputeInfer(_Target):
+class ComputeInfer(FaultTarget):
     fault = "cpu in infer (float32 matmuls)"
 
     def __init__(self, knobs: Mapping[str, Any]) -> None:
         super().__init__(knobs)
-        side = max(8, int(_knob(knobs, "side", 64)))
-        batch = max(1, int(_knob(knobs, "batch", 384)))
+        side = max(8, int(knob(knobs, "side", 64)))
+        batch = max(1, int(knob(knobs, "batch", 384)))
         rng = np.random.default_rng(self.seed)
         self.weights: F32 = rng.standard_normal((side, side), dtype=np.float32)
         self.inputs: F32 = rng.standard_normal((batch, side, side), dtype=np.float32)
@@ -196,12 +160,12 @@ def compute_infer(knobs: Mapping[str, Any]) -> ComputeInfer:
 # -- lock, queue, gil ----------------------------------------------------------------------------
 
 
-class LockContention(_Target):
+class LockContention(FaultTarget):
     fault = "one global lock held a few ms per request (in infer)"
 
     def __init__(self, knobs: Mapping[str, Any]) -> None:
         super().__init__(knobs)
-        self.hold_ms = _knob(knobs, "hold_ms", 4.0)
+        self.hold_ms = knob(knobs, "hold_ms", 4.0)
         self.lock = threading.Lock()
 
     def __call__(self, request: Any) -> Any:
@@ -219,7 +183,7 @@ def lock_contention(knobs: Mapping[str, Any]) -> LockContention:
     return LockContention(knobs)
 
 
-class UnderBatching(_Target):
+class UnderBatching(FaultTarget):
     fault = "a dynamic batcher that waits out its timeout for batches of 1-2"
 
     def __init__(self, knobs: Mapping[str, Any]) -> None:
@@ -229,7 +193,7 @@ class UnderBatching(_Target):
         batching = knobs.get("batching") or {}
         self.max_batch = int(batching.get("max_batch_size", 32))
         self.max_wait_ms = float(batching.get("max_wait_ms", 8.0))
-        side = max(8, int(_knob(knobs, "side", 128)))
+        side = max(8, int(knob(knobs, "side", 128)))
         rng = np.random.default_rng(self.seed)
         self.weights: F32 = rng.standard_normal((side, side), dtype=np.float32)
         self.batcher: DynamicBatcher[F32, float] = DynamicBatcher(
@@ -274,12 +238,12 @@ def under_batching(knobs: Mapping[str, Any]) -> UnderBatching:
     return UnderBatching(knobs)
 
 
-class GilContention(_Target):
+class GilContention(FaultTarget):
     fault = "pure-Python loops on many threads (the GIL)"
 
     def __init__(self, knobs: Mapping[str, Any]) -> None:
         super().__init__(knobs)
-        self.iterations = max(1, int(_knob(knobs, "iterations", 20_000)))
+        self.iterations = max(1, int(knob(knobs, "iterations", 20_000)))
 
     def __call__(self, request: Any) -> Any:
         with stage("preprocess"):
@@ -300,14 +264,14 @@ def gil_contention(knobs: Mapping[str, Any]) -> GilContention:
 # -- memory, io, stalls --------------------------------------------------------------------------
 
 
-class MemoryLeak(_Target):
+class MemoryLeak(FaultTarget):
     fault = "every request keeps 50-200 KiB it never frees"
 
     def __init__(self, knobs: Mapping[str, Any]) -> None:
         super().__init__(knobs)
-        self.low = int(_knob(knobs, "leak_kib_min", 50) * KIB)
-        self.high = max(self.low, int(_knob(knobs, "leak_kib_max", 200) * KIB))
-        self.work_ms = _knob(knobs, "work_ms", 1.0)
+        self.low = int(knob(knobs, "leak_kib_min", 50) * KIB)
+        self.high = max(self.low, int(knob(knobs, "leak_kib_max", 200) * KIB))
+        self.work_ms = knob(knobs, "work_ms", 1.0)
         self._rng = random.Random(self.seed)
         self._kept: list[mmap.mmap] = []
         self._lock = threading.Lock()
@@ -347,12 +311,12 @@ def memory_leak(knobs: Mapping[str, Any]) -> MemoryLeak:
     return MemoryLeak(knobs)
 
 
-class IoWait(_Target):
+class IoWait(FaultTarget):
     fault = "a new file written and fsynced per request (in load)"
 
     def __init__(self, knobs: Mapping[str, Any]) -> None:
         super().__init__(knobs)
-        size = max(1, int(_knob(knobs, "write_kib", 64) * KIB))
+        size = max(1, int(knob(knobs, "write_kib", 64) * KIB))
         self.block = np.random.default_rng(self.seed).bytes(size)
         self.folder = tempfile.mkdtemp(prefix="optlab-io-wait-", dir=knobs.get("dir") or None)
         self._names = itertools.count()
@@ -385,14 +349,14 @@ def io_wait(knobs: Mapping[str, Any]) -> IoWait:
     return IoWait(knobs)
 
 
-class PeriodicStall(_Target):
+class PeriodicStall(FaultTarget):
     fault = "a background thread holds every request's lock 100-300 ms every 1-2 s"
 
     def __init__(self, knobs: Mapping[str, Any]) -> None:
         super().__init__(knobs)
-        self.work_ms = _knob(knobs, "work_ms", 1.0)
-        self.every_s = _knob(knobs, "stall_every_s", 1.5)
-        self.stall_ms = _knob(knobs, "stall_ms", 200.0)
+        self.work_ms = knob(knobs, "work_ms", 1.0)
+        self.every_s = knob(knobs, "stall_every_s", 1.5)
+        self.stall_ms = knob(knobs, "stall_ms", 200.0)
         self.gate = threading.Lock()
         self.stalls = 0
         self._stop = threading.Event()
@@ -437,7 +401,7 @@ def periodic_stall(knobs: Mapping[str, Any]) -> PeriodicStall:
 # -- targets whose fault is elsewhere, and the control ---------------------------------------
 
 
-class Cheap(_Target):
+class Cheap(FaultTarget):
     fault = "none in the target (next to no work per request)"
 
     def __call__(self, request: Any) -> Any:
@@ -458,9 +422,9 @@ class Sleepy(_Numpy):
     fault = "none"
 
     def __init__(self, knobs: Mapping[str, Any], sleep_ms: float, rounds: int) -> None:
-        super().__init__(knobs, int(_knob(knobs, "elements", 20_000)))
-        self.sleep_ms = _knob(knobs, "sleep_ms", sleep_ms)
-        self.rounds = int(_knob(knobs, "rounds", rounds))
+        super().__init__(knobs, int(knob(knobs, "elements", 20_000)))
+        self.sleep_ms = knob(knobs, "sleep_ms", sleep_ms)
+        self.rounds = int(knob(knobs, "rounds", rounds))
 
     def __call__(self, request: Any) -> Any:
         with stage("preprocess"):

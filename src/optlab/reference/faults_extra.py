@@ -24,54 +24,25 @@ import numpy as np
 import numpy.typing as npt
 
 from optlab.metrics.stages import stage
+from optlab.reference.fault_target import FaultTarget, knob
 
 __all__ = ["GcChurn", "PoolOfOne", "SleepStage", "gc_churn", "pool_of_one", "sleep_stage"]
 
 F32 = npt.NDArray[np.float32]
 
 
-def _knob(knobs: Mapping[str, Any], name: str, default: float) -> float:
-    value = knobs.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise ValueError(f"knob {name!r} must be a number >= 0, not {value!r}")
-    return float(value)
-
-
-class _Counted:
-    fault = ""
-
-    def __init__(self, knobs: Mapping[str, Any]) -> None:
-        self.knobs = dict(knobs)
-        self.seed = int(_knob(knobs, "seed", 0))
-        self._lock = threading.Lock()
-        self.served = 0
-
-    def _served(self) -> None:
-        with self._lock:
-            self.served += 1
-
-    def metrics(self) -> dict[str, Any]:
-        return {"fault": self.fault, "served": self.served}
-
-    def reset_metrics(self) -> None:
-        with self._lock:
-            self.served = 0
-
-    def close(self) -> None:
-        return None
-
-
-class GcChurn(_Counted):
+class GcChurn(FaultTarget):
     fault = "cyclic garbage per request beside a large live heap (GC pauses)"
 
     def __init__(self, knobs: Mapping[str, Any]) -> None:
         super().__init__(knobs)
         # Live, tracked containers: every full collection walks all of them.
-        self.heap = [{"i": i, "v": [i]} for i in range(int(_knob(knobs, "heap", 150_000)))]
-        self.cycles = int(_knob(knobs, "cycles", 1_000))
+        self.heap = [{"i": i, "v": [i]} for i in range(int(knob(knobs, "heap", 150_000)))]
+        self.cycles = int(knob(knobs, "cycles", 1_000))
         # The last `keep` requests' objects stay alive long enough to reach the oldest
         # generation, then die: the collector's full passes come every few dozen requests.
-        self.recent: deque[list[Any]] = deque(maxlen=max(1, int(_knob(knobs, "keep", 10))))
+        self.recent: deque[list[Any]] = deque(maxlen=max(1, int(knob(knobs, "keep", 10))))
+        self._recent_lock = threading.Lock()
 
     def __call__(self, request: Any) -> Any:
         with stage("preprocess"):
@@ -82,7 +53,7 @@ class GcChurn(_Counted):
                 node: list[Any] = [i]
                 node.append(node)  # a cycle: only the collector frees it
                 made.append(node)
-            with self._lock:
+            with self._recent_lock:
                 self.recent.append(made)
         self._served()
         return value
@@ -97,13 +68,13 @@ def gc_churn(knobs: Mapping[str, Any]) -> GcChurn:
     return GcChurn(knobs)
 
 
-class PoolOfOne(_Counted):
+class PoolOfOne(FaultTarget):
     fault = "a worker pool of one in front of a numpy computation (in infer)"
 
     def __init__(self, knobs: Mapping[str, Any]) -> None:
         super().__init__(knobs)
-        side = max(8, int(_knob(knobs, "side", 64)))
-        batch = max(1, int(_knob(knobs, "batch", 256)))
+        side = max(8, int(knob(knobs, "side", 64)))
+        batch = max(1, int(knob(knobs, "batch", 256)))
         rng = np.random.default_rng(self.seed)
         self.weights: F32 = rng.standard_normal((side, side), dtype=np.float32)
         self.inputs: F32 = rng.standard_normal((batch, side, side), dtype=np.float32)
@@ -131,12 +102,12 @@ def pool_of_one(knobs: Mapping[str, Any]) -> PoolOfOne:
     return PoolOfOne(knobs)
 
 
-class SleepStage(_Counted):
+class SleepStage(FaultTarget):
     fault = "none (a fixed time.sleep per request, no queue)"
 
     def __init__(self, knobs: Mapping[str, Any]) -> None:
         super().__init__(knobs)
-        self.sleep_s = _knob(knobs, "sleep_ms", 2.0) / 1000
+        self.sleep_s = knob(knobs, "sleep_ms", 2.0) / 1000
 
     def __call__(self, request: Any) -> Any:
         with stage("preprocess"):
