@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import socket
 import sqlite3
 import time
 from collections.abc import Callable
@@ -79,6 +80,14 @@ def synth(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     shutil.copytree(REPO / "experiments" / "examples" / "synthetic", folder)
     monkeypatch.chdir(tmp_path)
     return folder
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (a test's server binds it next)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
 
 
 def write(folder: Path, name: str, text: str) -> Path:

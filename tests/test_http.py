@@ -28,18 +28,11 @@ from optlab.store import Store
 from optlab.targets.http import http_bodies
 from optlab.targets.server_timing import parse_server_timing
 from optlab.targets.templates import Secrets, render
-from tests.conftest import REPO, wait_for_measure, wait_until, write
+from tests.conftest import REPO, free_port, wait_for_measure, wait_until, write
 
 TOY = REPO / "tests" / "services" / "toy_service.py"
 FAST = ("--quick", "--duration", "2", "--warmup", "0.5")
 Invoke = Callable[..., Result]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def wait_listening(port: int, timeout_s: float = 30) -> None:

@@ -10,7 +10,6 @@ own noise (optlab.run.stability), so both runs are VALID and the table calls the
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 from click.testing import Result
 
 from optlab.store import Store
+from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SERVICE = REPO / "tests" / "services" / "swinging_service.py"
@@ -26,13 +26,6 @@ SERVICE = REPO / "tests" / "services" / "swinging_service.py"
 MEASURE = ("--quick", "--duration", "16", "--warmup", "1")
 
 Invoke = Callable[..., Result]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def experiment(folder: Path, port: int) -> Path:

@@ -23,17 +23,12 @@ import pytest
 from optlab.reference.classifier.data import Sample, requests
 from optlab.reference.serve import server_timing
 from optlab.reference.serve_knobs import assemble_knobs, knobs_summary
+from tests.conftest import free_port
 
 READY_DEADLINE_S = 60.0
 EXIT_DEADLINE_S = 10.0
 HTTP_TIMEOUT_S = 30.0
 BATCHING = '{"mode":"dynamic","max_batch_size":4,"max_wait_ms":5}'
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _env() -> dict[str, str]:

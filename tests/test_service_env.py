@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -24,7 +23,7 @@ from click.testing import Result
 from optlab.env.collect import collect_fingerprint
 from optlab.env.compare import compare_fingerprints, material_hash
 from optlab.targets.service_env import describe_service, service_environment
-from tests.conftest import write
+from tests.conftest import free_port, write
 
 Invoke = Callable[..., Result]
 FAST = ("--quick", "--duration", "1.5", "--warmup", "0.3")
@@ -53,13 +52,6 @@ class Handler(BaseHTTPRequestHandler):
 ThreadingHTTPServer.daemon_threads = True
 ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def make_venv(folder: Path) -> Path:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ import pytest
 from click.testing import Result
 
 from optlab.reference.queueing import md1_capacity
-from tests.conftest import write
+from tests.conftest import free_port, write
 
 Invoke = Callable[..., Result]
 
@@ -71,12 +70,6 @@ protocol: {{name: quick}}
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _json(result: Result) -> dict[str, Any]:
     assert result.exit_code == 0, result.output
     document: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
@@ -102,7 +95,7 @@ def _skip_unless_measurable(document: dict[str, Any], slo_ms: float) -> None:
 def test_a_batching_servers_open_loop_capacity_is_not_far_below_its_closed_loop_one(
     invoke: Invoke, tmp_path: Path
 ) -> None:
-    path = write(tmp_path, "batch.yaml", BATCHING_SERVER.format(port=_free_port()))
+    path = write(tmp_path, "batch.yaml", BATCHING_SERVER.format(port=free_port()))
     args = ("sweep", str(path), "--slo", "p99=100ms", "--quick", "--json")
     closed = _json(invoke(*args, "--mode", "closed"))
     _skip_unless_measurable(closed, 100.0)
@@ -124,7 +117,7 @@ def test_an_md1_server_over_http_is_swept_near_its_exact_capacity(
     invoke: Invoke, tmp_path: Path
 ) -> None:
     ms = 10.0
-    path = write(tmp_path, "md1.yaml", MD1_SERVER.format(port=_free_port(), ms=ms))
+    path = write(tmp_path, "md1.yaml", MD1_SERVER.format(port=free_port(), ms=ms))
     document = _json(invoke("sweep", str(path), "--slo", "p99=100ms", "--quick", "--json"))
     _skip_unless_measurable(document, 100.0)
     truth = md1_capacity(ms / 1000, 0.1)  # 77.35/s
