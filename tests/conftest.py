@@ -58,6 +58,15 @@ def synthetic_chain(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pat
 
 
 @pytest.fixture
+def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The test's folder as the working directory, its python files importable (a python
+    target's factory module is written there). A module may define its own `folder`."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'optlab.db'}"
 

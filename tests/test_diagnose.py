@@ -124,13 +124,6 @@ def diagnosed(invoke: Invoke, *args: str) -> dict[str, Any]:
     return document
 
 
-@pytest.fixture
-def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return tmp_path
-
-
 @pytest.mark.slow
 def test_a_pure_python_stage_is_gil_bound_and_a_lock_is_serialised(
     invoke: Invoke, folder: Path, sqlite_url: str

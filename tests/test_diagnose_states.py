@@ -20,13 +20,6 @@ from tests.conftest import write
 from tests.test_diagnose import Invoke, diagnosed, experiment, run
 
 
-@pytest.fixture
-def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return tmp_path
-
-
 @pytest.mark.slow
 def test_failed_killed_and_abandoned_runs_without_requests_are_no_data(
     synth: Path, invoke: Invoke, sqlite_url: str, tmp_path: Path, folder: Path

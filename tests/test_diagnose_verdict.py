@@ -453,13 +453,6 @@ def test_no_data_and_unevaluated_core_rules_are_never_healthy() -> None:
     assert not d.findings and d.state == "undecided" and "load-generator" in d.undecided
 
 
-@pytest.fixture
-def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return tmp_path
-
-
 @pytest.mark.slow
 def test_a_real_saturated_open_loop_run_is_the_targets(invoke: Any, folder: Path) -> None:
     from tests.test_diagnose import diagnosed, experiment, run
