@@ -72,3 +72,20 @@ print(json.dumps([before, after, model.__name__]))
     before, after, model = json.loads(done.stdout.strip().splitlines()[-1])
     assert before == []
     assert "optlab.reference.synthetic" in after and model == "SyntheticKnobs"
+
+
+def test_a_module_of_the_same_name_from_another_folder_is_not_reused(tmp_path: Path) -> None:
+    # Two experiments' folders each with their own `twin_target.py`, used in one process (a
+    # notebook, the CLI's tests): the second folder's code is hashed and built, not the first's.
+    from optlab.targets.references import import_reference, module_origin
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    for folder, answer in ((first, 1), (second, 2)):
+        folder.mkdir()
+        (folder / "twin_target.py").write_text(f"def build(knobs):\n    return {answer}\n")
+    try:
+        assert import_reference("twin_target:build", [first], "target.factory")({}) == 1
+        assert module_origin("twin_target", [second]) == second / "twin_target.py"
+        assert import_reference("twin_target:build", [second], "target.factory")({}) == 2
+    finally:
+        sys.modules.pop("twin_target", None)

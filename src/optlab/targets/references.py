@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import importlib.util
+import importlib.machinery
 import pkgutil
 import sys
 from collections.abc import Iterator, Sequence
@@ -30,10 +30,34 @@ def search_path(paths: Sequence[Path]) -> Iterator[None]:
                 sys.path.remove(entry)
 
 
+def _fresh_spec(top: str, paths: Sequence[Path]) -> importlib.machinery.ModuleSpec | None:
+    """Where `top` would be imported from now, `paths` first, whatever sys.modules holds."""
+    try:
+        return importlib.machinery.PathFinder.find_spec(top, [str(p) for p in paths] + sys.path)
+    except (ImportError, ValueError):
+        return None
+
+
+def _forget_stale(module_name: str, paths: Sequence[Path]) -> None:
+    """Drop a module imported earlier in this process from another file than the one
+    `paths` now lead to (two experiments' folders each with a `target.py`, a notebook
+    measuring one then the other): importing would hand back the first folder's code."""
+    top = module_name.split(".")[0]
+    loaded = sys.modules.get(top)
+    if loaded is None or getattr(loaded, "__file__", None) is None:
+        return
+    spec = _fresh_spec(top, paths)
+    if spec is None or spec.origin is None or spec.origin == loaded.__file__:
+        return
+    for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
+        del sys.modules[name]
+
+
 def import_reference(reference: str, paths: Sequence[Path], what: str) -> Any:
     """Import `module:attr` with `paths` searched first. `what` names the field for errors."""
     module_name, _, attribute = reference.partition(":")
     with search_path(paths):
+        _forget_stale(module_name, paths)
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -107,11 +131,9 @@ def import_knob_model(reference: str, paths: Sequence[Path]) -> type[BaseModel]:
 def module_origin(module_name: str, paths: Sequence[Path]) -> Path | None:
     """Where a module's source lives, without executing it (for hashing the code identity)."""
     top = module_name.split(".")[0]
-    with search_path(paths):
-        try:
-            spec = importlib.util.find_spec(top)
-        except (ImportError, ValueError):
-            return None
+    # Not importlib.util.find_spec: it answers from sys.modules, which may hold a module of
+    # the same name imported earlier from another folder.
+    spec = _fresh_spec(top, paths)
     if spec is None or spec.origin in (None, "built-in", "frozen"):
         return None
     origin = Path(spec.origin)
