@@ -124,11 +124,11 @@ def test_sweep_accuracy_smoke() -> None:
     lines = done.stdout.splitlines()
     for pattern in (
         r"^M/M/2 +truth +[\d.]+/s",
-        r"^  ours +within \+-5% +\d+/\d+ +>5% above +\d+ +worst +[-+][\d.]+% +covers +\d+/\d+ "
-        r"+measured +[\d.]+ s",
+        r"^  ours +within \+-5% +\d+/\d+ +\+-10% +\d+/\d+ +>5% above +\d+ +worst +[-+][\d.]+% "
+        r"+covers +\d+/\d+ +measured +[\d.]+ s",
         r"^  reference +within \+-5% +\d+/\d+ .*measured +[\d.]+ s",
         r"^  measured seconds ours/reference [\d.]+",
-        r"^M/D/2 capacity within \+-5% in >= \d+/\d+: \d+/\d+ .*" + VERDICT,
+        r"^M/D/2 capacity within \+-10% in >= \d+/\d+: \d+/\d+ .*" + VERDICT,
         r"^M/D/2 measured seconds <= 50% of the reference's: ratio [\d.]+ " + VERDICT,
     ):
         assert any(re.search(pattern, line) for line in lines), (

@@ -234,7 +234,7 @@ def test_the_reference_baseline_writes_the_preprocess_step_once(
     assert "parent: cpu-baseline" in text and "preprocess: numpy-pooled" in text
     assert "hypothesis: " in text and "diagnosis " in text
     # Measured as its parent was: the quick protocol of 8 s after 0.5 s.
-    assert f"optlab run {step} --quick --duration 8 --warmup 0.5`" in wrote.stderr
+    assert f"optlab run {step} --quick --duration 8 --warmup 0.5`" in wrote.stdout
     diff = invoke("diff", str(step))
     assert diff.exit_code == 0, diff.output
     assert "changes 1 variable against cpu-baseline" in diff.output

@@ -423,9 +423,12 @@ def test_service_metrics_and_accuracy_urls_are_the_targets_hooks(
     assert summary["valid"] is False
     assert any("accuracy" in r and "2.5" in r for r in summary["reasons"])  # type: ignore[union-attr]
     # Reset when the measured phase started: the service counted the measured requests only
-    # (and those still in flight at its end), not the warmup's.
+    # (and those in flight at either end, and what the clients sent in the moment between
+    # the phase's end and their stop, which a busy machine stretches), not the warmup's: its
+    # 0.5 s beside the 2 s measured would add ~25%.
     served = summary["target"]["requests"]  # type: ignore[index]
-    assert summary["requests"] <= served <= int(summary["requests"]) + 8  # type: ignore[operator]
+    measured = int(summary["requests"])  # type: ignore[call-overload]
+    assert measured <= served <= measured * 1.05 + 8
 
 
 def test_port_in_use_is_a_clear_error(tmp_path: Path, invoke: Invoke, toy: int) -> None:

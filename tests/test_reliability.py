@@ -796,7 +796,11 @@ def test_an_unstable_run_under_a_cpu_burning_neighbour_names_the_neighbour(
             burner.kill()
             burner.wait()
     summary = _strict_json(stdout.strip().splitlines()[-1])
-    (unstable,) = [r for r in summary["reasons"] if r.startswith("unstable")]  # type: ignore[union-attr]
-    assert "other processes used" in unstable and "in the second half" in unstable
-    assert any(f"pid {burner.pid}" in unstable for burner in burners), unstable
-    assert "--paired or --repeats" in unstable
+    # The halves are judged against their own seconds' noise: 4 s a half may be too few to
+    # call the drift unstable, but whichever way it is judged, its line names the burners.
+    said = [*summary["reasons"], *summary["notes"]]  # type: ignore[misc]
+    (drift,) = [s for s in said if "in the first half vs" in s]
+    assert "other processes used" in drift and "in the second half" in drift, drift
+    assert any(f"pid {burner.pid}" in drift for burner in burners), drift
+    if drift.startswith("unstable"):
+        assert "--paired or --repeats" in drift

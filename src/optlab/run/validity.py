@@ -140,11 +140,13 @@ def _stability(facts: RunFacts, reasons: list[str], notes: list[str]) -> None:
     elif test is None:
         notes.append(
             f"{apart}): too few seconds to tell a drift from the seconds' own noise; "
-            "stability not judged"
+            "stability not judged" + _taken_away(facts.load)
         )
         return
     elif not test.significant:
-        notes.append(f"{apart}, {test.describe()}): within the noise, not a drift")
+        notes.append(
+            f"{apart}, {test.describe()}): within the noise, not a drift" + _taken_away(facts.load)
+        )
         return
     else:
         why = f", {test.describe()}"
