@@ -26,6 +26,7 @@ from typing import Any, NoReturn
 
 import yaml
 
+from optlab.config.regular import file_kind, open_regular
 from optlab.errors import ConfigError
 
 KeyPath = tuple[str | int, ...]
@@ -208,12 +209,6 @@ def parse_yaml(text: str, path: Path) -> SourceFile:
     return SourceFile(path=path, data=data, sha256=digest, lines=lines)
 
 
-_FILE_KINDS = {
-    stat.S_IFIFO: "a FIFO (named pipe)",
-    stat.S_IFCHR: "a character device",
-    stat.S_IFBLK: "a block device",
-    stat.S_IFSOCK: "a socket",
-}
 _PATH_HINT = "pass the path of an experiment YAML file, e.g. experiments/baseline.yaml"
 
 
@@ -241,40 +236,28 @@ def read_bytes(path: Path) -> bytes:
     """The bytes of an experiment file, after checking (with stat, before opening: opening a
     FIFO blocks) that it is a regular file of at most MAX_FILE_BYTES."""
     try:
-        info = os.stat(path)  # follows symlinks: the target is what must be a regular file
-    except OSError as exc:
-        raise _stat_error(path, exc) from exc
+        with open_regular(path, _check_regular, _stat_error) as handle:
+            try:
+                data = handle.read(MAX_FILE_BYTES + 1)  # never more, whatever stat said
+            except OSError as exc:
+                raise ConfigError(
+                    f"{path}: cannot be read: {exc.strerror}", hint="check the file and its disk"
+                ) from exc
     except ValueError as exc:  # a NUL byte in the path
         raise ConfigError(f"{path!s}: not a valid path ({exc})", hint=_PATH_HINT) from exc
-    if stat.S_ISDIR(info.st_mode):
-        raise ConfigError(
-            f"{path}: is a folder, not an experiment file",
-            hint=f"name one file inside it, e.g. {path / 'baseline.yaml'}",
-        )
-    _check_regular(path, info)
-    # O_NONBLOCK: had the file been swapped for a FIFO since the stat, open must not block;
-    # fstat below then refuses it.
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        raise _stat_error(path, exc) from exc
-    with os.fdopen(fd, "rb") as handle:
-        _check_regular(path, os.fstat(handle.fileno()))
-        try:
-            data = handle.read(MAX_FILE_BYTES + 1)  # never more, whatever stat said
-        except OSError as exc:
-            raise ConfigError(
-                f"{path}: cannot be read: {exc.strerror}", hint="check the file and its disk"
-            ) from exc
     if len(data) > MAX_FILE_BYTES:
         _too_large(path, len(data), exact=False)
     return data
 
 
 def _check_regular(path: Path, info: os.stat_result) -> None:
+    if stat.S_ISDIR(info.st_mode):
+        raise ConfigError(
+            f"{path}: is a folder, not an experiment file",
+            hint=f"name one file inside it, e.g. {path / 'baseline.yaml'}",
+        )
     if not stat.S_ISREG(info.st_mode):
-        kind = _FILE_KINDS.get(stat.S_IFMT(info.st_mode), "not a regular file")
+        kind = file_kind(info)
         raise ConfigError(
             f"{path}: is {kind}, not an experiment file",
             hint="pass a regular YAML file (a link to one is fine), e.g. experiments/baseline.yaml",

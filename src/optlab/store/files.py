@@ -14,26 +14,13 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import BinaryIO
 
+from optlab.config import regular
+from optlab.config.regular import file_kind
 from optlab.errors import NotFoundError, OptlabError, StoreError
-
-KINDS = {
-    stat.S_IFIFO: "a FIFO (named pipe)",
-    stat.S_IFCHR: "a character device",
-    stat.S_IFBLK: "a block device",
-    stat.S_IFSOCK: "a socket",
-    stat.S_IFDIR: "a folder",
-    stat.S_IFLNK: "a symlink",
-}
-
-
-def kind_of(info: os.stat_result) -> str:
-    """What a stat result is, in words ("a FIFO (named pipe)")."""
-    return KINDS.get(stat.S_IFMT(info.st_mode), "not a regular file")
 
 
 def _unreadable(path: Path, exc: OSError) -> OptlabError:
@@ -55,31 +42,16 @@ def _unreadable(path: Path, exc: OSError) -> OptlabError:
 def _check_regular(path: Path, info: os.stat_result, what: str) -> None:
     if not stat.S_ISREG(info.st_mode):
         raise StoreError(
-            f"{path}: is {kind_of(info)}, not {what}; optlab reads only regular files",
+            f"{path}: is {file_kind(info)}, not {what}; optlab reads only regular files",
             hint=f"give the path of {what} (a regular file)",
         )
 
 
-@contextmanager
-def open_regular(path: Path, what: str) -> Iterator[BinaryIO]:
+def open_regular(path: Path, what: str) -> AbstractContextManager[BinaryIO]:
     """`path` opened for reading in binary, refused (StoreError, NotFoundError) unless it is a
     regular file, a symlink to one included. `what` names the file in messages ("a run
     bundle"). The caller bounds how much it reads."""
-    try:
-        info = os.stat(path)  # follows symlinks: the target is what must be a regular file
-    except OSError as exc:
-        raise _unreadable(path, exc) from exc
-    _check_regular(path, info, what)
-    # O_NONBLOCK: had the file been swapped for a FIFO since the stat, open must not block;
-    # the fstat below then refuses it.
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        raise _unreadable(path, exc) from exc
-    with os.fdopen(fd, "rb") as handle:
-        _check_regular(path, os.fstat(fd), what)
-        yield handle
+    return regular.open_regular(path, lambda p, info: _check_regular(p, info, what), _unreadable)
 
 
 def lstat_kind(path: Path) -> str | None:
@@ -90,7 +62,7 @@ def lstat_kind(path: Path) -> str | None:
         return None
     except OSError as exc:
         return f"unreadable ({exc.strerror or exc})"
-    return None if stat.S_ISREG(info.st_mode) else kind_of(info)
+    return None if stat.S_ISREG(info.st_mode) else file_kind(info)
 
 
 def _write_error(path: Path, exc: OSError) -> StoreError:
@@ -145,7 +117,7 @@ def refuse_unsafe_target(path: Path, what: str) -> None:
         )
     if not stat.S_ISREG(info.st_mode):
         raise StoreError(
-            f"{path} is {kind_of(info)}, not a regular file; optlab writes {what} only to a "
+            f"{path} is {file_kind(info)}, not a regular file; optlab writes {what} only to a "
             "new or a regular file, never in place of anything else",
             hint="choose another path (a file name in an existing folder)",
         )
