@@ -218,3 +218,17 @@ def test_parse_slo_refuses_with_the_accepted_forms(text: str) -> None:
     with pytest.raises(OptlabError) as raised:
         parse_slo(text)
     assert "p99=60ms" in str(raised.value.hint)
+
+
+def test_a_wide_interval_says_how_to_narrow_it() -> None:
+    """One server's gentle latency curve leaves quick sweeps with wide intervals; the result
+    says so and names the lever (longer levels), and a narrow interval gets no such note."""
+    noted = 0
+    for seed in range(6):
+        result, _ = sweep(_open(), servers=1, seed=seed)
+        assert result.capacity_qps is not None and result.interval is not None
+        spread = (result.interval[1] - result.interval[0]) / 2 / result.capacity_qps
+        has_note = any("--level-duration" in note for note in result.notes)
+        assert has_note == (spread > 0.15), (seed, result.interval, result.notes)
+        noted += has_note
+    assert noted >= 1  # M/M/1 at quick levels: +-20-50% intervals are common
