@@ -238,7 +238,7 @@ def code_id() -> str:
     return source_hashes(
         "load/generator.py",
         "load/counters.py",
-        "load/schedules.py",
+        "config/modes/open.py",
         "load/timerslack.py",
         "metrics/log.py",
         "metrics/windows.py",

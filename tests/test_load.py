@@ -18,15 +18,11 @@ import numpy as np
 import pytest
 
 from optlab.config.models import ClosedLoad, OpenLoad, ReplayLoad
+from optlab.config.modes.open import constant_offsets, poisson_offsets
+from optlab.config.modes.replay import read_trace, replay_offsets
 from optlab.errors import ConfigError
 from optlab.load.base import StopReport
 from optlab.load.generator import ThreadLoadGenerator
-from optlab.load.schedules import (
-    constant_offsets,
-    poisson_offsets,
-    read_trace,
-    replay_offsets,
-)
 from optlab.load.timerslack import Alarm
 from optlab.metrics.log import Collector
 from optlab.metrics.stages import CURRENT, RequestTiming

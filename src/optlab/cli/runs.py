@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from optlab.cli.common import EXPERIMENT_PATH, experiment_store, open_store, silence_stdout
+from optlab.config.modes import MODES
 from optlab.reports.format import percent
 
 if TYPE_CHECKING:
@@ -112,7 +113,8 @@ def render_summary(outcome: RunOutcome) -> str:
         lines.append(f"  note: {note}")
     lines.append(f"  {'stage':<14}{'P50':>9}{'P95':>9}{'P99':>9}{'P99.9':>9}{'max':>9}  ms")
     series = dict(s.latency_ms)
-    if s.load != "closed":  # a closed loop sends when the last reply arrives: no lag to show
+    mode = MODES.get(s.load)
+    if mode is None or mode.open_loop:  # a closed loop sends on replies: no send lag to show
         series |= s.harness_ms
     for stage, stats in series.items():
         figures = (stats.p50, stats.p95, stats.p99, stats.p999, stats.max)

@@ -1,1 +1,2 @@
-"""Experiment files: pydantic models, loading, the knob models, limits and merging."""
+"""Experiment files: pydantic models, the load modes, loading, the knob models, limits and
+merging."""

@@ -16,7 +16,8 @@ import os
 import resource
 from pathlib import Path
 
-from optlab.config.models import ClosedLoad, OpenLoad, ReplayLoad, Workload
+from optlab.config.models import Workload
+from optlab.config.modes import MAX_PROCESSES, mode_of
 from optlab.config.source import SourceFile
 from optlab.errors import ConfigError
 
@@ -28,12 +29,10 @@ MAX_IN_FLIGHT_ASYNC = 10_000
 # Twice the highest rate one generator process reached on the reference machine (48,000/s,
 # benchmarks/README.md, harness_overhead): further beyond it only the generator is measured.
 MAX_RATE_PER_PROCESS = 100_000
-MAX_PROCESSES = 64  # models._LoadCommon.processes
 # Threads and file descriptors optlab itself needs beside the generator's (collector, resource
 # sampler, engine threads; the database, logs, the target's own files).
 THREAD_MARGIN = 64
 FD_MARGIN = 256
-REPLAY_IN_FLIGHT = 512  # load.generator.REPLAY_MAX_IN_FLIGHT (not imported: it loads threads)
 
 
 def _read_int(path: str) -> int | None:
@@ -92,21 +91,14 @@ def thread_headroom() -> tuple[int, str] | None:
     return max(0, room - THREAD_MARGIN), why
 
 
-def _in_flight(load: ClosedLoad | OpenLoad | ReplayLoad, per_process: bool) -> tuple[int, str]:
-    """Requests in flight at once and the field that sets it."""
-    if isinstance(load, ClosedLoad):
-        clients = math.ceil(load.concurrency / load.processes) if per_process else load.concurrency
-        return clients, "concurrency"
-    if isinstance(load, OpenLoad):
-        return load.max_in_flight, "max_in_flight"
-    return REPLAY_IN_FLIGHT, "mode"
-
-
 def check_load(workload: Workload, source: SourceFile, *, threaded: bool, kind: str) -> None:
     """Refuse a load this machine cannot start, naming the file, line, field and allowed range.
     `threaded`: the target runs inside optlab's process (builtin, python)."""
     load = workload.load
-    count, name = _in_flight(load, per_process=not threaded)
+    mode = mode_of(load)
+    # Threads serve every request in flight in this process; coroutines, one process's share.
+    count = mode.in_flight_limit(load) if threaded else mode.in_flight_per_process(load)
+    name = mode.in_flight_field(load)
     where = source.where(("workload", "load", name))
     field = f"workload.load.{name}"
     if threaded:
@@ -145,23 +137,27 @@ def check_load(workload: Workload, source: SourceFile, *, threaded: bool, kind: 
                     else ""
                 ),
             )
-    if isinstance(load, OpenLoad):
-        _check_rate(load, source, threaded=threaded, kind=kind)
+    peak = mode.peak_rate(load)
+    if peak is not None:
+        rate, rate_field = peak
+        _check_rate(rate, rate_field, load.processes, source, threaded=threaded, kind=kind)
 
 
-def _check_rate(load: OpenLoad, source: SourceFile, *, threaded: bool, kind: str) -> None:
-    processes = 1 if threaded else load.processes
+def _check_rate(
+    rate: float, name: str, processes: int, source: SourceFile, *, threaded: bool, kind: str
+) -> None:
+    processes = 1 if threaded else processes
     cap = MAX_RATE_PER_PROCESS * processes
-    if load.rate <= cap:
+    if rate <= cap:
         return
-    where = source.where(("workload", "load", "rate"))
+    where = source.where(("workload", "load", name))
     head = (
-        f"{where}: workload.load.rate: {load.rate:,.0f} requests/s is more than a Python load "
+        f"{where}: workload.load.{name}: {rate:,.0f} requests/s is more than a Python load "
         f"generator can schedule: at most {MAX_RATE_PER_PROCESS:,} per process, so "
         f"{processes} process{'es' if processes > 1 else ''} allow{'s' if processes == 1 else ''} "
         f"a rate above 0 up to {cap:,}"
     )
-    needed = math.ceil(load.rate / MAX_RATE_PER_PROCESS)
+    needed = math.ceil(rate / MAX_RATE_PER_PROCESS)
     if threaded:
         hint = (
             f"lower the rate to at most {cap:,}; a {kind} target runs inside optlab's process, "

@@ -14,6 +14,16 @@ from pydantic import (
 
 from optlab.config.knobs import StrictModel
 
+# The load modes' models live with their modes (config/modes/); these names stay importable
+# from here, where the rest of the file's schema is.
+from optlab.config.modes import MAX_CONCURRENCY as MAX_CONCURRENCY
+from optlab.config.modes import MAX_RATE as MAX_RATE
+from optlab.config.modes import ClosedLoad as ClosedLoad
+from optlab.config.modes import Load as Load
+from optlab.config.modes import OpenLoad as OpenLoad
+from optlab.config.modes import ReplayLoad as ReplayLoad
+from optlab.config.modes import mode_of
+
 # module.path:attribute, as in entry points.
 REFERENCE_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
@@ -127,67 +137,10 @@ Target = Annotated[
 ]
 
 
-class _LoadCommon(StrictModel):
-    processes: int = Field(
-        1,
-        ge=1,
-        le=64,
-        description="load-generator processes sharing the schedule (HTTP and command targets): "
-        "for when one Python process cannot keep it; their histograms merge losslessly",
-    )
-
-    @model_serializer(mode="wrap")
-    def _omit_one_process(self, handler: SerializerFunctionWrapHandler) -> Any:
-        # Stored configs from before `processes` existed must keep their hash: one process,
-        # the default, is left out of the dump.
-        data = handler(self)
-        if isinstance(data, dict) and data.get("processes") == 1:
-            del data["processes"]
-        return data
-
-
-MAX_CONCURRENCY = 4096  # closed-loop clients
-MAX_RATE = 1_000_000.0  # open-loop requests/s
-
-
-class ClosedLoad(_LoadCommon):
-    """N clients, each sending its next request as soon as the last one returns."""
-
-    mode: Literal["closed"]
-    concurrency: int = Field(ge=1, le=MAX_CONCURRENCY)
-
-
-class OpenLoad(_LoadCommon):
-    """Requests at a fixed rate whatever the service does; latency from the intended send time."""
-
-    mode: Literal["open"]
-    rate: float = Field(gt=0, le=MAX_RATE, description="requests per second")
-    arrival: Literal["constant", "poisson"] = "poisson"
-    max_in_flight: int = Field(
-        512,
-        ge=1,
-        le=100_000,
-        description="threads available to the open loop; when all are busy, requests leave "
-        "late and the generator reports that it fell behind",
-    )
-
-
-class ReplayLoad(_LoadCommon):
-    mode: Literal["replay"]
-    trace: str = Field(min_length=1, description="JSONL or CSV of send offsets and request ids")
-    time_scale: float = Field(1.0, gt=0, le=1000)
-
-
-Load = Annotated[ClosedLoad | OpenLoad | ReplayLoad, Field(discriminator="mode")]
-
-REPLAY_MAX_IN_FLIGHT = 512  # a replayed trace's requests in flight at once
-
-
 def in_flight_limit(load: ClosedLoad | OpenLoad | ReplayLoad) -> int:
-    """The most requests a load has in flight at once: its clients, or its open-loop pool."""
-    if isinstance(load, ClosedLoad):
-        return load.concurrency
-    return load.max_in_flight if isinstance(load, OpenLoad) else REPLAY_MAX_IN_FLIGHT
+    """The most requests a load has in flight at once: its clients, or its open-loop pool.
+    Its mode's answer, kept here for run/summarize.py until that asks the mode itself."""
+    return mode_of(load).in_flight_limit(load)
 
 
 class Workload(StrictModel):
@@ -252,7 +205,9 @@ class Protocol(StrictModel):
         return data
 
 
-class Slo(StrictModel):
+# The file's `slo:` section: the limits a run's verdict and the table judge it against (the
+# sweep's single percentile bound is `optlab.config.slo.Slo`).
+class SloLimits(StrictModel):
     p50_ms: float | None = Field(None, gt=0)
     p95_ms: float | None = Field(None, gt=0)
     p99_ms: float | None = Field(None, gt=0)
@@ -274,7 +229,7 @@ class ResolvedConfig(StrictModel):
     knobs: dict[str, Any]
     workload: Workload
     protocol: Protocol = Protocol()
-    slo: Slo = Slo()
+    slo: SloLimits = SloLimits()
 
 
 class _FileCommon(StrictModel):
@@ -288,7 +243,7 @@ class BaselineFile(_FileCommon):
     knobs: dict[str, Any] = Field(default_factory=dict)
     workload: Workload
     protocol: Protocol = Protocol()
-    slo: Slo = Slo()
+    slo: SloLimits = SloLimits()
 
 
 class StepFile(_FileCommon):

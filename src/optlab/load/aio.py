@@ -28,10 +28,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from optlab.config.models import ClosedLoad, OpenLoad, ReplayLoad, in_flight_limit
+from optlab.config.modes import ClosedLoad, IndexedTrace, OpenLoad, ReplayLoad, Schedule, mode_of
 from optlab.errors import ConfigError
 from optlab.load.base import LATE_NS, START_LEAD_NS, LogSource, StopReport
-from optlab.load.schedules import indexed_trace, make_schedule
 from optlab.load.timerfd import TimerFd
 from optlab.metrics.stages import RequestTiming
 
@@ -90,9 +89,8 @@ class AsyncLoadGenerator:
         self._timeout_ns = round(timeout_s * 1e9)
         self._seed = seed
         self._share = share
-        self._trace: list[tuple[int, int | None]] | None = None
-        if isinstance(load, ReplayLoad):
-            self._trace = indexed_trace(load, trace_dir, n_requests)
+        self._mode = mode_of(load)
+        self._trace: IndexedTrace | None = self._mode.indexed_trace(load, trace_dir, n_requests)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready = threading.Event()
@@ -125,7 +123,7 @@ class AsyncLoadGenerator:
 
     @property
     def open_loop(self) -> bool:
-        return not isinstance(self._load, ClosedLoad)
+        return self._mode.open_loop
 
     @property
     def t0_ns(self) -> int:
@@ -192,16 +190,19 @@ class AsyncLoadGenerator:
         try:
             self._t0 = t0_ns if t0_ns is not None else time.perf_counter_ns() + START_LEAD_NS
             self._running = True
-            load = self._load
+            load, mode = self._load, self._mode
+            # Requests in flight at most: the closed loop's clients (this process deals itself
+            # every n-th one), or the open loop's limit in each process.
+            limit = mode.in_flight_limit(load)
             workers: list[asyncio.Task[None]]
-            if isinstance(load, ClosedLoad):
+            schedule = mode.schedule(load, self._n, self._seed, self._trace)
+            if schedule is None:
                 index, count = self._share
-                clients = len(range(index, load.concurrency, count))
+                clients = len(range(index, limit, count))
                 workers = [asyncio.create_task(self._closed_worker(log)) for _ in range(clients)]
             else:
-                limit = in_flight_limit(load)
                 self._timer = TimerFd.open(asyncio.get_running_loop())
-                workers = [asyncio.create_task(self._scheduler(load, log, limit))]
+                workers = [asyncio.create_task(self._scheduler(schedule, log, limit))]
             self._ready.set()
             stopper = asyncio.create_task(self._stop_requested.wait())
             running: set[asyncio.Task[None]] = set(workers)
@@ -291,11 +292,9 @@ class AsyncLoadGenerator:
             self.completed += 1
             record(end, end - start, 0, 0, timing, error, message)
 
-    async def _scheduler(self, load: OpenLoad | ReplayLoad, log: WorkerLog, limit: int) -> None:
+    async def _scheduler(self, whole: Schedule, log: WorkerLog, limit: int) -> None:
         first, stride = self._share
-        schedule = itertools.islice(
-            make_schedule(load, self._n, self._seed, self._trace), first, None, stride
-        )
+        schedule = itertools.islice(whole, first, None, stride)
         clock, t0, tasks = time.perf_counter_ns, self._t0, self._in_flight
         slot_free = asyncio.Event()
         overdue = 0

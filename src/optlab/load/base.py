@@ -1,5 +1,6 @@
-"""What every load generator shares: the interface a run drives, the stop report, the in-flight
-limit of a load and the lateness rule.
+"""What every load generator shares: the interface a run drives, the stop report, the start
+lead and the lateness rule. What a load asks for (its schedule, its in-flight limit) is its
+mode's (`optlab.config.modes`).
 
 Three generators implement `LoadGenerator`: threads calling an in-process target
 (`optlab.load.generator`), one event loop driving a network client (`optlab.load.aio`), and
@@ -13,19 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from optlab.config.models import REPLAY_MAX_IN_FLIGHT, in_flight_limit
-
 if TYPE_CHECKING:
     from optlab.metrics.log import Collector, WorkerLog
 
 __all__ = [
     "LATE_NS",
-    "REPLAY_MAX_IN_FLIGHT",
     "START_LEAD_NS",
     "LoadGenerator",
     "LogSource",
     "StopReport",
-    "in_flight_limit",
 ]
 
 LATE_NS = 1_000_000  # a request that left more than this after its intended time was late

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optlab.config.models import ClosedLoad, OpenLoad, ReplayLoad, in_flight_limit
+from optlab.config.modes import ClosedLoad, IndexedTrace, OpenLoad, ReplayLoad, mode_of
 from optlab.errors import ConfigError
 from optlab.load.base import LATE_NS, START_LEAD_NS, StopReport
 from optlab.load.counters import (
@@ -39,7 +39,6 @@ from optlab.load.counters import (
     mark_returned,
     sweep_timeouts,
 )
-from optlab.load.schedules import indexed_trace, make_schedule
 from optlab.load.timerslack import SPIN_NS, Alarm, tighten_timer_slack
 from optlab.metrics.stages import CURRENT, RequestTiming
 
@@ -81,9 +80,10 @@ class ThreadLoadGenerator:
         self._load = load
         self._timeout_ns = round(timeout_s * 1e9)
         self._seed = seed
-        self._trace: list[tuple[int, int | None]] | None = None
-        if isinstance(load, ReplayLoad):
-            self._trace = indexed_trace(load, trace_dir, len(self._requests))
+        self._mode = mode_of(load)
+        self._trace: IndexedTrace | None = self._mode.indexed_trace(
+            load, trace_dir, len(self._requests)
+        )
         self._threads: list[threading.Thread] = []
         self._counters: list[WorkerCounters] = []
         # The open loop's roles (see _open_worker): the thread holding `seat` is the deputy;
@@ -143,7 +143,7 @@ class ThreadLoadGenerator:
 
     @property
     def open_loop(self) -> bool:
-        return not isinstance(self._load, ClosedLoad)
+        return self._mode.open_loop
 
     @property
     def t0_ns(self) -> int:
@@ -157,12 +157,13 @@ class ThreadLoadGenerator:
         if self._started:
             raise RuntimeError("a ThreadLoadGenerator can be started once")
         self._started = True
-        load = self._load
-        if isinstance(load, ClosedLoad):
-            workers, body = load.concurrency, self._closed_worker
+        load, mode = self._load, self._mode
+        # One thread per request in flight: each closed-loop client, or the open loop's pool.
+        workers = mode.in_flight_limit(load)
+        self._schedule = mode.schedule(load, len(self._requests), self._seed, self._trace)
+        if self._schedule is None:
+            body = self._closed_worker
         else:
-            self._schedule = make_schedule(load, len(self._requests), self._seed, self._trace)
-            workers = in_flight_limit(load)
             body = self._open_worker
             self._alarm = Alarm.open()
         self._stop_lock.acquire()

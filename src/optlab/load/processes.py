@@ -26,7 +26,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from optlab.config.models import ClosedLoad, OpenLoad, ReplayLoad
+from optlab.config.modes import ClosedLoad, OpenLoad, ReplayLoad, mode_of
 from optlab.load.aio import AsyncClient, AsyncLoadGenerator
 from optlab.load.base import StopReport
 from optlab.metrics.log import InboxLog, WorkerLog
@@ -149,7 +149,7 @@ class ProcessLoadGenerator:
             _Job(recipe, load, i, processes, timeout_s, seed, trace_dir, classify, parent_death)
             for i in range(processes)
         ]
-        self._open_loop = not isinstance(load, ClosedLoad)
+        self._open_loop = mode_of(load).open_loop
         self._workers: list[_Worker] = []
         self._failure: BaseException | None = None
         self._report: StopReport | None = None

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from optlab.chain.lineage import Link
-from optlab.config.models import OpenLoad, ResolvedConfig
+from optlab.config.models import ResolvedConfig
+from optlab.config.modes import mode_of
 from optlab.config.protocol import EffectiveProtocol
 from optlab.errors import OptlabError
 from optlab.load.base import LoadGenerator, StopReport
@@ -139,8 +140,10 @@ class _Run:
         self.hooks = TargetHooks(link.name, self.secrets, progress)
         self.loop.profile = options.profile
         load = config.workload.load
-        if options.stop_when_saturated and isinstance(load, OpenLoad):
-            rate, limit = load.rate, load.max_in_flight
+        mode = mode_of(load)
+        offered = mode.offered_qps(load)
+        if options.stop_when_saturated and offered is not None:
+            rate, limit = offered, mode.in_flight_limit(load)
             self.loop.early_stop = lambda: plainly_saturated(self._in_flight_now(), rate, limit)
 
     def execute(

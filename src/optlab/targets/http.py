@@ -23,8 +23,8 @@ from optlab.config.models import (
     HttpInputs,
     HttpTarget,
     Workload,
-    in_flight_limit,
 )
+from optlab.config.modes import mode_of
 from optlab.errors import ConfigError, TargetError
 from optlab.targets.http_client import HttpClient
 from optlab.targets.http_wire import MESSAGE_CHARS, Body, HttpError, HttpSpec
@@ -60,7 +60,7 @@ def http_spec(
         ok_status=tuple(target.ok_status) if target.ok_status is not None else None,
         connect_timeout_s=target.connect_timeout_ms / 1000,
         timeout_s=workload.timeout_ms / 1000,
-        connections=in_flight_limit(workload.load),
+        connections=mode_of(workload.load).in_flight_limit(workload.load),
     )
 
 

@@ -1,9 +1,5 @@
-"""When each request is meant to leave: INTENDED send offsets in ns from the start of the load.
-
-Pure functions, so a schedule can be tested without threads or clocks. The generator measures
-open-loop latency from these intended times (wrk2's correction for coordinated omission), which
-is why they are computed up front rather than derived from when the previous request went out.
-"""
+"""Replay: the sends of a recorded trace (JSONL or CSV of offsets and request ids), looped for
+as long as the measurement lasts, latency measured from each intended send like the open loop."""
 
 from __future__ import annotations
 
@@ -14,30 +10,24 @@ import math
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import Literal, TypeVar
 
-import numpy as np
+from pydantic import Field
 
-from optlab.config.models import ReplayLoad
+from optlab.config.modes.base import NS_PER_S, IndexedTrace, LoadCommon, LoadMode, Schedule
 from optlab.errors import ConfigError
 
-if TYPE_CHECKING:
-    from optlab.config.models import OpenLoad, ReplayLoad
-
 __all__ = [
+    "REPLAY_MAX_IN_FLIGHT",
+    "Replay",
+    "ReplayLoad",
     "TraceEntry",
-    "constant_offsets",
     "indexed_trace",
-    "make_schedule",
-    "poisson_offsets",
     "read_trace",
     "replay_offsets",
 ]
 
-NS_PER_S = 1_000_000_000
-POISSON_CHUNK = 4096  # its draws depend on it: changing it changes every seed's arrivals
-# Constant offsets computed per numpy call (~20 µs here, a hiccup the leader absorbs).
-CONSTANT_CHUNK = 1024
+REPLAY_MAX_IN_FLIGHT = 512  # a replayed trace's requests in flight at once
 
 TraceEntry = tuple[int, str | None]  # (intended offset in ns, request id or None)
 T = TypeVar("T")
@@ -51,44 +41,32 @@ _TRACE_HINT = (
 )
 
 
-def constant_offsets(rate: float) -> Iterator[int]:
-    """0, 1/rate, 2/rate, ... in ns: each offset from its index, so rounding never drifts."""
-    if not rate > 0:
-        raise ValueError(f"rate must be positive, got {rate}")
-    period = NS_PER_S / rate
-
-    def chunks() -> Iterator[list[int]]:
-        for first in itertools.count(0, CONSTANT_CHUNK):
-            # rint rounds half to even, as round() does, of the same float product.
-            yield (
-                np.rint(np.arange(first, first + CONSTANT_CHUNK) * period).astype(np.int64).tolist()
-            )
-
-    # Offsets are taken from each chunk's list in C, a Python frame resumed per chunk only: the
-    # open loop's leader draws one per request.
-    return itertools.chain.from_iterable(chunks())
+class ReplayLoad(LoadCommon):
+    mode: Literal["replay"]
+    trace: str = Field(min_length=1, description="JSONL or CSV of send offsets and request ids")
+    time_scale: float = Field(1.0, gt=0, le=1000)
 
 
-def poisson_offsets(rate: float, seed: int) -> Iterator[int]:
-    """Arrivals of a Poisson process: exponential gaps with mean 1/rate, reproducible by seed.
+class Replay(LoadMode[ReplayLoad]):
+    name = "replay"
+    model = ReplayLoad
+    open_loop = True
 
-    Gaps are drawn in chunks (one numpy call per POISSON_CHUNK arrivals) and accumulated in
-    float ns, then rounded per arrival, so long runs do not accumulate rounding error.
-    """
-    if not rate > 0:
-        raise ValueError(f"rate must be positive, got {rate}")
-    rng = np.random.default_rng(seed)
-    scale = NS_PER_S / rate
+    def in_flight_limit(self, load: ReplayLoad) -> int:
+        return REPLAY_MAX_IN_FLIGHT
 
-    def chunks() -> Iterator[list[int]]:
-        last = 0.0
-        while True:
-            times = np.cumsum(rng.exponential(scale, POISSON_CHUNK)) + last
-            last = float(times[-1])
-            # tolist() turns the chunk into Python ints once, not one numpy scalar per arrival.
-            yield np.rint(times).astype(np.int64).tolist()
+    def in_flight_field(self, load: ReplayLoad) -> str:
+        return "mode"  # no field sets it: a refusal points at the mode
 
-    return itertools.chain.from_iterable(chunks())
+    def indexed_trace(
+        self, load: ReplayLoad, trace_dir: Path | None, n: int
+    ) -> list[tuple[int, int | None]]:
+        return indexed_trace(load, trace_dir, n)
+
+    def schedule(self, load: ReplayLoad, n: int, seed: int, trace: IndexedTrace | None) -> Schedule:
+        if trace is None:
+            raise ValueError("a replay schedule needs its trace")
+        return _replay_schedule(trace, n)
 
 
 def replay_offsets(entries: Sequence[tuple[int, T]]) -> Iterator[tuple[int, T]]:
@@ -238,29 +216,7 @@ def indexed_trace(load: ReplayLoad, trace_dir: Path | None, n: int) -> list[tupl
     return trace
 
 
-def make_schedule(
-    load: OpenLoad | ReplayLoad,
-    n: int,
-    seed: int,
-    trace: Sequence[tuple[int, int | None]] | None = None,
-) -> Iterator[tuple[int, int]]:
-    """(intended offset ns, request index) pairs of an open or replayed load, endless.
-
-    Every generator process of a run builds the same schedule and takes its share by stride,
-    so the merged run sends exactly what one process would have sent.
-    """
-    if isinstance(load, ReplayLoad):
-        if trace is None:
-            raise ValueError("a replay schedule needs its trace")
-        return _replay_schedule(trace, n)
-    if load.arrival == "constant":
-        offsets = constant_offsets(load.rate)
-    else:
-        offsets = poisson_offsets(load.rate, seed)
-    return zip(offsets, itertools.cycle(range(n)), strict=False)
-
-
-def _replay_schedule(trace: Sequence[tuple[int, int | None]], n: int) -> Iterator[tuple[int, int]]:
+def _replay_schedule(trace: IndexedTrace, n: int) -> Schedule:
     round_robin = itertools.cycle(range(n))
     for offset, index in replay_offsets(trace):
         yield offset, next(round_robin) if index is None else index

@@ -1,0 +1,128 @@
+"""What every load mode is: its part of the experiment file (`workload.load`,
+docs/experiment-files.md) and one class that answers what the rest of optlab asks of a load.
+
+A mode's class is stateless and holds no machine: its answers are pure functions of the load
+model (numbers, the schedule of intended sends, the trace file it names), so they are tested
+without threads or clocks. The generators, the run's summary, the machine limits
+(`config.limits`) and the sweep ask the mode (`optlab.config.modes.mode_of`) instead of
+switching on the model's class.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Generic, TypeVar
+
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
+
+from optlab.config.knobs import StrictModel
+
+__all__ = [
+    "MAX_CONCURRENCY",
+    "MAX_PROCESSES",
+    "MAX_RATE",
+    "NS_PER_S",
+    "IndexedTrace",
+    "LoadCommon",
+    "LoadMode",
+    "Schedule",
+]
+
+MAX_CONCURRENCY = 4096  # closed-loop clients
+MAX_RATE = 1_000_000.0  # open-loop requests/s
+MAX_PROCESSES = 64  # load-generator processes
+NS_PER_S = 1_000_000_000
+
+# (intended offset in ns from the load's time zero, request index), endless.
+Schedule = Iterator[tuple[int, int]]
+# A trace's (offset ns, request index or None: the next one round robin) pairs.
+IndexedTrace = Sequence[tuple[int, int | None]]
+
+
+class LoadCommon(StrictModel):
+    processes: int = Field(
+        1,
+        ge=1,
+        le=MAX_PROCESSES,
+        description="load-generator processes sharing the schedule (HTTP and command targets): "
+        "for when one Python process cannot keep it; their histograms merge losslessly",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_one_process(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Stored configs from before `processes` existed must keep their hash: one process,
+        # the default, is left out of the dump.
+        data = handler(self)
+        if isinstance(data, dict) and data.get("processes") == 1:
+            del data["processes"]
+        return data
+
+
+M = TypeVar("M", bound=LoadCommon)
+
+
+class LoadMode(ABC, Generic[M]):
+    """One `workload.load.mode`: its model and everything optlab asks of a load of it.
+
+    Adding a mode is one module in this package (its model and its `LoadMode`) and its entry in
+    the registry, `optlab.config.modes` (README, "Layout").
+    """
+
+    name: ClassVar[str]  # the `mode:` value in the file
+    model: ClassVar[type[LoadCommon]]
+    # Sends on a schedule of intended times whatever the target does, so latency is measured
+    # from the intended send (no coordinated omission) and send lag is judged; False: the
+    # next send waits for a reply.
+    open_loop: ClassVar[bool]
+
+    @abstractmethod
+    def in_flight_limit(self, load: M) -> int:
+        """The most requests in flight at once: the clients, or one process's sending pool."""
+
+    def in_flight_per_process(self, load: M) -> int:
+        """The requests one load-generator process holds in flight at most."""
+        return self.in_flight_limit(load)
+
+    @abstractmethod
+    def in_flight_field(self, load: M) -> str:
+        """The field of `workload.load` that sets the in-flight limit (a refusal names it)."""
+
+    def peak_rate(self, load: M) -> tuple[float, str] | None:
+        """The highest rate (requests/s) the schedule asks for and the field that sets it;
+        None when the load sets no rate (`config.limits` caps it per process)."""
+        return None
+
+    def indexed_trace(self, load: M, trace_dir: Path | None, n: int) -> IndexedTrace | None:
+        """The trace the schedule replays, read once per generator (ids turned into indices
+        modulo `n`); None for a mode without one."""
+        return None
+
+    def schedule(self, load: M, n: int, seed: int, trace: IndexedTrace | None) -> Schedule | None:
+        """The intended sends, cycling through `n` requests: every generator process of a run
+        builds the same one and takes its share by stride. None: a closed loop, which sends
+        when a reply arrives."""
+        return None
+
+    def clients(self, load: M) -> int | None:
+        """The closed loop's clients; None for a load that sends on a schedule."""
+        return None
+
+    def offered_qps(self, load: M) -> float | None:
+        """The rate the measured phase is meant to receive; None where the target sets it (a
+        closed loop) or the trace does (a replay)."""
+        return None
+
+    def min_warmup_s(self, load: M) -> float:
+        """Seconds the warm-up lasts at least, for a load that reaches its rate only then."""
+        return 0.0
+
+    def at_level(self, level: float, like: LoadCommon) -> LoadCommon:
+        """A load of this mode at a sweep's `level` (clients, or requests/s), keeping what
+        carries over from the experiment's own load `like`. Only a sweep's axes have one."""
+        raise ValueError(f"a sweep does not step along {self.name} loads")
+
+    def step(self, load: M, axis: LoadMode[Any], level: float) -> LoadCommon:
+        """The experiment's `load` at a sweep level on `axis` (the closed or open mode)."""
+        return axis.at_level(level, like=load)
