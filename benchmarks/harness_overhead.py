@@ -240,6 +240,7 @@ def code_id() -> str:
         "load/counters.py",
         "config/modes/open.py",
         "load/timerslack.py",
+        "load/timerfd.py",
         "metrics/log.py",
         "metrics/windows.py",
     )

@@ -23,7 +23,7 @@ from optlab.config.modes.replay import read_trace, replay_offsets
 from optlab.errors import ConfigError
 from optlab.load.base import StopReport
 from optlab.load.generator import ThreadLoadGenerator
-from optlab.load.timerslack import Alarm
+from optlab.load.timerfd import Alarm
 from optlab.metrics.log import Collector
 from optlab.metrics.stages import CURRENT, RequestTiming
 from optlab.reference.synthetic import build, simulate_open_loop

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LATE_NS",
+    "PROCESS_START_LEAD_NS",
     "START_LEAD_NS",
     "LoadGenerator",
     "LogSource",
@@ -27,9 +28,12 @@ __all__ = [
 
 LATE_NS = 1_000_000  # a request that left more than this after its intended time was late
 LATE_FRACTION = 0.01  # more late requests than this and the generator fell behind
-# Time zero is set a little after the workers are released, so the first intended sends are
-# not already due while the workers are still waking.
-START_LEAD_NS = 2_000_000
+# Time zero is set a little after the generator is released, so the first intended sends are
+# not already due while its workers are still waking: threads or an event loop in this process
+# wake within a scheduler tick; worker processes are each told "go" over a pipe, then woken by
+# the scheduler, one after another on a busy machine.
+START_LEAD_NS = 2_000_000  # threads (load/generator.py) and one event loop (load/aio.py)
+PROCESS_START_LEAD_NS = 100_000_000  # worker processes (load/processes.py)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,8 @@ from optlab.load.counters import (
     mark_returned,
     sweep_timeouts,
 )
-from optlab.load.timerslack import SPIN_NS, Alarm, tighten_timer_slack
+from optlab.load.timerfd import Alarm
+from optlab.load.timerslack import SPIN_NS, tighten_timer_slack
 from optlab.metrics.stages import CURRENT, RequestTiming
 
 if TYPE_CHECKING:

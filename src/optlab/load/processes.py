@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from optlab.config.modes import ClosedLoad, OpenLoad, ReplayLoad, mode_of
 from optlab.load.aio import AsyncClient, AsyncLoadGenerator
-from optlab.load.base import StopReport
+from optlab.load.base import PROCESS_START_LEAD_NS, StopReport
 from optlab.metrics.log import InboxLog, WorkerLog
 
 if TYPE_CHECKING:
@@ -38,7 +38,6 @@ __all__ = ["ClientRecipe", "ProcessLoadGenerator"]
 
 SHIP_S = 0.2
 READY_TIMEOUT_S = 120.0
-START_LEAD_NS = 100_000_000  # time zero, after every worker was told to go
 
 
 class ClientRecipe(Protocol):
@@ -191,7 +190,7 @@ class ProcessLoadGenerator:
                 self._workers.append(_Worker(process, parent, inbox))
             for worker in self._workers:
                 self._expect_ready(worker)
-            self._t0 = time.perf_counter_ns() + START_LEAD_NS
+            self._t0 = time.perf_counter_ns() + PROCESS_START_LEAD_NS  # after every "go"
             for worker in self._workers:
                 worker.conn.send(("go", self._t0))
                 worker.receiver = threading.Thread(
