@@ -3,7 +3,10 @@ directly on hand-built inputs (no target, no clock, no store)."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+from pathlib import Path
 from typing import Any
 
 from optlab.config.models import ClosedLoad, OpenLoad
@@ -245,3 +248,49 @@ def test_a_network_target_gets_its_overhead_from_server_timing() -> None:
     # Without a server total, no network figure.
     plain = summarize(collected(in_process=False)).summary.evidence
     assert plain is not None and plain.network is None
+
+
+# -- `optlab run --json` byte for byte ----------------------------------------------------
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def _golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("OPTLAB_UPDATE_GOLDEN"):
+        path.write_text(text, encoding="utf-8")
+    assert text == path.read_text(encoding="utf-8"), f"{name} changed: OPTLAB_UPDATE_GOLDEN=1"
+
+
+def _run_json_cases() -> list[Collected]:
+    """Runs whose verdicts give every kind of reason the validity rules write."""
+    lagged = {TOTAL: histogram([2.0] * 1000), SEND_LAG: histogram([5.0] * 1000)}
+    return [
+        collected(),
+        # Failed, saturated, too few queries, too many errors, unstable halves.
+        collected(
+            status="FAILED",
+            error="boom\nTraceback ...",
+            load=OpenLoad(mode="open", rate=200.0),
+            in_flight=(3, 60, 60),
+            histograms={TOTAL: histogram([2.0] * 500)},
+            completed=500,
+            failed=20,
+            errors={"ConnectionError": (20, "refused")},
+            window_qps=(60.0,) * 5 + (40.0,) * 5,
+        ),
+        # The load generator fell behind its schedule.
+        collected(load=OpenLoad(mode="open", rate=100.0), histograms=lagged),
+        # Interrupted, stopped early, clients stuck in a call.
+        collected(status="KILLED", interrupted=True, measured_s=4.0, abandoned=2),
+        collected(stopped_early="saturated: the backlog rose every second", measured_s=3.0),
+    ]
+
+
+def test_run_json_is_unchanged_byte_for_byte() -> None:
+    """`optlab run --json` prints `to_json()` as below (cli/runs.py): reasons and all."""
+    lines = [
+        json.dumps(summarize(case).summary.to_json(), default=str, allow_nan=False)
+        for case in _run_json_cases()
+    ]
+    _golden("run-summary.jsonl", "\n".join(lines) + "\n")

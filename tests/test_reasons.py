@@ -1,0 +1,112 @@
+"""Reasons a run is INVALID, as `optlab log` prints them (tests/golden/log-reasons.txt)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from click.testing import Result
+
+from optlab.config.models import ClosedLoad, OpenLoad
+from optlab.config.protocol import EffectiveProtocol
+from optlab.metrics.histogram import LatencyHistogram
+from optlab.metrics.stages import SEND_LAG, TOTAL
+from optlab.run.summarize import Collected, summarize
+from optlab.store import Store
+
+GOLDEN = Path(__file__).parent / "golden"
+PROTOCOL = EffectiveProtocol(
+    name="full",
+    warmup="fixed",
+    warmup_s=30.0,
+    warmup_max_s=30.0,
+    duration_s=10.0,
+    max_error_rate=0.01,
+    stability_tolerance=0.10,
+)
+
+
+def _golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("OPTLAB_UPDATE_GOLDEN"):
+        path.write_text(text, encoding="utf-8")
+    assert text == path.read_text(encoding="utf-8"), f"{name} changed: OPTLAB_UPDATE_GOLDEN=1"
+
+
+def _histogram(values_ms: list[float]) -> LatencyHistogram:
+    h = LatencyHistogram()
+    for value in values_ms:
+        h.record_ns(round(value * 1e6))
+    return h
+
+
+def _collected(**changes: Any) -> Collected:
+    fields: dict[str, Any] = {
+        "run_id": 1,
+        "experiment": "baseline",
+        "status": "FINISHED",
+        "protocol": PROTOCOL,
+        "load": ClosedLoad(mode="closed", concurrency=4),
+        "histograms": {TOTAL: _histogram([float(i) for i in range(1, 1001)])},
+        "completed": 1000,
+        "failed": 0,
+        "measured_s": 10.0,
+        "warmup_s": 30.0,
+        "window_qps": (100.0,) * 10,
+    }
+    return Collected(**(fields | changes))
+
+
+FINALS = [
+    # Failed, saturated, too few queries, too many errors, unstable halves.
+    _collected(
+        status="FAILED",
+        error="boom\nTraceback ...",
+        load=OpenLoad(mode="open", rate=200.0),
+        in_flight=(3, 60, 60),
+        histograms={TOTAL: _histogram([2.0] * 500)},
+        completed=500,
+        failed=20,
+        errors={"ConnectionError": (20, "refused")},
+        window_qps=(60.0,) * 5 + (40.0,) * 5,
+    ),
+    # The load generator fell behind its schedule.
+    _collected(
+        load=OpenLoad(mode="open", rate=100.0),
+        histograms={TOTAL: _histogram([2.0] * 1000), SEND_LAG: _histogram([5.0] * 1000)},
+    ),
+    # Interrupted, clients stuck in a call.
+    _collected(status="KILLED", interrupted=True, measured_s=4.0, abandoned=2),
+]
+
+
+def _stored(store: Store) -> list[int]:
+    store.save_config(
+        name="baseline", kind="baseline", parent=None, description=None, hypothesis=None,
+        config={"knobs": {}}, config_hash="a" * 64, change=None, variable=None,
+        parent_config_hash=None, source_path="baseline.yaml", source_hash="b" * 64,
+    )  # fmt: skip
+    ids = []
+    for case in FINALS:
+        run_id = store.create_run(
+            experiment="baseline", protocol_name="full", protocol={"name": "full"},
+            provisional=False, environment_id=None, code_identity={}, git_commit=None,
+            git_dirty=None,
+        )  # fmt: skip
+        store.finish_run(run_id, summarize(case).final)
+        ids.append(run_id)
+    return ids
+
+
+def test_log_prints_each_reason_as_it_always_did(
+    invoke: Callable[..., Result], sqlite_url: str
+) -> None:
+    with Store.open(sqlite_url) as store:
+        _stored(store)
+    result = invoke("log", "baseline")
+    assert result.exit_code == 0, result.output
+    # The lines under each run's row, six spaces in: its reasons (and its errors by type).
+    lines = [line for line in result.output.splitlines() if line.startswith(" " * 6)]
+    _golden("log-reasons.txt", "\n".join(lines) + "\n")
