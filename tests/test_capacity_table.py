@@ -25,7 +25,7 @@ from optlab.reports.capacity import Capacity, capacity_verdict, change
 from optlab.reports.export import render_json
 from optlab.reports.table import stacked_table
 from optlab.reports.terminal import render_text
-from optlab.store import Store
+from optlab.store import Store, SweepResult
 from tests.conftest import REPO
 
 BASE, HEAD = "synthetic-baseline", "synthetic-faster-service"
@@ -68,19 +68,15 @@ def _store_sweep(
         code_identity=run.code_identity,
     )
     store.add_sweep_level(sweep_id, 0, run.id, mode, 4.0, "one client")
-    result = {
-        "capacity_qps": capacity,
-        "capacity_interval": list(interval),
-        "knee_qps": knee,
-        "knee_clients": None,
-        "limited_by": "slo",
-        "message": f"capacity {capacity:g}/s",
-        "method": "stored by the test",
-        "notes": [],
-    }
-    store.finish_sweep(
-        sweep_id, status="FINISHED", result=result, capacity_qps=capacity, measured_s=1.0
+    result = SweepResult(
+        capacity_qps=capacity,
+        capacity_interval=interval,
+        knee_qps=knee,
+        limited_by="slo",
+        message=f"capacity {capacity:g}/s",
+        method="stored by the test",
     )
+    store.finish_sweep(sweep_id, status="FINISHED", result=result, measured_s=1.0)
     return sweep_id
 
 

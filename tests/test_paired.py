@@ -15,7 +15,7 @@ from optlab.metrics.stats import (
     beyond_noise,
     compare,
 )
-from optlab.store import Store
+from optlab.store import Store, SweepResult
 
 Invoke = Callable[..., Result]
 FAST = ("--quick", "--duration", "1.5", "--warmup", "0.3")
@@ -111,11 +111,14 @@ def _store_capacities(store: Store) -> None:
             environment_id=run.environment_id,
             code_identity=run.code_identity,
         )
-        result = {"capacity_qps": capacity, "capacity_interval": list(interval),
-                  "knee_qps": None, "limited_by": "slo", "notes": []}  # fmt: skip
-        store.finish_sweep(
-            sweep_id, status="FINISHED", result=result, capacity_qps=capacity, measured_s=1.0
+        result = SweepResult(
+            capacity_qps=capacity,
+            capacity_interval=interval,
+            limited_by="slo",
+            message="stored by the test",
+            method="test",
         )
+        store.finish_sweep(sweep_id, status="FINISHED", result=result, measured_s=1.0)
 
 
 def _gate(invoke: Invoke, head: str, *args: str) -> Result:

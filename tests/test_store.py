@@ -985,7 +985,7 @@ def test_a_run_whose_process_is_alive_on_this_host_is_never_marked_crashed(store
 def test_a_sweep_and_its_levels_round_trip_and_levels_stay_out_of_run_lists(
     store: Store,
 ) -> None:
-    from optlab.store import RunFinal, SweepLevelTag
+    from optlab.store import RunFinal, SweepLevelTag, SweepResult
 
     save_baseline(store)
     ordinary = start_run(store)
@@ -1003,10 +1003,10 @@ def test_a_sweep_and_its_levels_round_trip_and_levels_stay_out_of_run_lists(
     second = start_run(store, level=SweepLevelTag(sweep_id, 1, "open", 100.0, "growth"))
     store.finish_run(first, RunFinal(status="FINISHED", valid=True))
     store.relabel_level(sweep_id, 1, "sizing")
-    result = {"capacity_qps": 75.0, "limited_by": "slo"}
-    store.finish_sweep(
-        sweep_id, status="FINISHED", result=result, capacity_qps=75.0, measured_s=12.5
+    result = SweepResult(
+        capacity_qps=75.0, limited_by="slo", message="capacity 75/s", method="by the test"
     )
+    store.finish_sweep(sweep_id, status="FINISHED", result=result, measured_s=12.5)
     # A later sweep reuses the first level.
     later = store.create_sweep(
         experiment="baseline",
@@ -1021,12 +1021,9 @@ def test_a_sweep_and_its_levels_round_trip_and_levels_stay_out_of_run_lists(
     store.add_sweep_level(later, 0, first, "open", 50.0, "growth")
 
     sweep = store.get_sweep(sweep_id)
-    assert (sweep.status, sweep.capacity_qps, sweep.result, sweep.measured_s) == (
-        "FINISHED",
-        75.0,
-        result,
-        12.5,
-    )
+    assert (sweep.status, sweep.result, sweep.measured_s) == ("FINISHED", result, 12.5)
+    assert sweep.result is not None and sweep.result.capacity_qps == 75.0
+    assert sweep.slo.key == "p99=60ms" and store.get_sweep(later).result is None
     assert [(lv.position, lv.run_id, lv.load, lv.purpose, lv.reused) for lv in sweep.levels] == [
         (0, first, 50.0, "growth", False),
         (1, second, 100.0, "sizing", False),

@@ -105,7 +105,8 @@ def test_an_slo_no_rate_meets_finishes_without_a_capacity(
     assert level["p99_ms"] >= 1 and level["meets_slo"] is False
     assert "no rate meets P99 ≤ 0.5 ms" in result.stderr  # the table of levels, on stderr
     stored = Store.open(sqlite_url).get_sweep(document["sweep_id"])
-    assert stored.status == "FINISHED" and stored.capacity_qps is None
+    assert stored.status == "FINISHED" and stored.result is not None
+    assert stored.result.capacity_qps is None
 
 
 @pytest.mark.slow  # an end-to-end sweep of real levels (2-67 s on the 2-core machine)
@@ -256,7 +257,7 @@ def test_ctrl_c_keeps_the_finished_levels_and_marks_the_sweep_killed(tmp_path: P
     (level,) = sweep.levels
     run = store.get_run(level.run_id)
     assert run.status == "KILLED" and run.requests  # the partial level is kept, as a run is
-    assert sweep.result is not None and sweep.result["capacity_qps"] is None
+    assert sweep.result is not None and sweep.result.capacity_qps is None
 
 
 @pytest.mark.slow  # an end-to-end sweep of real levels (2-67 s on the 2-core machine)

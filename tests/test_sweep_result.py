@@ -1,5 +1,5 @@
-"""What `optlab sweep --json`, its table and `optlab sweeps` print from a stored sweep, byte for
-byte (tests/golden/sweep.*)."""
+"""The sweep's result as the store holds it (`SweepResult`), and what `optlab sweep --json`,
+its table and `optlab sweeps` print from it, byte for byte (tests/golden/sweep.*)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
+from pydantic import ValidationError
+
+from optlab.config.slo import Slo
 from optlab.reports.sweep import (
     LevelRow,
     SweepView,
@@ -17,8 +21,7 @@ from optlab.reports.sweep import (
     render_sweep_markdown,
     sweep_json,
 )
-from optlab.store import SweepLevelRecord, SweepRecord
-from optlab.sweep.slo import Slo
+from optlab.store import SweepLevelRecord, SweepRecord, SweepResult
 from optlab.sweep.strategy import Level
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -48,8 +51,7 @@ def _record(result: dict[str, Any] | None, sweep_id: int = 4) -> SweepRecord:
         environment_id=None, status="FINISHED", mode="open", slo_percentile="p99", slo_ms=60.0,
         protocol={"name": "quick", "duration_s": 5.0, "provisional": True}, strategy={},
         code_identity={}, hostname="h", pid=1, started_at=NOW, finished_at=NOW,
-        capacity_qps=None if result is None else result["capacity_qps"], result=result,
-        measured_s=123.456, error_message=None,
+        result=SweepResult.from_stored(result), measured_s=123.456, error_message=None,
         levels=(SweepLevelRecord(0, 11, "closed", 1.0, "one client", False),),
     )  # fmt: skip
 
@@ -92,3 +94,26 @@ def test_sweep_json_and_tables_are_unchanged_byte_for_byte() -> None:
         render_sweep_list([found.record, _record(None, 5)]),
     ]
     _golden("sweep.txt", "\n\n".join(text) + "\n")
+
+
+def test_a_stored_result_round_trips_and_reads_its_versionless_form() -> None:
+    result = SweepResult.from_stored(RESULT)
+    assert result is not None and result.schema_version == 1
+    assert result.capacity_interval == (140.5, 160.25) and result.knee_clients == 3
+    assert SweepResult.from_stored(result.stored_form()) == result
+    assert json.loads(json.dumps(result.stored_form())) == {**RESULT, "schema_version": 1}
+    assert SweepResult.from_stored(None) is None
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"limited_by": "patience"},  # not a limit
+        {"capacity_qps": float("nan")},
+        {"colour": "red"},  # a typo is an error, never a silent no-op
+        {"schema_version": 2},  # written by a newer optlab
+    ],
+)
+def test_a_result_that_does_not_fit_is_refused(change: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        SweepResult.from_stored({**RESULT, **change})

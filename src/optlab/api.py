@@ -146,8 +146,8 @@ def sweeps(db_url: str | None = None, experiment: str | None = None) -> pd.DataF
         found = store.list_sweeps(experiment)
     rows = []
     for s in found:
-        result = s.result or {}
-        interval = result.get("capacity_interval") or (None, None)
+        result = s.result
+        interval = (result.capacity_interval if result else None) or (None, None)
         rows.append(
             {
                 "sweep_id": s.id,
@@ -155,11 +155,11 @@ def sweeps(db_url: str | None = None, experiment: str | None = None) -> pd.DataF
                 "status": s.status,
                 "mode": s.mode,
                 "slo": f"{s.slo_percentile}={s.slo_ms:g}ms",
-                "capacity_qps": s.capacity_qps,
+                "capacity_qps": result.capacity_qps if result else None,
                 "capacity_low": interval[0],
                 "capacity_high": interval[1],
-                "knee_qps": result.get("knee_qps"),
-                "limited_by": result.get("limited_by"),
+                "knee_qps": result.knee_qps if result else None,
+                "limited_by": result.limited_by if result else None,
                 "levels": len(s.levels),
                 "measured_s": s.measured_s,
                 "started_at": pd.Timestamp(s.started_at),

@@ -92,9 +92,8 @@ def _sweep_level(store: Store, ident: str) -> Subject:
             f"sweep {sweep.id} has no measured levels",
             hint="diagnose one of its experiment's runs instead (`optlab log`)",
         )
-    result = sweep.result or {}
-    knee = result.get("knee_qps")
-    if isinstance(knee, int | float):
+    knee = sweep.result.knee_qps if sweep.result else None
+    if knee is not None:
         chosen = min(achieved, key=lambda run_id: abs(achieved[run_id] - knee))
         why = f"the level at its knee ({knee:,.1f}/s)"
     else:

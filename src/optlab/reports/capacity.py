@@ -153,13 +153,11 @@ def default_slo(store: Store, names: Sequence[str]) -> Slo | None:
 
 
 def capacity_of(sweep: SweepRecord) -> Capacity:
-    result = sweep.result or {}
-    interval = result.get("capacity_interval")
-    qps = result.get("capacity_qps", sweep.capacity_qps)
+    result = sweep.result
+    if result is None:
+        return Capacity(qps=None, interval=None, knee_qps=None)
     return Capacity(
-        qps=None if qps is None else float(qps),
-        interval=(float(interval[0]), float(interval[1])) if interval else None,
-        knee_qps=None if result.get("knee_qps") is None else float(result["knee_qps"]),
+        qps=result.capacity_qps, interval=result.capacity_interval, knee_qps=result.knee_qps
     )
 
 
@@ -330,7 +328,7 @@ def _no_capacity(choice: SweepChoice) -> str:
     """Why a chosen sweep still gives no capacity, or why there is no sweep."""
     if choice.sweep is None:
         return choice.reason or "no sweep"
-    message = (choice.sweep.result or {}).get("message")
+    message = choice.sweep.result.message if choice.sweep.result else None
     return f"sweep {choice.sweep.id} found no capacity" + (f": {message}" if message else "")
 
 

@@ -134,8 +134,8 @@ def sweep_curve(store: Store, experiment: str, sweep_id: int) -> SweepCurve:
         experiment=experiment,
         sweep_id=sweep_id,
         levels=levels,
-        capacity_qps=result.get("capacity_qps"),
-        knee_qps=result.get("knee_qps"),
+        capacity_qps=result.capacity_qps if result else None,
+        knee_qps=result.knee_qps if result else None,
     )
 
 

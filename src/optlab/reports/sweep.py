@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from optlab.config.protocol import protocol_label
-from optlab.store import Store, SweepRecord
+from optlab.store import Store, SweepRecord, SweepResult
 from optlab.sweep.levels import level_of
 from optlab.sweep.slo import Slo
 from optlab.sweep.strategy import Level, Mode, Settings, judge
@@ -53,8 +53,8 @@ class SweepView:
     levels: tuple[LevelRow, ...]
 
     @property
-    def result(self) -> dict[str, Any]:
-        return self.record.result or {}
+    def result(self) -> SweepResult | None:
+        return self.record.result
 
 
 def load_sweep(store: Store, sweep_id: int) -> SweepView:
@@ -82,7 +82,7 @@ def _round(value: float | None, digits: int = 3) -> float | None:
 def sweep_json(view: SweepView) -> dict[str, Any]:
     """The `optlab sweep --json` object (docs/sweep-json.md)."""
     r, result = view.record, view.result
-    interval = result.get("capacity_interval")
+    interval = result.capacity_interval if result else None
     return {
         "schema_version": SWEEP_SCHEMA_VERSION,
         "sweep_id": r.id,
@@ -90,14 +90,14 @@ def sweep_json(view: SweepView) -> dict[str, Any]:
         "status": r.status,
         "slo": {"percentile": view.slo.percentile, "ms": view.slo.ms},
         "mode": r.mode,
-        "capacity_qps": _round(result.get("capacity_qps")),
+        "capacity_qps": _round(result.capacity_qps if result else None),
         "capacity_interval": [_round(v) for v in interval] if interval else None,
-        "knee_qps": _round(result.get("knee_qps")),
-        "knee_clients": result.get("knee_clients"),
-        "limited_by": result.get("limited_by"),
-        "message": result.get("message"),
-        "method": result.get("method"),
-        "notes": list(result.get("notes") or []),
+        "knee_qps": _round(result.knee_qps if result else None),
+        "knee_clients": result.knee_clients if result else None,
+        "limited_by": result.limited_by if result else None,
+        "message": result.message if result else None,
+        "method": result.method if result else None,
+        "notes": list(result.notes) if result else [],
         "protocol": protocol_label(r.protocol),
         "levels": [
             {
@@ -167,16 +167,16 @@ def _headline(view: SweepView) -> list[str]:
     lines = [
         f"sweep {r.id} {r.experiment}: {r.status}, {r.mode} loop, {view.slo.label}, "
         f"{protocol_label(r.protocol)}; {r.measured_s or 0:.0f} s measured",
-        str(result.get("message") or "no result"),
+        (result.message if result else None) or "no result",
     ]
-    if result.get("knee_qps") is not None:
-        clients = result.get("knee_clients")
+    if result is not None and result.knee_qps is not None:
+        clients = result.knee_clients
         lines.append(
-            f"knee at {result['knee_qps']:,.1f}/s"
+            f"knee at {result.knee_qps:,.1f}/s"
             + (f" ({clients} clients)" if clients else "")
             + " (Kneedle on latency against throughput)"
         )
-    lines.extend(f"note: {note}" for note in result.get("notes") or [])
+    lines.extend(f"note: {note}" for note in (result.notes if result else ()))
     if r.error_message:
         lines.append(f"error: {r.error_message}")
     return lines
@@ -226,17 +226,17 @@ _LIST_RIGHT = {0, 5, 8}
 
 
 def _list_row(sweep: SweepRecord) -> tuple[str, ...]:
-    result = sweep.result or {}
-    interval = result.get("capacity_interval")
+    result = sweep.result
+    interval = result.capacity_interval if result else None
     return (
         str(sweep.id),
         sweep.experiment,
         sweep.status,
         sweep.mode,
         f"{sweep.slo_percentile}={sweep.slo_ms:g}ms",
-        _qps(sweep.capacity_qps),
+        _qps(result.capacity_qps if result else None),
         f"[{interval[0]:,.1f}, {interval[1]:,.1f}]" if interval else "-",
-        str(result.get("limited_by") or "-"),
+        (result.limited_by if result else None) or "-",
         str(len(sweep.levels)),
     )
 

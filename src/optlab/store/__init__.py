@@ -35,13 +35,16 @@ from optlab.store.summary import (
     RunEvidence,
     RunSummary,
 )
+from optlab.store.sweep_result import SWEEP_RESULT_VERSION, Limit, SweepResult
 
 __all__ = [
     "SUMMARY_SCHEMA_VERSION",
+    "SWEEP_RESULT_VERSION",
     "EnvironmentRecord",
     "ExperimentRecord",
     "GpuSample",
     "LatencyStats",
+    "Limit",
     "MeanMax",
     "PairedTag",
     "ParentStep",
@@ -60,6 +63,7 @@ __all__ = [
     "SweepLevelRecord",
     "SweepLevelTag",
     "SweepRecord",
+    "SweepResult",
     "WindowStats",
     "current",
     "default_url",

@@ -11,7 +11,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from optlab.config.slo import Slo
 from optlab.store.summary import RunSummary
+from optlab.store.sweep_result import SweepResult
 
 
 class RunStatus(StrEnum):
@@ -248,8 +250,12 @@ class SweepRecord:
     pid: int
     started_at: datetime
     finished_at: datetime | None
-    capacity_qps: float | None
-    result: dict[str, Any] | None
+    result: SweepResult | None  # None until the sweep finishes
     measured_s: float | None
     error_message: str | None
     levels: tuple[SweepLevelRecord, ...]
+
+    @property
+    def slo(self) -> Slo:
+        """The SLO the sweep judged its levels by."""
+        return Slo(self.slo_percentile, self.slo_ms)

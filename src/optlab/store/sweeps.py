@@ -27,6 +27,7 @@ from optlab.store.models import (
 )
 from optlab.store.records import RunStatus, SweepLevelRecord, SweepRecord
 from optlab.store.runs import experiment_row
+from optlab.store.sweep_result import SweepResult
 
 __all__ = ["SweepsMixin"]
 
@@ -55,8 +56,7 @@ def _record(session: Session, row: SqlSweep, experiment: str, config_hash: str) 
         pid=row.pid,
         started_at=row.started_at,
         finished_at=row.finished_at,
-        capacity_qps=row.capacity_qps,
-        result=row.result_json,
+        result=SweepResult.from_stored(row.result_json),
         measured_s=row.measured_s,
         error_message=row.error_message,
         levels=tuple(
@@ -151,8 +151,7 @@ class SweepsMixin:
         sweep_id: int,
         *,
         status: str,
-        result: dict[str, Any] | None,
-        capacity_qps: float | None,
+        result: SweepResult | None,
         measured_s: float,
         error: str | None = None,
     ) -> None:
@@ -161,8 +160,7 @@ class SweepsMixin:
             if sweep is None:
                 raise NotFoundError(f"sweep {sweep_id} does not exist")
             sweep.status = status
-            sweep.result_json = result
-            sweep.capacity_qps = capacity_qps
+            sweep.result_json = None if result is None else result.stored_form()
             sweep.measured_s = measured_s
             sweep.error_message = error
             sweep.finished_at = utcnow()

@@ -33,7 +33,7 @@ from optlab.run.measurement import RunOptions
 from optlab.run.progress import GuardedProgress, Progress
 from optlab.run.runner import Context, link_code, measure_level, open_context, process_alive
 from optlab.run.validity import P99_MIN_QUERIES
-from optlab.store import RunRecord, Store, SweepLevelTag
+from optlab.store import RunRecord, Store, SweepLevelTag, SweepResult
 from optlab.sweep.levels import level_of
 from optlab.sweep.probe import AGAIN
 from optlab.sweep.slo import Slo
@@ -429,8 +429,7 @@ class _Sweep:
         self.store.finish_sweep(
             self.sweep_id,
             status=status,
-            result=result_json(out.result),
-            capacity_qps=out.result.capacity_qps,
+            result=SweepResult.model_validate(result_json(out.result)),
             measured_s=out.measured_s,
             error=error,
         )
