@@ -1,12 +1,16 @@
-"""Reasons a run is INVALID, as `optlab log` prints them (tests/golden/log-reasons.txt)."""
+"""Reasons a run is INVALID: a code beside each text (optlab.store.reasons). The texts print as
+they always did (`optlab log`, tests/golden/log-reasons.txt); the codes are stored beside
+them, carried by bundles, and read back with them."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import Result
 
 from optlab.config.models import ClosedLoad, OpenLoad
@@ -14,7 +18,8 @@ from optlab.config.protocol import EffectiveProtocol
 from optlab.metrics.histogram import LatencyHistogram
 from optlab.metrics.stages import SEND_LAG, TOTAL
 from optlab.run.summarize import Collected, summarize
-from optlab.store import Store
+from optlab.store import RunFinal, Store
+from optlab.store.bundle_rules import Malformed, check_run
 
 GOLDEN = Path(__file__).parent / "golden"
 PROTOCOL = EffectiveProtocol(
@@ -110,3 +115,44 @@ def test_log_prints_each_reason_as_it_always_did(
     # The lines under each run's row, six spaces in: its reasons (and its errors by type).
     lines = [line for line in result.output.splitlines() if line.startswith(" " * 6)]
     _golden("log-reasons.txt", "\n".join(lines) + "\n")
+
+
+def test_the_codes_are_stored_beside_the_texts_and_read_back_with_them(sqlite_url: str) -> None:
+    with Store.open(sqlite_url) as store:
+        failed, lagged, killed = (store.get_run(i) for i in _stored(store))
+    assert failed.reason_codes == ("failed", "few-queries", "errors", "saturated", "unstable")
+    assert [r.text for r in failed.verdict_reasons] == list(failed.reasons)
+    assert lagged.reason_codes == ("generator-behind",)
+    assert killed.reason_codes == ("interrupted", "stuck-clients")
+    saturated = failed.reason("saturated", "stopped-early")
+    assert saturated is not None and saturated.text.startswith("the target is saturated")
+    assert lagged.reason("saturated", "stopped-early") is None
+
+
+def test_a_record_built_without_codes_reads_its_reasons_as_other() -> None:
+    final = RunFinal(status="FINISHED", reasons=("a", "b"), reason_codes=("errors", "no-such"))
+    assert final.reason_codes == ("errors", "other")
+    assert RunFinal(status="FINISHED", reasons=("a",)).reason_codes == ("other",)
+
+
+def test_bundles_carry_the_codes_and_a_bundle_without_them_imports_as_other(
+    tmp_path: Path,
+) -> None:
+    with Store.open(f"sqlite:///{tmp_path / 'source.db'}") as source:
+        ids = _stored(source)
+        bundles = source.export_runs(ids)
+    assert bundles[0].run["reason_codes"] == ["failed", "few-queries", "errors", "saturated",
+                                              "unstable"]  # fmt: skip
+    assert bundles[0].final.reason_codes == tuple(bundles[0].run["reason_codes"])
+    check_run(bundles[0].run)
+    old = {k: v for k, v in bundles[1].run.items() if k != "reason_codes"}  # an older optlab's
+    check_run(old)
+    for wrong in ([], ["generator-behind", "errors"], ["blame-the-network"], "errors"):
+        with pytest.raises(Malformed, match="reason_codes"):
+            check_run({**bundles[1].run, "reason_codes": wrong})
+    with Store.open(f"sqlite:///{tmp_path / 'copy.db'}") as copy:
+        first, second = copy.import_bundles([bundles[0], replace(bundles[1], run=old)])
+        assert first.run_id is not None and second.run_id is not None
+        assert copy.get_run(first.run_id).reason_codes == bundles[0].final.reason_codes
+        assert copy.get_run(second.run_id).reason_codes == ("other",)
+        assert copy.get_run(second.run_id).reasons == bundles[1].final.reasons

@@ -49,7 +49,7 @@ from optlab.store.schema import head_revision
 from tests.legacy import old_experiment
 
 POSTGRES_ENV = "OPTLAB_TEST_POSTGRES_URL"
-HEAD = "0007_sweeps"
+HEAD = "0008_reason_codes"
 MEASUREMENT_TABLES = {"stage_stats", "run_windows", "resource_samples", "run_errors"}
 CORE_TABLES = {"experiments", "experiment_configs", "environments", "runs"}
 
@@ -385,6 +385,7 @@ def test_migrations_dir_is_the_repository_folder() -> None:
         "0005_load_and_noise.py",
         "0006_versioned_summary.py",
         "0007_sweeps.py",
+        "0008_reason_codes.py",
     }
 
 
@@ -727,6 +728,98 @@ def test_0006_versions_old_summaries_and_stores_each_figure_once(db_url: str) ->
     assert old[1] == {**V1_SUMMARY, "run_id": 2, "errors_by_type": {"HTTP 500": 3}}
     assert old[2] is None
     assert upgrade(db_url) == ("0005_load_and_noise", HEAD)
+
+
+OLD_REASONS = [
+    "interrupted after 4.0 s of 10 s",
+    "612 successful queries: P99 needs at least 662 (MLPerf's bound at 0.99 confidence)",
+    "the load generator fell behind its schedule (send-lag P99 25.00 ms)",
+    "the load generator fell behind: of 4 clients only 1.2 were inside a call on average",
+    "duration 5 s is under the 600 s minimum",  # a wording no rule writes: `other`
+]
+
+
+def _database_at_0007(url: str) -> None:
+    """At 0007: a run with reasons, a run without that is the level of a finished sweep whose
+    capacity is in its column and its result, and a RUNNING sweep with neither."""
+    command.upgrade(alembic_cfg(url), "0007_sweeps")
+    at = "2026-12-01 12:00:00+00:00"
+    engine = make_engine(url)
+    with engine.begin() as connection:
+        old_experiment(connection, at)
+        for uid, reasons in (("a" * 32, OLD_REASONS), ("b" * 32, [])):
+            connection.execute(
+                text(
+                    "INSERT INTO runs (uid, experiment_id, config_id, status, protocol_name, "
+                    "protocol_json, provisional, repeat, code_identity_json, hostname, pid, "
+                    "started_at, heartbeat_at, reasons_json, valid) VALUES (:uid, 1, 1, "
+                    "'FINISHED', 'quick', '{}', :no, :no, '{}', 'h', 1, :at, :at, :reasons, :no)"
+                ),
+                {"uid": uid, "at": at, "no": False, "reasons": json.dumps(reasons)},
+            )
+        result = {"capacity_qps": 75.0, "limited_by": "slo", "message": "m", "method": "x"}
+        for uid, status, capacity, stored in (
+            ("c" * 32, "FINISHED", 75.0, json.dumps(result)),
+            ("d" * 32, "RUNNING", None, None),
+        ):
+            connection.execute(
+                text(
+                    "INSERT INTO sweeps (uid, experiment_id, config_id, status, mode, "
+                    "slo_percentile, slo_ms, protocol_json, strategy_json, code_identity_json, "
+                    "hostname, pid, started_at, capacity_qps, result_json) VALUES (:uid, 1, 1, "
+                    ":status, 'open', 'p99', 60.0, '{}', '{}', '{}', 'h', 1, :at, :capacity, "
+                    ":result)"
+                ),
+                {"uid": uid, "status": status, "at": at, "capacity": capacity, "result": stored},
+            )
+        connection.execute(
+            text(
+                "INSERT INTO sweep_levels (sweep_id, position, run_id, mode, load, purpose, "
+                "reused) VALUES (1, 0, 2, 'open', 50.0, 'growth', :no)"
+            ),
+            {"no": False},
+        )
+    engine.dispose()
+
+
+def test_0008_codes_stored_reasons_and_keeps_the_capacity_once(db_url: str) -> None:
+    _database_at_0007(db_url)
+    assert upgrade(db_url) == ("0007_sweeps", HEAD)
+    with Store.open(db_url) as store:
+        coded, level = store.get_run(1), store.get_run(2)
+        assert coded.reasons == tuple(OLD_REASONS)  # the texts as they were
+        assert coded.reason_codes == (
+            "interrupted", "few-queries", "generator-behind", "clients-held-up", "other",
+        )  # fmt: skip
+        assert coded.reason("clients-held-up") == coded.verdict_reasons[3]
+        assert level.reasons == level.reason_codes == () and level.reason("saturated") is None
+        finished, running = store.list_sweeps()
+        assert finished.result is not None and finished.result.capacity_qps == 75.0
+        assert [lv.run_id for lv in finished.levels] == [2]  # sweeps was not rebuilt
+        assert running.result is None
+        # A run stored now keeps its codes beside its texts.
+        new = start_run(store, experiment="old")
+        final = RunFinal(
+            status="FINISHED", reasons=("unstable: x", "y"), reason_codes=("unstable",)
+        )
+        store.finish_run(new, final)
+        assert store.get_run(new).reason_codes == ("unstable", "other")
+    engine = make_engine(db_url)
+    with engine.connect() as connection:
+        columns = {c["name"] for c in inspect(connection).get_columns("sweeps")}
+    engine.dispose()
+    assert "capacity_qps" not in columns
+
+    command.downgrade(alembic_cfg(db_url), "0007_sweeps")
+    engine = make_engine(db_url)
+    with engine.connect() as connection:
+        capacities = connection.execute(text("SELECT capacity_qps FROM sweeps ORDER BY id"))
+        assert list(capacities.scalars()) == [75.0, None]
+        columns = {c["name"] for c in inspect(connection).get_columns("runs")}
+        levels = connection.execute(text("SELECT count(*) FROM sweep_levels")).scalar_one()
+    engine.dispose()
+    assert "reason_codes_json" not in columns and levels == 1
+    assert upgrade(db_url) == ("0007_sweeps", HEAD)
 
 
 def test_run_errors_for_bad_input(store: Store) -> None:

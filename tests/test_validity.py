@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +23,7 @@ from optlab.run.validity import (
     plainly_saturated,
     verdict,
 )
+from optlab.store.reasons import REASON_CODES
 
 GOOD = RunFacts(
     requested_s=600,
@@ -46,23 +49,71 @@ def test_a_good_run_is_valid() -> None:
     assert judged.valid and judged.reasons == () and judged.notes == ()
 
 
-@pytest.mark.parametrize(
-    ("change", "expected"),
-    [
-        ({"measured_s": 300.0}, "shorter than 600 s"),
-        ({"interrupted": True, "measured_s": 12.0}, "interrupted after 12.0 s"),
-        ({"completed": 661}, "P99 needs at least 662"),
-        ({"errors": 200}, "error rate 0.17% is over the limit 0.10%"),
-        ({"send_lag_p99_ms": 7.5, "in_process": False}, "the load generator was the bottleneck"),
-        ({"send_lag_p99_ms": 7.5}, "the target runs inside optlab's process, and its calls held"),
-        ({"second_half_qps": 150.0}, "unstable: QPS 200.0 in the first half vs 150.0"),
-        ({"throttled": True}, "thermal throttling"),
-    ],
-)
-def test_each_reason_invalidates(change: dict[str, object], expected: str) -> None:
+REASON_CASES = [
+    ({"measured_s": 300.0}, "shorter than 600 s", "short"),
+    ({"interrupted": True, "measured_s": 12.0}, "interrupted after 12.0 s", "interrupted"),
+    ({"stopped_early": "saturated: x", "measured_s": 12.0}, "stopped after 12.0", "stopped-early"),
+    ({"completed": 661}, "P99 needs at least 662", "few-queries"),
+    ({"errors": 200}, "error rate 0.17% is over the limit 0.10%", "errors"),
+    (
+        {"send_lag_p99_ms": 7.5, "in_process": False},
+        "the load generator was the bottleneck",
+        "generator-behind",
+    ),
+    (
+        {"send_lag_p99_ms": 7.5},
+        "the target runs inside optlab's process, and its calls held",
+        "generator-behind",
+    ),
+    ({"second_half_qps": 150.0}, "unstable: QPS 200.0 in the first half vs 150.0", "unstable"),
+    ({"throttled": True}, "thermal throttling", "throttled"),
+    ({"stuck_clients": 2, "clients": 8}, "2 of 8 clients were stuck in a call", "stuck-clients"),
+    (
+        {"accuracy_drop_pts": 2.5, "max_accuracy_drop_pts": 1.0},
+        "accuracy: held-out top-1 is 2.50 points below",
+        "accuracy",
+    ),
+    (
+        {"intended_qps": 200.0, "completed_qps": 120.0, "in_flight_start": 3,
+         "in_flight_end": 512, "in_flight_max": 512, "in_flight_limit": 512},
+        "the target is saturated: offered 200.0/s",
+        "saturated",
+    ),  # fmt: skip
+    (
+        {"open_loop": False, "send_lag_p99_ms": None, "clients": 8, "measured_s": 600.0,
+         "total_mean_ms": 20.0, "total_max_ms": 200.0, "timeout_ms": 5_000.0},
+        "the load generator fell behind: of 8 clients only 4.0 were inside",
+        "clients-held-up",
+    ),  # fmt: skip
+]
+
+
+@pytest.mark.parametrize(("change", "expected", "code"), REASON_CASES)
+def test_each_reason_invalidates_with_its_code(
+    change: dict[str, object], expected: str, code: str
+) -> None:
     judged = verdict(replace(GOOD, **change))  # type: ignore[arg-type]
     assert not judged.valid
-    assert any(expected in reason for reason in judged.reasons), judged.reasons
+    found = judged.reason(code)  # type: ignore[arg-type]
+    assert found is not None and expected in found.text, judged.coded
+    assert len(judged.codes) == len(judged.reasons)  # a code for every reason, in its order
+
+
+def test_migration_0008_codes_every_text_the_rules_write_as_the_rules_do() -> None:
+    """The runs stored before codes existed got theirs from their texts (0008's frozen
+    prefixes): every reason the rules write today reads back with the code they gave it."""
+    path = Path(__file__).parents[1] / "migrations" / "versions" / "0008_reason_codes.py"
+    spec = importlib.util.spec_from_file_location("migration_0008", path)
+    assert spec is not None and spec.loader is not None
+    migration = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(migration)
+    seen = set()
+    for change, _, _ in REASON_CASES:
+        for reason in verdict(replace(GOOD, **change)).coded:  # type: ignore[arg-type]
+            assert migration.code_of(reason.text) == reason.code, reason
+            seen.add(reason.code)
+    assert seen == set(REASON_CODES) - {"failed", "other"}  # `failed` is summarize's
+    assert migration.code_of("the run failed: boom") == "failed"
 
 
 def test_p999_and_harness_notes_do_not_invalidate() -> None:

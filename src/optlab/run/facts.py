@@ -6,8 +6,11 @@ Plain numbers the runner has already computed, so the rules (`optlab.run.validit
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from optlab.store.reasons import Reason, ReasonCode, reasons_of
 
 __all__ = ["LoadFacts", "RunFacts", "Verdict", "mean_of"]
 
@@ -17,6 +20,25 @@ class Verdict:
     valid: bool
     reasons: tuple[str, ...]  # why it is INVALID; empty when valid
     notes: tuple[str, ...]  # what to know without invalidating it
+    codes: tuple[ReasonCode, ...] = ()  # each reason's code, in the same order
+
+    @classmethod
+    def of(cls, reasons: Sequence[Reason], notes: Sequence[str]) -> Verdict:
+        return cls(
+            not reasons,
+            tuple(r.text for r in reasons),
+            tuple(notes),
+            tuple(r.code for r in reasons),
+        )
+
+    @property
+    def coded(self) -> tuple[Reason, ...]:
+        """The reasons with their codes."""
+        return reasons_of(self.reasons, self.codes)
+
+    def reason(self, *codes: ReasonCode) -> Reason | None:
+        """The first reason with one of these codes; None when there is none."""
+        return next((r for r in self.coded if r.code in codes), None)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from optlab.run.facts import RunFacts, mean_of
+from optlab.store.reasons import Reason
 
 __all__ = [
     "BACKLOG_GROWTH_MIN",
@@ -51,13 +52,14 @@ def saturated(facts: RunFacts) -> bool:
     return growing or full
 
 
-def saturation(facts: RunFacts) -> str:
+def saturation(facts: RunFacts) -> Reason:
     limit = f" (limit {facts.in_flight_limit})" if facts.in_flight_limit else ""
-    return (
-        f"the target is saturated: offered {facts.intended_qps:.1f}/s, completed "
+    return Reason(
+        code="saturated",
+        text=f"the target is saturated: offered {facts.intended_qps:.1f}/s, completed "
         f"{facts.completed_qps:.1f}/s, backlog {facts.in_flight_end} in flight at the end"
         f"{limit}; the target cannot sustain this rate (not the load generator's doing): "
-        "lower workload.load.rate to measure latency under a load it sustains"
+        "lower workload.load.rate to measure latency under a load it sustains",
     )
 
 
@@ -127,7 +129,7 @@ def send_lag_judged(facts: RunFacts) -> SendLag | None:
     return SendLag(lag, low, scale, slo, gap, bound)
 
 
-def generator_bound(facts: RunFacts, lag: SendLag) -> str:
+def generator_bound(facts: RunFacts, lag: SendLag) -> Reason:
     text = (
         f"the load generator fell behind its schedule (send-lag P99 {lag.lag_ms:.2f} ms: "
         f"{lag.describe()})"
@@ -137,12 +139,13 @@ def generator_bound(facts: RunFacts, lag: SendLag) -> str:
             f" while the target kept up (at most {facts.in_flight_max} of "
             f"{facts.in_flight_limit} in flight)"
         )
-    return text + _generator_cause(
+    cause = _generator_cause(
         facts,
         "lower the rate, or spread the load over workload.load.processes (network targets)",
         "with a closed loop (`optlab sweep --mode closed`)",
         "the load generator was the bottleneck; lower the rate or raise max_in_flight",
     )
+    return Reason(code="generator-behind", text=text + cause)
 
 
 # Closed loop: the clients are held up between calls when, on average, this share of them is
@@ -179,9 +182,10 @@ def clients_in_system(facts: RunFacts) -> tuple[float, float] | None:
     return busy_ms / span_ms, (busy_ms + slack_ms) / span_ms
 
 
-def starved(facts: RunFacts) -> tuple[bool, str] | None:
-    """Closed loop: (whether it is a reason, what to say) when the clients were outside the
-    target much of the time; None when they kept it busy."""
+def starved(facts: RunFacts) -> Reason | str | None:
+    """Closed loop: what to say when the clients were outside the target much of the time (a
+    reason, `clients-held-up`, or a note when the harness's own work explains it); None when
+    they kept it busy."""
     found = clients_in_system(facts)
     if found is None or facts.clients is None:
         return None
@@ -198,22 +202,23 @@ def starved(facts: RunFacts) -> tuple[bool, str] | None:
         f"{facts.total_mean_ms:.3g} ms)"
     )
     if gap_us < HARNESS_GAP_US:
-        return False, (
+        return (
             f"{little}: the target answers faster than the clients' own work per request "
             f"({gap_us:.1f} us between calls), so the QPS is the load generator's ceiling, "
             "not the target's; its latency stands"
         )
-    return True, (
-        f"the load generator fell behind: {little}, {gap_us / 1000:.3g} ms between calls per "
-        "request: the target was measured under a lower concurrency than configured, paced "
-        "by the clients"
-        + _generator_cause(
-            facts,
-            "use fewer clients, or spread them over workload.load.processes (network targets)",
-            "with fewer clients",
-            "the clients were held up between calls; use fewer clients, or measure the target "
-            "over HTTP",
-        )
+    cause = _generator_cause(
+        facts,
+        "use fewer clients, or spread them over workload.load.processes (network targets)",
+        "with fewer clients",
+        "the clients were held up between calls; use fewer clients, or measure the target "
+        "over HTTP",
+    )
+    return Reason(
+        code="clients-held-up",
+        text=f"the load generator fell behind: {little}, {gap_us / 1000:.3g} ms between calls "
+        "per request: the target was measured under a lower concurrency than configured, "
+        "paced by the clients" + cause,
     )
 
 

@@ -107,14 +107,17 @@ def summarize(c: Collected) -> Summarized:
         notes.append(f"{c.abandoned} requests were still in flight after the drain")
     valid = judged.valid if c.status == "FINISHED" else False
     reasons = list(judged.reasons)
+    codes = list(judged.codes)
     if c.status == "FAILED":
         reasons.insert(0, "the run failed: " + (error or "").splitlines()[0])
+        codes.insert(0, "failed")
     qps = c.completed / max(c.measured_s, 1e-9) if c.measured_s > 0 else None
     summary = _summary(c, valid, reasons, notes, errors, qps)
     final = RunFinal(
         status=c.status,
         valid=valid,
         reasons=tuple(reasons),
+        reason_codes=tuple(codes),
         requests=c.completed,
         errors=c.failed,
         qps=qps,

@@ -21,6 +21,7 @@ from optlab.run.pace import (
     starved,
 )
 from optlab.run.stability import halves_test
+from optlab.store.reasons import Reason
 
 __all__ = [
     "P99_MIN_QUERIES",
@@ -43,7 +44,7 @@ DURATION_SLACK = 0.99  # a run stopped by its own timer may end a few ms short
 def verdict(facts: RunFacts) -> Verdict:
     """VALID unless a rule below finds a reason; notes say what to know either way. The
     reasons and notes come in this order: coverage, pace, stability, integrity, the machine."""
-    reasons: list[str] = []
+    reasons: list[Reason] = []
     notes: list[str] = []
     _coverage(facts, reasons, notes)
     _pace(facts, reasons, notes)
@@ -52,24 +53,34 @@ def verdict(facts: RunFacts) -> Verdict:
     if not facts.open_loop:
         notes.append("closed loop: latency is measured from the actual send (no CO correction)")
     notes += _neighbour_notes(facts.load)
-    return Verdict(not reasons, tuple(reasons), tuple(notes))
+    return Verdict.of(reasons, notes)
 
 
-def _coverage(facts: RunFacts, reasons: list[str], notes: list[str]) -> None:
+def _coverage(facts: RunFacts, reasons: list[Reason], notes: list[str]) -> None:
     """Measured long enough, with enough answers, and few enough errors."""
+    measured, requested = facts.measured_s, facts.requested_s
     if facts.interrupted:
-        reasons.append(f"interrupted after {facts.measured_s:.1f} s of {facts.requested_s:g} s")
+        text = f"interrupted after {measured:.1f} s of {requested:g} s"
+        reasons.append(Reason(code="interrupted", text=text))
     elif facts.stopped_early is not None:
         reasons.append(
-            f"stopped after {facts.measured_s:.1f} s of {facts.requested_s:g} s: "
-            f"{facts.stopped_early}"
+            Reason(
+                code="stopped-early",
+                text=f"stopped after {measured:.1f} s of {requested:g} s: {facts.stopped_early}",
+            )
         )
-    elif facts.measured_s < facts.requested_s * DURATION_SLACK:
-        reasons.append(f"measured {facts.measured_s:.1f} s, shorter than {facts.requested_s:g} s")
+    elif measured < requested * DURATION_SLACK:
+        reasons.append(
+            Reason(code="short", text=f"measured {measured:.1f} s, shorter than {requested:g} s")
+        )
     if facts.completed < P99_MIN_QUERIES:
         reasons.append(
-            f"{facts.completed} successful queries: P99 needs at least {P99_MIN_QUERIES} "
-            "(MLPerf's bound at 0.99 confidence); measure longer or at a higher rate"
+            Reason(
+                code="few-queries",
+                text=f"{facts.completed} successful queries: P99 needs at least "
+                f"{P99_MIN_QUERIES} (MLPerf's bound at 0.99 confidence); measure longer or at "
+                "a higher rate",
+            )
         )
     elif facts.completed < P999_MIN_QUERIES:
         notes.append(
@@ -78,11 +89,15 @@ def _coverage(facts: RunFacts, reasons: list[str], notes: list[str]) -> None:
     total = facts.completed + facts.errors
     if total and facts.errors / total > facts.max_error_rate:
         reasons.append(
-            f"error rate {facts.errors / total:.2%} is over the limit {facts.max_error_rate:.2%}"
+            Reason(
+                code="errors",
+                text=f"error rate {facts.errors / total:.2%} is over the limit "
+                f"{facts.max_error_rate:.2%}",
+            )
         )
 
 
-def _pace(facts: RunFacts, reasons: list[str], notes: list[str]) -> None:
+def _pace(facts: RunFacts, reasons: list[Reason], notes: list[str]) -> None:
     """Who set the pace: the target (saturated), the load generator, or the harness's threads."""
     lag = send_lag_judged(facts)
     if saturated(facts):
@@ -95,8 +110,10 @@ def _pace(facts: RunFacts, reasons: list[str], notes: list[str]) -> None:
             "measured from the intended send time; too small against it to set the pace"
         )
     held_up = starved(facts)
-    if held_up is not None:
-        (reasons if held_up[0] else notes).append(held_up[1])
+    if isinstance(held_up, Reason):
+        reasons.append(held_up)
+    elif held_up is not None:
+        notes.append(held_up)
     if (
         facts.in_process
         and facts.start_lag_p99_ms is not None
@@ -118,7 +135,7 @@ def _pace(facts: RunFacts, reasons: list[str], notes: list[str]) -> None:
         )
 
 
-def _stability(facts: RunFacts, reasons: list[str], notes: list[str]) -> None:
+def _stability(facts: RunFacts, reasons: list[Reason], notes: list[str]) -> None:
     """The first and second half of the measured phase agree on QPS: they differ by less than
     the tolerance, or by no more than their own seconds' noise explains (unless
     protocol.stability_pct fixes the tolerance)."""
@@ -151,10 +168,13 @@ def _stability(facts: RunFacts, reasons: list[str], notes: list[str]) -> None:
     else:
         why = f", {test.describe()}"
     reasons.append(
-        f"unstable: {apart}{why})"
-        + _taken_away(facts.load)
-        + "; measure with --paired or --repeats, or longer, or set "
-        "protocol.stability_pct in a new baseline to allow a fixed drift"
+        Reason(
+            code="unstable",
+            text=f"unstable: {apart}{why})"
+            + _taken_away(facts.load)
+            + "; measure with --paired or --repeats, or longer, or set "
+            "protocol.stability_pct in a new baseline to allow a fixed drift",
+        )
     )
 
 
@@ -171,26 +191,38 @@ def _beyond_arrival_noise(facts: RunFacts, first: float, second: float) -> bool:
     return abs(n1 - n2) > ARRIVAL_NOISE_SIGMAS * math.sqrt(max(n1 + n2, 1.0))
 
 
-def _integrity(facts: RunFacts, reasons: list[str]) -> None:
+def _integrity(facts: RunFacts, reasons: list[Reason]) -> None:
     """The load measured was the one configured, on a machine that ran at full speed, by a
     model that kept its accuracy."""
     if facts.stuck_clients and facts.clients:
         # A client that never came back sent nothing for the rest of the run: the load was
         # lower than the configured concurrency, and the run measured something else.
         reasons.append(
-            f"{facts.stuck_clients} of {facts.clients} clients were stuck in a call when the "
-            "measurement ended (still in flight after the drain): the concurrency measured "
-            "was not the configured one; see the timeouts, and fix the target or its timeout"
+            Reason(
+                code="stuck-clients",
+                text=f"{facts.stuck_clients} of {facts.clients} clients were stuck in a call "
+                "when the measurement ended (still in flight after the drain): the concurrency "
+                "measured was not the configured one; see the timeouts, and fix the target or "
+                "its timeout",
+            )
         )
     if facts.throttled:
-        reasons.append("thermal throttling was seen on a GPU during the measurement")
+        reasons.append(
+            Reason(
+                code="throttled",
+                text="thermal throttling was seen on a GPU during the measurement",
+            )
+        )
     drop, limit = facts.accuracy_drop_pts, facts.max_accuracy_drop_pts
     if drop is not None and limit is not None and drop > limit:
         # MLPerf's rule: a result that loses accuracy beyond the allowance does not count,
         # however fast it was.
         reasons.append(
-            f"accuracy: held-out top-1 is {drop:.2f} points below the fp32 reference model's "
-            f"(limit {limit:g} points, slo.max_accuracy_drop_pts)"
+            Reason(
+                code="accuracy",
+                text=f"accuracy: held-out top-1 is {drop:.2f} points below the fp32 reference "
+                f"model's (limit {limit:g} points, slo.max_accuracy_drop_pts)",
+            )
         )
 
 

@@ -6,6 +6,7 @@ is a `RunSummary` (`store.summary`), written and parsed by the store alone.
 """
 
 from optlab.store.database import default_url
+from optlab.store.reasons import Reason, ReasonCode
 from optlab.store.records import (
     EnvironmentRecord,
     ExperimentRecord,
@@ -48,6 +49,8 @@ __all__ = [
     "MeanMax",
     "PairedTag",
     "ParentStep",
+    "Reason",
+    "ReasonCode",
     "ResourceSample",
     "ResourceSummary",
     "RunErrorCount",

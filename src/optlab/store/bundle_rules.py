@@ -22,6 +22,7 @@ from optlab.config.canonical import canonical_json
 from optlab.config.loading import config_hash, parse_stored
 from optlab.config.models import NAME_PATTERN
 from optlab.errors import ConfigError
+from optlab.store.reasons import REASON_CODES
 
 PHASES = ("warmup", "measure")
 MAX_INT = (1 << 63) - 1  # what a 64-bit integer column holds
@@ -237,6 +238,12 @@ def check_run(run: Mapping[str, Any]) -> None:
         raise Malformed(f"run.reasons has {len(reasons):,} items, over the limit of 1,000")
     for index, reason in enumerate(reasons):
         text(reason, f"run.reasons[{index}]", MAX_LINE_TEXT, optional=False, line=False)
+    codes = run.get("reason_codes")  # optional: bundles written before the codes lack it
+    if codes is not None:
+        if not isinstance(codes, list) or len(codes) != len(reasons):
+            raise Malformed("run.reason_codes is not a list with one code per reason")
+        for index, code in enumerate(codes):
+            one_of(code, f"run.reason_codes[{index}]", REASON_CODES)
 
 
 _STAGE_FLOATS = (

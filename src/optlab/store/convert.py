@@ -16,6 +16,7 @@ from optlab.store.models import (
     SqlStageStats,
     SqlWindow,
 )
+from optlab.store.reasons import reasons_of
 from optlab.store.records import (
     ExperimentRecord,
     GpuSample,
@@ -156,6 +157,7 @@ def run_record(
         qps=row.qps,
         summary=summary,
         error_message=row.error_message,
+        reason_codes=tuple(r.code for r in reasons_of(row.reasons_json, row.reason_codes_json)),
     )
 
 

@@ -21,6 +21,7 @@ from optlab.store.bundle import TIMESTAMP_FIELDS, ImportResult, RunBundle, parse
 from optlab.store.convert import summary_json
 from optlab.store.measurements import replace_measurements
 from optlab.store.models import SqlConfig, SqlEnvironment, SqlExperiment, SqlRun
+from optlab.store.reasons import reasons_of
 from optlab.store.records import RunStatus
 from optlab.store.runs import write_final
 from optlab.store.transfer import RUN_COLUMNS
@@ -40,7 +41,11 @@ def _column_values(run: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
         value = run.get(key)
         if key in TIMESTAMP_FIELDS and value is not None:
             value = parse_timestamp(value, f"run.{key}")
-        values[RUN_COLUMNS[key]] = list(value or ()) if key == "reasons" else value
+        if key == "reasons":
+            value = list(value or ())
+        elif key == "reason_codes":  # absent from older bundles: every reason is `other`
+            value = [r.code for r in reasons_of(run.get("reasons") or (), value or ())]
+        values[RUN_COLUMNS[key]] = value
     return values
 
 

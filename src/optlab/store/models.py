@@ -257,6 +257,8 @@ class SqlRun(Base):
     duration_s: Mapped[float | None] = mapped_column(Double)
     valid: Mapped[bool | None] = mapped_column(Boolean)
     reasons_json: Mapped[list[str]] = mapped_column(JSONText)
+    # Each reason's code, in the same order (store.reasons; migration 0008).
+    reason_codes_json: Mapped[list[str]] = mapped_column(JSONText, server_default="[]")
     requests: Mapped[int | None] = mapped_column(BigInteger)
     errors: Mapped[int | None] = mapped_column(BigInteger)
     qps: Mapped[float | None] = mapped_column(Double)
@@ -388,7 +390,7 @@ class SqlSweep(Base):
     pid: Mapped[int] = mapped_column(Integer)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
-    capacity_qps: Mapped[float | None] = mapped_column(Double)
+    # The sweep's result (store.sweep_result), the capacity included.
     result_json: Mapped[dict[str, Any] | None] = mapped_column(JSONText)
     measured_s: Mapped[float | None] = mapped_column(Double)
     error_message: Mapped[str | None] = mapped_column(StorableText)

@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Any
 
 from optlab.config.slo import Slo
+from optlab.store.reasons import Reason, ReasonCode, reasons_of
 from optlab.store.summary import RunSummary
 from optlab.store.sweep_result import SweepResult
 
@@ -95,6 +96,18 @@ class RunRecord:
     qps: float | None
     summary: RunSummary | None
     error_message: str | None
+    # Each reason's code, in the order of `reasons` (store.reasons); () for a record built
+    # by hand, whose reasons then read as `other`.
+    reason_codes: tuple[ReasonCode, ...] = ()
+
+    @property
+    def verdict_reasons(self) -> tuple[Reason, ...]:
+        """The reasons with their codes."""
+        return reasons_of(self.reasons, self.reason_codes)
+
+    def reason(self, *codes: ReasonCode) -> Reason | None:
+        """The first reason with one of these codes; None when there is none."""
+        return next((r for r in self.verdict_reasons if r.code in codes), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +125,8 @@ class RunFinal:
     duration_s: float | None = None
     summary: RunSummary | None = None
     error_message: str | None = None
+    # Each reason's code, in the order of `reasons`; missing ones are stored as `other`.
+    reason_codes: tuple[ReasonCode, ...] = ()
 
     def __post_init__(self) -> None:
         if self.status not in TERMINAL_STATUSES:
@@ -120,6 +135,8 @@ class RunFinal:
         # A StrEnum status is stored, and compared, as its plain value.
         object.__setattr__(self, "status", str(self.status))
         object.__setattr__(self, "reasons", tuple(self.reasons))
+        coded = reasons_of(self.reasons, self.reason_codes)
+        object.__setattr__(self, "reason_codes", tuple(r.code for r in coded))
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,6 +72,7 @@ def write_final(
     run.status = final.status
     run.valid = final.valid
     run.reasons_json = list(final.reasons)
+    run.reason_codes_json = list(final.reason_codes)
     run.requests = final.requests
     run.errors = final.errors
     run.qps = final.qps
@@ -185,6 +186,7 @@ class RunsMixin:
                 started_at=now,
                 heartbeat_at=now,
                 reasons_json=[],
+                reason_codes_json=[],
             )
             session.add(run)
             session.flush()

@@ -65,6 +65,7 @@ RUN_COLUMNS = {
     "duration_s": "duration_s",
     "valid": "valid",
     "reasons": "reasons_json",
+    "reason_codes": "reason_codes_json",
     "requests": "requests",
     "errors": "errors",
     "qps": "qps",
