@@ -12,7 +12,12 @@ import pytest
 from optlab.config.models import Protocol
 from optlab.config.protocol import effective_protocol
 from optlab.errors import ConfigError
-from optlab.run.pace import clients_in_system, send_lag_quantile
+from optlab.run.pace import (
+    clients_in_system,
+    fell_short,
+    saturated_by,
+    send_lag_quantile,
+)
 from optlab.run.stability import halves_test
 from optlab.run.validity import (
     LoadFacts,
@@ -194,6 +199,26 @@ def test_a_backlog_that_grows_is_the_target_saturated_not_the_generator() -> Non
     assert verdict(replace(OPEN, in_flight_end=60, in_flight_max=60)).valid
     # A closed loop cannot saturate this way: its clients wait for their answers.
     assert not any("saturated" in r for r in verdict(replace(overloaded, open_loop=False)).reasons)
+
+
+def test_one_saturation_rule_short_beyond_arrival_noise_with_a_backlog() -> None:
+    """`saturated_by` is the one rule (docs/run-json.md): the verdict asks it with the run's
+    backlog; a level read from its figures alone (backlog unknown) asks it without."""
+    # 10% short over 600 s at 10/s: 600 requests missing, far beyond 3 sigma (~232).
+    assert fell_short(10.0, 9.0, 600.0)
+    # The same 10% over 3 s is 3 requests of 30: within the arrivals' noise (3 sigma ~16).
+    assert not fell_short(10.0, 9.0, 3.0)
+    assert not fell_short(200.0, 191.0, 600.0)  # within 5%
+    assert fell_short(200.0, None, 5.0)  # nothing completed
+    assert saturated_by(10.0, 9.0, 600.0, backlog_grew=None, limit_reached=None)
+    assert not saturated_by(10.0, 9.0, 600.0, backlog_grew=False, limit_reached=False)
+    assert saturated_by(10.0, 9.0, 600.0, backlog_grew=False, limit_reached=True)
+    assert not saturated_by(10.0, 9.0, 3.0, backlog_grew=True, limit_reached=True)
+    # The verdict: a short low-rate run whose shortfall is the arrivals' noise is not
+    # saturated, backlog or not; the same shortfall measured long is.
+    noisy = replace(OPEN, intended_qps=10.0, completed_qps=9.0, in_flight_end=60, in_flight_max=60)
+    assert verdict(replace(noisy, measured_s=600.0)).reason("saturated") is not None
+    assert verdict(replace(noisy, measured_s=3.0)).reason("saturated") is None
 
 
 def test_a_generator_that_fell_behind_says_why_with_the_evidence() -> None:

@@ -19,37 +19,76 @@ __all__ = [
     "BACKLOG_GROWTH_MIN",
     "CPU_BOUND_PCT",
     "GIL_BUSY_PCT",
+    "SATURATION_SHORTFALL",
+    "SATURATION_SIGMAS",
     "SendLag",
     "clients_in_system",
+    "fell_short",
     "generator_bound",
     "saturated",
+    "saturated_by",
     "saturation",
     "send_lag_judged",
     "send_lag_quantile",
     "starved",
 ]
 
-# Open loop: completions this far below the rate asked for, with the backlog growing (or the
-# in-flight limit reached), and the target could not keep up.
+# Open loop, the one saturation rule (the verdict's, the sweep's, diagnose's): completions
+# more than 5% below the rate asked for, and by more than the arrivals' own noise (3 sigma of
+# a Poisson count), while the backlog grew by at least 8 (or reached the in-flight limit).
 SATURATION_SHORTFALL = 0.05
+SATURATION_SIGMAS = 3.0
 BACKLOG_GROWTH_MIN = 8
 GIL_BUSY_PCT = 80.0  # optlab's process this busy (% of one core): its threads contend
 CPU_BOUND_PCT = 90.0  # a process this busy (% of one core), or the machine (all cores)
 
 
-def saturated(facts: RunFacts) -> bool:
-    """The target could not sustain the offered rate: completions fall short of it while
-    requests pile up in flight (or reach the in-flight limit)."""
-    if not facts.open_loop or not facts.intended_qps or facts.completed_qps is None:
+def fell_short(offered_qps: float, completed_qps: float | None, measured_s: float) -> bool:
+    """Completions short of the offered rate by more than 5%, and by more than Poisson
+    arrivals' own noise (3 sigma of the count): a short run at a low rate is not called short
+    for a few requests the schedule happened not to send. Nothing completed: short."""
+    if completed_qps is None:
+        return True
+    expected = offered_qps * measured_s
+    missing = expected - completed_qps * measured_s
+    return completed_qps < (1 - SATURATION_SHORTFALL) * offered_qps and (
+        missing > SATURATION_SIGMAS * math.sqrt(max(expected, 1.0))
+    )
+
+
+def saturated_by(
+    offered_qps: float,
+    completed_qps: float | None,
+    measured_s: float,
+    *,
+    backlog_grew: bool | None,
+    limit_reached: bool | None,
+) -> bool:
+    """The target could not sustain the offered rate: completions fell short of it while
+    requests piled up in flight (or reached the in-flight limit). Where neither is known (a
+    level read from its figures alone), falling short says it."""
+    if not fell_short(offered_qps, completed_qps, measured_s):
         return False
-    if facts.completed_qps >= (1 - SATURATION_SHORTFALL) * facts.intended_qps:
+    if backlog_grew is None and limit_reached is None:
+        return True
+    return bool(backlog_grew) or bool(limit_reached)
+
+
+def saturated(facts: RunFacts) -> bool:
+    """The verdict's question: `saturated_by` on the run's facts (an in-flight count the run
+    did not record neither grew nor reached the limit)."""
+    if not facts.open_loop or not facts.intended_qps or facts.completed_qps is None:
         return False
     start, end, peak = facts.in_flight_start, facts.in_flight_end, facts.in_flight_max
     growing = start is not None and end is not None and end - start >= BACKLOG_GROWTH_MIN
-    full = (
-        peak is not None and facts.in_flight_limit is not None and (peak >= facts.in_flight_limit)
+    full = peak is not None and facts.in_flight_limit is not None and peak >= facts.in_flight_limit
+    return saturated_by(
+        facts.intended_qps,
+        facts.completed_qps,
+        facts.measured_s,
+        backlog_grew=growing,
+        limit_reached=full,
     )
-    return growing or full
 
 
 def saturation(facts: RunFacts) -> Reason:
