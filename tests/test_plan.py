@@ -202,3 +202,47 @@ def test_parent_known_only_to_the_database(chain_dir: Path, store: Store) -> Non
     prepared = prepare(chain_dir / "01-dynamic-batch.yaml", store)
     assert prepared.chain[0].action == "from database"
     assert prepared.plan.variable is not None and prepared.plan.variable.name == "batching"
+
+
+# -- comparability: the one rule for protocol, environment and code ----------------------
+
+FINGERPRINT = {
+    "hardware": {"cpu": {"model": "x", "cores": 2}},
+    "software": {"python": {"version": "3.12.1", "executable": "/usr/bin/python3"}},
+    "runtime": {"load_avg": 0.5},
+}
+
+
+def test_protocols_compare_by_every_field_but_the_derived_provisional() -> None:
+    from optlab.chain.comparability import protocol_key, same_protocol
+
+    quick = {"name": "quick", "duration_s": 5.0, "warmup": "fixed", "provisional": True}
+    assert same_protocol(quick, {**quick, "provisional": False})
+    assert same_protocol(quick, dict(reversed(list(quick.items()))))  # key order is no field
+    assert not same_protocol(quick, {**quick, "duration_s": 10.0})
+    assert not same_protocol(quick, {k: v for k, v in quick.items() if k != "warmup"})
+    assert protocol_key(quick) == (("duration_s", 5.0), ("name", "quick"), ("warmup", "fixed"))
+
+
+def test_environments_differ_only_by_material_fields() -> None:
+    from optlab.chain.comparability import NO_ENVIRONMENT, environment_difference
+
+    moved = {**FINGERPRINT, "runtime": {"load_avg": 3.0}}
+    moved["software"] = {"python": {"version": "3.12.1", "executable": "/opt/python3"}}
+    assert environment_difference(FINGERPRINT, moved) is None  # immaterial fields only
+    assert environment_difference(None, None) is None
+    assert environment_difference(FINGERPRINT, None) == NO_ENVIRONMENT
+    assert environment_difference(None, FINGERPRINT) == NO_ENVIRONMENT
+    upgraded = {**FINGERPRINT, "software": {"python": {"version": "3.13.0"}}}
+    found = environment_difference(FINGERPRINT, upgraded)
+    assert found is not None
+    assert found.splitlines()[0] == "software.python.version: '3.12.1' -> '3.13.0'"
+
+
+def test_code_differences_are_named_field_by_field() -> None:
+    from optlab.chain.comparability import code_difference
+
+    code = {"target": "builtin:synthetic", "sha256": "a" * 8}
+    assert code_difference(code, dict(code)) is None
+    found = code_difference(code, {**code, "sha256": "b" * 8})
+    assert found is not None and found.splitlines() == ["code.sha256: aaaaaaaa -> bbbbbbbb"]

@@ -1,11 +1,15 @@
-"""Hidden-variable checks before a step is measured: protocol, environment and code.
+"""Hidden-variable checks: protocol, environment and code, the one definition of "comparable".
 
-A step's result means something only against a parent run measured the same way,
-on the same machine and software, with the same code under test.
+A step's result means something only against a parent run measured the same way, on the
+same machine and software, with the same code under test; a sweep reuses a level, and a table
+stacks a run or a capacity, by the same three rules (`same_protocol`,
+`environment_difference`, `code_difference`). Before a step is measured, `comparable_run`
+finds its parent's run or refuses saying what differs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from optlab.chain.plan import render_value
@@ -16,7 +20,76 @@ from optlab.errors import RefusedError
 
 if TYPE_CHECKING:
     from optlab.config.protocol import EffectiveProtocol
-    from optlab.store import RunRecord, Store, StoredConfig
+    from optlab.store import EnvironmentRecord, RunRecord, Store, StoredConfig
+
+__all__ = [
+    "NO_ENVIRONMENT",
+    "Environments",
+    "code_difference",
+    "comparable_run",
+    "environment_difference",
+    "protocol_key",
+    "same_protocol",
+    "valid_runs",
+]
+
+# Why two environments cannot be told comparable: one of them was never recorded.
+NO_ENVIRONMENT = "no environment recorded"
+
+
+def protocol_key(protocol: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """A stored protocol as a key: its items, sorted, without `provisional` (which follows
+    from the others: `EffectiveProtocol.provisional`). Values are kept as they are (a nested
+    value is compared, never hashed)."""
+    return tuple(sorted((k, v) for k, v in protocol.items() if k != "provisional"))
+
+
+def same_protocol(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Measured the same way: every protocol field equal (`provisional` aside)."""
+    return protocol_key(a) == protocol_key(b)
+
+
+def environment_difference(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str | None:
+    """None when the two environments are materially the same (`env.compare`), or when
+    neither was recorded; else why not, one line per difference (`NO_ENVIRONMENT` when only
+    one was recorded)."""
+    if a is None and b is None:
+        return None
+    if a is None or b is None:
+        return NO_ENVIRONMENT
+    comparison = compare_fingerprints(a, b)
+    if comparison.comparable:
+        return None
+    return comparison.explain() or "material fields differ"
+
+
+def code_difference(a: dict[str, Any], b: dict[str, Any]) -> str | None:
+    """None when the code under test is the same; else one `code.<path>: old -> new` line per
+    difference."""
+    if a == b:
+        return None
+    return "\n".join(
+        f"code.{c.path}: {render_value(c.old)} -> {render_value(c.new)}" for c in diff_values(a, b)
+    )
+
+
+class Environments:
+    """Environment records by id, each read from the store once."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.cache: dict[int, EnvironmentRecord] = {}
+
+    def record(self, environment_id: int | None) -> EnvironmentRecord | None:
+        if environment_id is None:
+            return None
+        if environment_id not in self.cache:
+            self.cache[environment_id] = self.store.get_environment(environment_id)
+        return self.cache[environment_id]
+
+    def fingerprint(self, environment_id: int | None) -> dict[str, Any] | None:
+        found = self.record(environment_id)
+        return None if found is None else found.fingerprint
 
 
 def valid_runs(
@@ -30,7 +103,7 @@ def valid_runs(
         if r.status == "FINISHED"
         and r.valid
         and r.config_hash == config.config_hash
-        and r.protocol == wanted
+        and same_protocol(r.protocol, wanted)
     ]
     return list(reversed(runs))
 
@@ -56,25 +129,22 @@ def comparable_run(
             f"parent {parent!r} has no valid run under the {wanted} protocol{detail}",
             hint=f"measure the parent first with {rerun}, or run this step with --chain",
         )
+    envs = Environments(store)
     problems: list[str] = []
     for run in runs:
         problems = []
-        if run.environment_id is not None:
-            env = store.get_environment(run.environment_id)
-            comparison = compare_fingerprints(env.fingerprint, fingerprint)
-            if not comparison.comparable:
+        # A parent run stored without an environment (an old bundle's) is not held against.
+        parent_env = envs.fingerprint(run.environment_id)
+        if parent_env is not None:
+            env_differs = environment_difference(parent_env, fingerprint)
+            if env_differs is not None:
                 problems.append(
-                    f"the environment differs from parent run {run.id}'s:\n"
-                    + "\n".join("  " + line for line in comparison.explain().splitlines())
+                    f"the environment differs from parent run {run.id}'s:\n" + _indent(env_differs)
                 )
-        if run.code_identity != code:
-            changes = diff_values(run.code_identity, code)
+        code_differs = code_difference(run.code_identity, code)
+        if code_differs is not None:
             problems.append(
-                f"the target's code differs from parent run {run.id}'s:\n"
-                + "\n".join(
-                    f"  code.{c.path}: {render_value(c.old)} -> {render_value(c.new)}"
-                    for c in changes
-                )
+                f"the target's code differs from parent run {run.id}'s:\n" + _indent(code_differs)
             )
         if not problems:
             return run
@@ -82,3 +152,7 @@ def comparable_run(
         f"parent {parent!r} has no comparable run: " + "\n".join(problems),
         hint=f"re-measure the parent here, with this code: {rerun}; then run this step",
     )
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
