@@ -13,24 +13,14 @@ from typing import Any
 import pytest
 from click.testing import Result
 
-from optlab.config.models import ClosedLoad, OpenLoad
-from optlab.config.protocol import EffectiveProtocol
-from optlab.metrics.histogram import LatencyHistogram
+from optlab.config.models import OpenLoad
 from optlab.metrics.stages import SEND_LAG, TOTAL
 from optlab.run.summarize import Collected, summarize
 from optlab.store import RunFinal, Store
 from optlab.store.bundle_rules import Malformed, check_run
+from tests.support.collected import collected, histogram
 
 GOLDEN = Path(__file__).parent / "golden"
-PROTOCOL = EffectiveProtocol(
-    name="full",
-    warmup="fixed",
-    warmup_s=30.0,
-    warmup_max_s=30.0,
-    duration_s=10.0,
-    max_error_rate=0.01,
-    stability_tolerance=0.10,
-)
 
 
 def _golden(name: str, text: str) -> None:
@@ -40,28 +30,8 @@ def _golden(name: str, text: str) -> None:
     assert text == path.read_text(encoding="utf-8"), f"{name} changed: OPTLAB_UPDATE_GOLDEN=1"
 
 
-def _histogram(values_ms: list[float]) -> LatencyHistogram:
-    h = LatencyHistogram()
-    for value in values_ms:
-        h.record_ns(round(value * 1e6))
-    return h
-
-
 def _collected(**changes: Any) -> Collected:
-    fields: dict[str, Any] = {
-        "run_id": 1,
-        "experiment": "baseline",
-        "status": "FINISHED",
-        "protocol": PROTOCOL,
-        "load": ClosedLoad(mode="closed", concurrency=4),
-        "histograms": {TOTAL: _histogram([float(i) for i in range(1, 1001)])},
-        "completed": 1000,
-        "failed": 0,
-        "measured_s": 10.0,
-        "warmup_s": 30.0,
-        "window_qps": (100.0,) * 10,
-    }
-    return Collected(**(fields | changes))
+    return collected(**({"run_id": 1} | changes))
 
 
 FINALS = [
@@ -71,7 +41,7 @@ FINALS = [
         error="boom\nTraceback ...",
         load=OpenLoad(mode="open", rate=200.0),
         in_flight=(3, 60, 60),
-        histograms={TOTAL: _histogram([2.0] * 500)},
+        histograms={TOTAL: histogram([2.0] * 500)},
         completed=500,
         failed=20,
         errors={"ConnectionError": (20, "refused")},
@@ -80,7 +50,7 @@ FINALS = [
     # The load generator fell behind its schedule.
     _collected(
         load=OpenLoad(mode="open", rate=100.0),
-        histograms={TOTAL: _histogram([2.0] * 1000), SEND_LAG: _histogram([5.0] * 1000)},
+        histograms={TOTAL: histogram([2.0] * 1000), SEND_LAG: histogram([5.0] * 1000)},
     ),
     # Interrupted, clients stuck in a call.
     _collected(status="KILLED", interrupted=True, measured_s=4.0, abandoned=2),

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from optlab.chain.comparability import Environments
 from optlab.chain.plan import render_value
 from optlab.config.loading import load_experiment
 from optlab.config.protocol import protocol_label
@@ -118,26 +119,11 @@ def _reference(runs: list[RunRecord]) -> RunRecord | None:
     return candidates[0] if candidates else None
 
 
-class _Environments:
-    """Environment records by id, fetched once each."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.cache: dict[int, EnvironmentRecord] = {}
-
-    def get(self, environment_id: int | None) -> EnvironmentRecord | None:
-        if environment_id is None:
-            return None
-        if environment_id not in self.cache:
-            self.cache[environment_id] = self.store.get_environment(environment_id)
-        return self.cache[environment_id]
-
-
 def chain_steps(store: Store, head: str) -> tuple[list[ChainStep], RunRecord | None, Any]:
     """The chain's steps with their comparable runs, the reference run, and its environment."""
     names = chain_names(store, head)
     records = {name: store.get_experiment(name) for name in names}
-    envs = _Environments(store)
+    envs = Environments(store)
     finished = {
         name: _finished(
             store,
@@ -147,7 +133,7 @@ def chain_steps(store: Store, head: str) -> tuple[list[ChainStep], RunRecord | N
         for name, record in records.items()
     }
     reference = _reference(finished[head])
-    reference_env = envs.get(reference.environment_id) if reference else None
+    reference_env = envs.record(reference.environment_id) if reference else None
     steps: list[ChainStep] = []
     for name in names:
         record = records[name]
@@ -198,7 +184,7 @@ def _comparable(
     runs: list[RunRecord],
     reference: RunRecord | None,
     reference_env: EnvironmentRecord | None,
-    envs: _Environments,
+    envs: Environments,
 ) -> tuple[list[RunRecord], str | None]:
     """A step's finished runs that stack with the head's reference run (the same protocol, a
     materially identical environment), or none and why not."""
@@ -218,7 +204,7 @@ def _comparable(
     same_env = [
         r
         for r in same_protocol
-        if (env := envs.get(r.environment_id)) is not None
+        if (env := envs.record(r.environment_id)) is not None
         and env.material_hash == reference_env.material_hash
     ]
     if not same_env:
@@ -227,10 +213,10 @@ def _comparable(
 
 
 def _environment_differs(
-    reference_env: EnvironmentRecord, run: RunRecord, envs: _Environments
+    reference_env: EnvironmentRecord, run: RunRecord, envs: Environments
 ) -> str:
     """Why a step's newest run does not stack: the first material difference from the head's."""
-    other = envs.get(run.environment_id)
+    other = envs.record(run.environment_id)
     detail = (
         compare_fingerprints(reference_env.fingerprint, other.fingerprint).explain()
         if other is not None
