@@ -22,7 +22,6 @@ from optlab.config.modes import ClosedLoad as ClosedLoad
 from optlab.config.modes import Load as Load
 from optlab.config.modes import OpenLoad as OpenLoad
 from optlab.config.modes import ReplayLoad as ReplayLoad
-from optlab.config.modes import mode_of
 
 # module.path:attribute, as in entry points.
 REFERENCE_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
@@ -135,12 +134,6 @@ class HttpTarget(_HttpRequest):
 Target = Annotated[
     BuiltinTarget | PythonTarget | CommandTarget | HttpTarget, Field(discriminator="kind")
 ]
-
-
-def in_flight_limit(load: ClosedLoad | OpenLoad | ReplayLoad) -> int:
-    """The most requests a load has in flight at once: its clients, or its open-loop pool.
-    Its mode's answer, kept here for run/summarize.py until that asks the mode itself."""
-    return mode_of(load).in_flight_limit(load)
 
 
 class Workload(StrictModel):

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from optlab.chain.plan import Plan
-from optlab.config.models import ClosedLoad, OpenLoad, ReplayLoad, in_flight_limit
+from optlab.config.models import ClosedLoad, OpenLoad, ReplayLoad
+from optlab.config.modes import mode_of
 from optlab.config.protocol import EffectiveProtocol
 from optlab.metrics.change import percent_change
 from optlab.metrics.histogram import LatencyHistogram
@@ -143,7 +144,8 @@ def run_facts(c: Collected) -> RunFacts:
     start_s = start.summary_ms() if start is not None and start.count else {}
     first, second = halves(c.window_qps)
     load, p = c.load, c.protocol
-    open_loop = isinstance(load, OpenLoad | ReplayLoad)
+    mode = mode_of(load)
+    open_loop = mode.open_loop
     measured = max(c.measured_s, 1e-9)
     answered = c.completed + c.failed
     return RunFacts(
@@ -174,14 +176,14 @@ def run_facts(c: Collected) -> RunFacts:
         accuracy_drop_pts=_num((c.accuracy or {}).get("drop_pts")),
         max_accuracy_drop_pts=c.max_accuracy_drop_pts,
         stuck_clients=0 if open_loop else c.abandoned,
-        clients=load.concurrency if isinstance(load, ClosedLoad) else None,
+        clients=mode.clients(load),
         # Who set the pace and what else used the machine.
-        intended_qps=load.rate if isinstance(load, OpenLoad) else None,
+        intended_qps=mode.offered_qps(load),
         completed_qps=answered / measured if measured > 0 else None,
         in_flight_start=c.in_flight[0],
         in_flight_end=c.in_flight[1],
         in_flight_max=c.in_flight[2],
-        in_flight_limit=in_flight_limit(load) * load.processes,
+        in_flight_limit=mode.in_flight_limit(load) * load.processes,
         in_process=c.in_process,
         load=c.machine,
     )
