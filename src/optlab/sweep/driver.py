@@ -19,13 +19,9 @@ from typing import Any
 import numpy as np
 
 from optlab.chain.lineage import Link
-from optlab.config.models import (
-    MAX_CONCURRENCY,
-    MAX_RATE,
-    ClosedLoad,
-    OpenLoad,
-    ResolvedConfig,
-)
+from optlab.config import modes
+from optlab.config.models import ResolvedConfig
+from optlab.config.modes import MAX_CONCURRENCY, MAX_RATE
 from optlab.config.protocol import EffectiveProtocol, effective_protocol
 from optlab.env.compare import compare_fingerprints
 from optlab.errors import OptlabError
@@ -213,15 +209,7 @@ def level_config(
     """The experiment's config with the sweep's load: `probe.load` clients, or that rate
     with the experiment's arrival process and in-flight limit when it has an open loop; with
     `position`, the level's own workload seed (`level_seed`)."""
-    current = config.workload.load
-    load: ClosedLoad | OpenLoad
-    if probe.mode == "closed":
-        load = ClosedLoad(mode="closed", concurrency=int(probe.load), processes=current.processes)
-    else:
-        extra: dict[str, Any] = {}
-        if isinstance(current, OpenLoad):
-            extra = {"arrival": current.arrival, "max_in_flight": current.max_in_flight}
-        load = OpenLoad(mode="open", rate=probe.load, processes=current.processes, **extra)
+    load = modes.step(config.workload.load, probe.mode, probe.load)
     update: dict[str, Any] = {"load": load}
     if position is not None:
         update["seed"] = level_seed(config.workload.seed, position)
