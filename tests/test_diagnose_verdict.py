@@ -20,6 +20,7 @@ from optlab.diagnose.evidence import Evidence
 from optlab.metrics.histogram import LatencyHistogram
 from optlab.run.validity import RunFacts, verdict
 from optlab.store import RunEvidence, RunRecord, RunSummary
+from optlab.store.reasons import Reason
 from optlab.store.records import ResourceSample, StageStatsRow, WindowStats
 from optlab.store.summary import GcEvidence, LatencyStats, ProcessEvidence, ThreadCpu
 
@@ -59,7 +60,7 @@ class Run:
     status: str = "FINISHED"
     requests: int | None = 2000
     errors: int | None = 0
-    reasons: tuple[str, ...] = ()
+    reasons: tuple[Reason, ...] = ()  # the verdict's own, codes and texts
     cpu_pct: float = 30.0  # the target's, % of one core
     threads: tuple[tuple[str, float], ...] = ()
     other_pct: float = 5.0  # other processes, % of one core
@@ -100,7 +101,7 @@ class Run:
                 "status": self.status,
                 "valid": valid,
                 "provisional": True,
-                "reasons": list(self.reasons),
+                "reasons": [r.text for r in self.reasons],
                 "protocol": "quick",
                 "load": self.load["mode"],
                 "requests": self.requests,
@@ -136,7 +137,8 @@ class Run:
             warmup_s=1.0,
             duration_s=5.0,
             valid=valid,
-            reasons=self.reasons,
+            reasons=tuple(r.text for r in self.reasons),
+            reason_codes=tuple(r.code for r in self.reasons),
             requests=self.requests,
             errors=self.errors,
             qps=self.qps,
@@ -208,10 +210,11 @@ def facts(**changes: Any) -> RunFacts:
     return RunFacts(**{**base, **changes})
 
 
-def reasons(word: str, **changes: Any) -> tuple[str, ...]:
-    """The verdict's own INVALID reasons for these facts; one of them names `word`."""
-    said = verdict(facts(**changes)).reasons
-    assert any(word in r for r in said), said
+def reasons(word: str, **changes: Any) -> tuple[Reason, ...]:
+    """The verdict's own INVALID reasons for these facts, with their codes; one of them names
+    `word` (diagnose matches the codes, never the words)."""
+    said = verdict(facts(**changes)).coded
+    assert any(word in r.text for r in said), said
     return said
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from optlab.config.modes import MODES
 from optlab.metrics.histogram import LatencyHistogram
 from optlab.metrics.stages import HARNESS_SERIES
 from optlab.store import RunEvidence, RunRecord, RunSummary, Store
@@ -84,6 +85,13 @@ class Evidence:
     def load(self) -> dict[str, Any]:
         load = (self.config.get("workload") or {}).get("load")
         return load if isinstance(load, dict) else {}
+
+    @property
+    def open_loop(self) -> bool:
+        """Requests left on a schedule (open loop, replay): their send lag is recorded and
+        judged; a closed loop's clients are judged by their start lag instead."""
+        mode = self.load.get("mode")
+        return isinstance(mode, str) and mode in MODES and MODES[mode].open_loop
 
     @property
     def in_process(self) -> bool:

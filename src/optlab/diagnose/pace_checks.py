@@ -18,6 +18,7 @@ from optlab.diagnose.findings import (
     past,
     ramp,
 )
+from optlab.store.reasons import GENERATOR
 
 __all__ = ["check_errors", "check_gc", "check_generator", "check_neighbour", "check_saturated"]
 
@@ -27,8 +28,8 @@ def check_generator(e: Evidence, p: Params) -> Outcome:
         # The target could not keep up: late sends are its backlog's doing, not the
         # generator's (the verdict says so too); the saturation rule names it.
         return Passed((Measure("target saturated (the verdict's reason)", 1, None),))
-    blamed = readings.verdict_says(e, "load generator", "in the system")
-    if e.load.get("mode") != "open":
+    blamed = readings.verdict_says(e, *GENERATOR)
+    if not e.open_loop:
         return _start_lag(e, p, blamed)
     lag = e.harness_p99("send_lag")
     if lag is None:
@@ -103,7 +104,7 @@ def _relative(
 def check_saturated(e: Evidence, p: Params) -> Outcome:
     why = readings.saturation(e)
     if why is None:
-        if e.load.get("mode") != "open":
+        if not e.open_loop:
             return Passed()
         return Passed((Measure("target saturated", 0, None),))
     rate, qps = e.load.get("rate"), readings.throughput(e)
@@ -141,7 +142,7 @@ def check_gc(e: Evidence, p: Params) -> Outcome:
     long_pause = measures[1].met and (p99 is None or gc.pause_max_ms >= 0.5 * p99)
     if not (measures[0].met or long_pause):
         return Passed(tuple(measures))
-    lag = e.harness_p99("send_lag") if e.load.get("mode") == "open" else None
+    lag = e.harness_p99("send_lag") if e.open_loop else None
     late = (
         f"; the load generator's late sends (send-lag P99 {lag:.0f} ms) are these pauses"
         if lag is not None and lag >= 2 and gc.pause_max_ms >= 0.5 * lag
@@ -194,7 +195,7 @@ def check_neighbour(e: Evidence, p: Params) -> Outcome:
 
 
 def check_errors(e: Evidence, p: Params) -> Outcome:
-    stuck = readings.verdict_says(e, "stuck in a call")
+    stuck = readings.verdict_says(e, "stuck-clients")
     if stuck is not None:
         # Requests that never came back are failures the error count does not hold.
         return Fired(None, 0.9, (), stuck)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from optlab.diagnose.evidence import WAIT_STAGES, Evidence
 from optlab.diagnose.findings import Unevaluable
+from optlab.store.reasons import ReasonCode
 from optlab.store.summary import ProcessEvidence
 
 __all__ = [
@@ -144,19 +145,21 @@ SATURATION_SHORTFALL = 0.05
 BACKLOG_GROWTH = 8
 
 
-def verdict_says(e: Evidence, *words: str) -> str | None:
-    """The first of the run's INVALID reasons that contains one of `words`."""
-    return next((r for r in e.run.reasons if any(w in r for w in words)), None)
+def verdict_says(e: Evidence, *codes: ReasonCode) -> str | None:
+    """The text of the first of the run's INVALID reasons with one of these codes (matched by
+    code, never by its wording: docs/run-json.md's reasons)."""
+    found = e.run.reason(*codes)
+    return None if found is None else found.text
 
 
 def saturation(e: Evidence) -> str | None:
     """Why the target was saturated (open loop: it could not sustain the offered rate), from
     the verdict's reasons or, for runs judged before the rule, from the rate and the backlog
     the windows show; None when it was not."""
-    said = verdict_says(e, "saturated")
+    said = verdict_says(e, "saturated", "stopped-early")
     if said is not None:
         return said
-    if e.load.get("mode") != "open":
+    if not e.open_loop:
         return None
     rate, qps = e.load.get("rate"), throughput(e)
     if not isinstance(rate, int | float) or not rate or qps is None:
