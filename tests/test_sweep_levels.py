@@ -11,6 +11,7 @@ import pytest
 
 from optlab.reference.queueing import poisson_arrivals, simulate_sojourn
 from optlab.store import LatencyStats, RunRecord, RunSummary, WindowStats
+from optlab.store.reasons import Reason
 from optlab.sweep.levels import LITTLE_TOLERANCE, level_of, littles_law_gap
 from optlab.sweep.slo import parse_slo
 from optlab.sweep.strategy import Settings, judge
@@ -88,8 +89,9 @@ def test_littles_law_sees_a_generator_that_holds_requests_back(servers: int) -> 
 
 
 def _record(
-    p99_ms: float, send_lag_p99_ms: float, qps: float, reasons: tuple[str, ...]
+    p99_ms: float, send_lag_p99_ms: float, qps: float, said: tuple[Reason, ...]
 ) -> RunRecord:
+    reasons = tuple(r.text for r in said)
     now = datetime.now(UTC)
     total = LatencyStats(p50=p99_ms / 4, p95=p99_ms / 2, p99=p99_ms, mean=p99_ms / 3, count=2000)
     lag = LatencyStats(p50=0.1, p99=send_lag_p99_ms, mean=send_lag_p99_ms / 5, count=2000)
@@ -104,14 +106,17 @@ def _record(
         status="FINISHED", protocol_name="quick", protocol={}, provisional=True, repeat=False,
         code_identity={}, git_commit=None, git_dirty=None, hostname="h", pid=1,
         started_at=now, heartbeat_at=now, finished_at=now, warmup_s=1.0, duration_s=10.0,
-        valid=not reasons, reasons=reasons, requests=2000, errors=0, qps=qps, summary=summary,
-        error_message=None,
+        valid=not reasons, reasons=reasons, reason_codes=tuple(r.code for r in said),
+        requests=2000, errors=0, qps=qps, summary=summary, error_message=None,
     )  # fmt: skip
 
 
 LAGGED = (
-    "the load generator fell behind its schedule (send-lag P99 25.00 ms) while the target "
-    "kept up (at most 4 of 512 in flight)",
+    Reason(
+        code="generator-behind",
+        text="the load generator fell behind its schedule (send-lag P99 25.00 ms) while the "
+        "target kept up (at most 4 of 512 in flight)",
+    ),
 )
 
 
@@ -137,14 +142,14 @@ def test_the_generator_is_blamed_only_where_its_lag_could_decide_the_level(
     assert judge(level, Settings("open", slo)) == verdict
     assert (level.generator is not None) == (verdict == "generator")
     if verdict != "generator":
-        assert level.excused == LAGGED  # stored INVALID, but the lag did not decide it
+        assert level.excused == (LAGGED[0].text,)  # stored INVALID, but the lag did not decide it
     assert level.valid is False  # the run's own verdict is reported as it is
 
 
 def test_a_closed_level_keeps_the_runs_generator_verdict() -> None:
     slo = parse_slo("p99=60ms")
     level = level_of(_record(30.0, 25.0, 198.0, LAGGED), [], "closed", 4, slo, "growth")
-    assert level.generator == LAGGED[0]
+    assert level.generator == LAGGED[0].text
 
 
 def test_each_level_has_its_own_seed_derived_from_the_experiments() -> None:
@@ -171,8 +176,9 @@ def test_a_level_too_short_for_p99_at_a_low_rate_that_met_the_slo_counts() -> No
     # At 9.7/s the protocol's longest level (60 s) holds 583 queries, short of MLPerf's 662:
     # measuring it again gives as few, and the next rate up has enough.
     slo = parse_slo("p99=100ms")
-    few = ("583 successful queries: P99 needs at least 662 (MLPerf's bound at 0.99 confidence)",)
+    text = "583 successful queries: P99 needs at least 662 (MLPerf's bound at 0.99 confidence)"
+    few = (Reason(code="few-queries", text=text),)
     passed = level_of(_record(40.0, 0.2, 9.7, few), [], "open", 9.7, slo, "growth")
-    assert judge(passed, Settings("open", slo)) is None and passed.excused == few
+    assert judge(passed, Settings("open", slo)) is None and passed.excused == (text,)
     missed = level_of(_record(140.0, 0.2, 9.7, few), [], "open", 9.7, slo, "growth")
     assert judge(missed, Settings("open", slo)) == "slo" and missed.excused == ()

@@ -4,13 +4,13 @@ uncertainty, whether the target kept up, and whether the load generator did."""
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
 
 import numpy as np
 
 from optlab.metrics.stages import SEND_LAG
 from optlab.store import RunRecord, WindowStats
+from optlab.store.reasons import GENERATOR, NOT_STEADY
 from optlab.sweep.probe import SATURATION_SHORTFALL
 from optlab.sweep.slo import Slo
 from optlab.sweep.strategy import Level, Mode
@@ -22,9 +22,6 @@ __all__ = ["LITTLE_TOLERANCE", "held_back_ms", "level_of", "littles_law_gap"]
 LITTLE_TOLERANCE = 0.05
 # One-sided false-alarm rate of the Little's-law test on an honest level: 3 sigma's.
 LITTLE_ALPHA = 0.00135
-GENERATOR_REASON = "the load generator fell behind"
-NOT_STEADY = ("the target is saturated", "stopped after", "unstable")
-FEW_QUERIES = re.compile(r"^\d+ successful queries: ")
 
 
 def littles_law_gap(
@@ -68,12 +65,11 @@ def held_back_ms(record: RunRecord, windows: Sequence[WindowStats]) -> tuple[flo
     as a mean hold-back per request."""
     summary = record.summary
     found: tuple[float, str] | None = None
-    for reason in record.reasons:
-        if reason.startswith(GENERATOR_REASON):
-            lag = summary.harness_ms.get(SEND_LAG) if summary is not None else None
-            found = ((lag.p99 if lag is not None else None) or 0.0, reason)
-            break
-    if summary is None or any(reason.startswith(NOT_STEADY) for reason in record.reasons):
+    behind = record.reason(*GENERATOR)
+    if behind is not None:
+        lag = summary.harness_ms.get(SEND_LAG) if summary is not None else None
+        found = ((lag.p99 if lag is not None else None) or 0.0, behind.text)
+    if summary is None or record.reason(*NOT_STEADY) is not None:
         # Little's law holds for a steady queue; a backlog that grows breaks it by itself.
         return found
     total = summary.total
@@ -123,7 +119,7 @@ def _generator(
     by more than the hold-back would have missed it anyway. Only a level the hold-back could
     have tipped over the SLO, or one whose completions fell short of the rate with no backlog
     of the target's making, is the generator's."""
-    own = tuple(r for r in record.reasons if r.startswith(GENERATOR_REASON))
+    own = tuple(r.text for r in record.verdict_reasons if r.code in GENERATOR)
     if mode != "open":
         return (own[0] if own else None), ()
     held = held_back_ms(record, windows)
@@ -166,7 +162,7 @@ def level_of(
         # A level too short for MLPerf's query bound at a rate so low that the longest level
         # the protocol allows cannot reach it (583 queries in 60 s at 9.7/s) met the SLO all
         # the same: measuring it again gives as few, and the next rate up has enough.
-        excused += tuple(r for r in record.reasons if FEW_QUERIES.match(r))
+        excused += tuple(r.text for r in record.verdict_reasons if r.code == "few-queries")
     return Level(
         mode=mode,
         load=load,
