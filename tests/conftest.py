@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import sqlite3
 import time
@@ -13,6 +14,14 @@ import pytest
 from click.testing import CliRunner, Result
 
 from optlab.cli.main import cli
+
+# A suite started with `&` from a non-interactive shell (a CI script, `nohup make test &`)
+# inherits SIGINT ignored, and so would every `optlab run` a test spawns: the tests that press
+# Ctrl-C (SIGINT to the run's process group, as a terminal does to its foreground job) would
+# then watch the run finish its whole duration. A terminal's foreground job has SIGINT at its
+# default, so the suite gives its children that.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 REPO = Path(__file__).resolve().parents[1]
 
