@@ -4,7 +4,6 @@ them, carried by bundles, and read back with them."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -19,15 +18,7 @@ from optlab.run.summarize import Collected, summarize
 from optlab.store import RunFinal, Store
 from optlab.store.bundle_rules import Malformed, check_run
 from tests.support.collected import collected, histogram
-
-GOLDEN = Path(__file__).parent / "golden"
-
-
-def _golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("OPTLAB_UPDATE_GOLDEN"):
-        path.write_text(text, encoding="utf-8")
-    assert text == path.read_text(encoding="utf-8"), f"{name} changed: OPTLAB_UPDATE_GOLDEN=1"
+from tests.support.golden import check_golden
 
 
 def _collected(**changes: Any) -> Collected:
@@ -84,7 +75,7 @@ def test_log_prints_each_reason_as_it_always_did(
     assert result.exit_code == 0, result.output
     # The lines under each run's row, six spaces in: its reasons (and its errors by type).
     lines = [line for line in result.output.splitlines() if line.startswith(" " * 6)]
-    _golden("log-reasons.txt", "\n".join(lines) + "\n")
+    check_golden("log-reasons.txt", "\n".join(lines) + "\n")
 
 
 def test_the_codes_are_stored_beside_the_texts_and_read_back_with_them(sqlite_url: str) -> None:

@@ -27,6 +27,7 @@ from optlab.reports.markdown import render_markdown
 from optlab.reports.table import COLUMNS
 from optlab.store.records import ResourceSample, WindowStats
 from tests.conftest import REPO
+from tests.support.golden import check_golden
 
 GOLDEN = Path(__file__).parent / "golden"
 HOSTILE = "<script>alert(1)</script>"
@@ -139,15 +140,6 @@ def test_golden_frame_exercises_every_column() -> None:
     frame = stacked_frame()
     assert list(frame.columns) == [*COLUMNS, *STAGES]
     assert [c for c in frame.columns if not frame[c].map(present).any()] == ["service_p50_ms"]
-
-
-def check_golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("OPTLAB_UPDATE_GOLDEN"):
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    assert path.exists(), f"no golden file {path}: run with OPTLAB_UPDATE_GOLDEN=1"
-    assert text == path.read_text(encoding="utf-8"), f"{name} changed: OPTLAB_UPDATE_GOLDEN=1"
 
 
 def _table_lines(text: str) -> list[str]:

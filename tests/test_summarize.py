@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-from pathlib import Path
 from typing import Any
 
 from optlab.config.models import OpenLoad
@@ -17,6 +15,7 @@ from optlab.run.evidence import Observed
 from optlab.run.summarize import Collected, summarize
 from optlab.targets.templates import Secrets
 from tests.support.collected import collected, histogram
+from tests.support.golden import check_golden
 
 
 def test_known_latencies_give_known_percentiles_and_a_valid_run() -> None:
@@ -214,15 +213,6 @@ def test_a_network_target_gets_its_overhead_from_server_timing() -> None:
 
 # -- `optlab run --json` byte for byte ----------------------------------------------------
 
-GOLDEN = Path(__file__).parent / "golden"
-
-
-def _golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("OPTLAB_UPDATE_GOLDEN"):
-        path.write_text(text, encoding="utf-8")
-    assert text == path.read_text(encoding="utf-8"), f"{name} changed: OPTLAB_UPDATE_GOLDEN=1"
-
 
 def _run_json_cases() -> list[Collected]:
     """Runs whose verdicts give every kind of reason the validity rules write."""
@@ -255,4 +245,4 @@ def test_run_json_is_unchanged_byte_for_byte() -> None:
         json.dumps(summarize(case).summary.to_json(), default=str, allow_nan=False)
         for case in _run_json_cases()
     ]
-    _golden("run-summary.jsonl", "\n".join(lines) + "\n")
+    check_golden("run-summary.jsonl", "\n".join(lines) + "\n")

@@ -29,7 +29,8 @@ from optlab.reports.table import stacked_table
 from optlab.reports.terminal import print_table, render_text
 from optlab.store import Store
 from tests.conftest import REPO, write
-from tests.test_renderers import GOLDEN, check_golden, stacked_frame
+from tests.support.golden import GOLDEN, check_golden
+from tests.test_renderers import stacked_frame
 
 HEAD = "synthetic-slower"
 KEY_HEADERS = ("step", "change", "QPS", "Δ step", "P99 ms", "verdict")
