@@ -29,7 +29,6 @@ from optlab.store.records import ResourceSample, WindowStats
 from tests.conftest import REPO
 from tests.support.golden import check_golden
 
-GOLDEN = Path(__file__).parent / "golden"
 HOSTILE = "<script>alert(1)</script>"
 NAN = float("nan")
 
