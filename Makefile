@@ -9,6 +9,6 @@ test:
 # The edit-test loop: the same checks, without the tests marked slow (end-to-end runs).
 test-fast:
 	scripts/test.sh -m "not slow"
-# docs/schemas/ from the models (tests/test_docs.py fails when they are stale).
+# docs/schemas/ from the models (tests/unit/test_docs.py fails when they are stale).
 schemas: setup
 	.venv/bin/python scripts/schemas.py

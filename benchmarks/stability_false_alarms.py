@@ -16,7 +16,7 @@ the fixed 10% rule:
 
 Goal: false alarms at or under 1% on iid, AR(0.5) and blocks at every length; a 30% step
 caught in >= 95% of runs from 40 s on. A measurement, not a test: the figures are printed and
-the exit status is 0 either way (tests/test_validity.py asserts bounds on fewer runs).
+the exit status is 0 either way (tests/unit/test_validity.py asserts bounds on fewer runs).
 
 Run: ``PYTHONPATH=src python benchmarks/stability_false_alarms.py [--runs 10000] [--smoke]``.
 """

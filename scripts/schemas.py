@@ -5,7 +5,7 @@
 
 The models are the truth (pydantic's `model_json_schema`); this script only adds what a model
 cannot say alone: which knobs and inputs a target kind takes (checked by optlab when it loads
-the file) and which keys a step's `change` may not set. tests/test_docs.py fails when the
+the file) and which keys a step's `change` may not set. tests/unit/test_docs.py fails when the
 committed schemas differ from what this script generates.
 """
 

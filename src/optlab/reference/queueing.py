@@ -1,8 +1,8 @@
 """Queueing ground truth: what an FCFS c-server queue's sojourn time and capacity really are.
 
 The synthetic target with ``servers`` set is such a queue (M/G/c under Poisson arrivals), so
-these figures are what an honest measurement of it must report; ``tests/test_queueing.py``,
-``tests/test_synthetic.py`` and ``benchmarks/sweep_accuracy.py`` judge optlab against them.
+these figures are what an honest measurement of it must report; ``tests/unit/test_queueing.py``,
+``tests/unit/test_synthetic.py`` and ``benchmarks/sweep_accuracy.py`` judge optlab against them.
 
 Exact, for exponential service (M/M/c):
 

@@ -17,14 +17,14 @@ import pytest
 
 from optlab.diagnose import RULES
 from tests.conftest import write
-from tests.test_diagnose import Invoke, diagnosed, experiment, run
+from tests.integration.test_diagnose import Invoke, diagnosed, experiment, run
 
 
 @pytest.mark.slow
 def test_failed_killed_and_abandoned_runs_without_requests_are_no_data(
     synth: Path, invoke: Invoke, sqlite_url: str, tmp_path: Path, folder: Path
 ) -> None:
-    from tests.test_reliability import _spawn
+    from tests.integration.test_reliability import _spawn
 
     # A target whose build fails: a FAILED run, no request.
     code = "def build(knobs):\n    raise RuntimeError('no model')\n\n\n"

@@ -27,8 +27,8 @@ from optlab.metrics.usage import snapshot_tree
 from optlab.store import RunEvidence, Store
 from optlab.targets.listener import local_listener
 from tests.conftest import wait_until, write
-from tests.test_evidence import run_file
-from tests.test_http import free_port, http_experiment, spawn_run, wait_listening
+from tests.integration.test_evidence import run_file
+from tests.integration.test_http import free_port, http_experiment, spawn_run, wait_listening
 
 SPIN_MS = 1.0  # CPU the test server spends on each request (its own thread's CPU time)
 

@@ -26,7 +26,7 @@ from optlab.store import RunEvidence, RunRecord, RunSummary
 from optlab.store.records import GpuSample, ResourceSample, StageStatsRow
 from optlab.store.summary import MemoryTrend
 from tests.conftest import REPO, wait_for_measure, write
-from tests.test_docs import problems
+from tests.unit.test_docs import problems
 
 Invoke = Callable[..., Result]
 
@@ -286,7 +286,7 @@ def test_the_reference_baseline_writes_the_preprocess_step_once(
 
 # -- the catalogue on fixtures -----------------------------------------------------------------
 
-FIXTURES = Path(__file__).parent / "fixtures" / "gpu"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "gpu"
 
 
 def _evidence(fixture: str) -> Evidence:
@@ -393,7 +393,7 @@ def test_every_rule_is_documented_with_its_parameters() -> None:
 def test_running_and_killed_runs_are_diagnosed_as_partial(
     synth: Path, invoke: Invoke, sqlite_url: str, tmp_path: Path
 ) -> None:
-    from tests.test_reliability import _spawn
+    from tests.integration.test_reliability import _spawn
 
     db = Path(sqlite_url.removeprefix("sqlite:///"))
     args = ["run", str(synth / "baseline.yaml"), "--quick", "--duration", "60", "--warmup", "0.3"]
@@ -427,7 +427,7 @@ def test_running_and_killed_runs_are_diagnosed_as_partial(
 def test_a_sweep_is_diagnosed_at_its_knee_or_busiest_level(
     invoke: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tests.test_sweep import _json, _server
+    from tests.integration.test_sweep import _json, _server
 
     monkeypatch.chdir(tmp_path)
     path = _server(tmp_path, "slow", ms=1)  # one client: ~1,000 queries in a 1 s level

@@ -80,7 +80,7 @@ def test_collect_does_not_import_heavy_modules() -> None:
         "import sys; from optlab.env.collect import collect_fingerprint; collect_fingerprint();"
         "print(sorted(m for m in ('torch', 'onnxruntime', 'tensorrt') if m in sys.modules))"
     )
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    src = str(Path(__file__).resolve().parents[2] / "src")
     env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True

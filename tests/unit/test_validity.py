@@ -107,7 +107,7 @@ def test_each_reason_invalidates_with_its_code(
 def test_migration_0008_codes_every_text_the_rules_write_as_the_rules_do() -> None:
     """The runs stored before codes existed got theirs from their texts (0008's frozen
     prefixes): every reason the rules write today reads back with the code they gave it."""
-    path = Path(__file__).parents[1] / "migrations" / "versions" / "0008_reason_codes.py"
+    path = Path(__file__).parents[2] / "migrations" / "versions" / "0008_reason_codes.py"
     spec = importlib.util.spec_from_file_location("migration_0008", path)
     assert spec is not None and spec.loader is not None
     migration = importlib.util.module_from_spec(spec)

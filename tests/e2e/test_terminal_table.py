@@ -30,7 +30,7 @@ from optlab.reports.terminal import print_table, render_text
 from optlab.store import Store
 from tests.conftest import REPO, write
 from tests.support.golden import GOLDEN, check_golden
-from tests.test_renderers import stacked_frame
+from tests.unit.test_renderers import stacked_frame
 
 HEAD = "synthetic-slower"
 KEY_HEADERS = ("step", "change", "QPS", "Δ step", "P99 ms", "verdict")

@@ -24,10 +24,10 @@ from optlab.store.bundle_files import export_file, read_bundle, read_bundles, wr
 from optlab.store.database import make_engine
 from optlab.store.models import SqlRun
 from optlab.store.pending import import_pending, save_pending
-from tests import test_store as store_tests
 from tests.conftest import REPO
-from tests.legacy import old_experiment
-from tests.test_store import alembic_cfg, save_baseline, start_run
+from tests.integration import test_store as store_tests
+from tests.integration.test_store import alembic_cfg, save_baseline, start_run
+from tests.support.legacy import old_experiment
 
 # The store tests' databases: SQLite, and PostgreSQL (a fresh database) when a URL is given.
 db_url = store_tests.db_url

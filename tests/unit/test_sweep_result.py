@@ -24,7 +24,7 @@ from optlab.reports.sweep import (
 from optlab.store import SweepLevelRecord, SweepRecord, SweepResult
 from optlab.sweep.strategy import Level
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parents[1] / "golden"
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 RESULT: dict[str, Any] = {
     "capacity_qps": 151.23456,

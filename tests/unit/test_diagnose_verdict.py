@@ -458,7 +458,7 @@ def test_no_data_and_unevaluated_core_rules_are_never_healthy() -> None:
 
 @pytest.mark.slow
 def test_a_real_saturated_open_loop_run_is_the_targets(invoke: Any, folder: Path) -> None:
-    from tests.test_diagnose import diagnosed, experiment, run
+    from tests.integration.test_diagnose import diagnosed, experiment, run
 
     # A lock held 4 ms a request (at most ~250/s) offered 600/s: the backlog grows.
     path = experiment(

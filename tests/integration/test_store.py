@@ -46,7 +46,7 @@ from optlab.store import (
 from optlab.store.database import make_engine
 from optlab.store.models import SqlExperiment, SqlRun, SqlStageStats, metadata
 from optlab.store.schema import head_revision
-from tests.legacy import old_experiment
+from tests.support.legacy import old_experiment
 
 POSTGRES_ENV = "OPTLAB_TEST_POSTGRES_URL"
 HEAD = "0008_reason_codes"

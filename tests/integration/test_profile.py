@@ -22,7 +22,7 @@ from optlab.metrics.profile import (
 )
 from optlab.store.summary import ProfileEvidence
 
-FIXTURES = Path(__file__).parent / "fixtures" / "profile"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "profile"
 
 # A main thread in a pure-Python loop and a named thread asleep: two threads, one busy.
 BURNER = """

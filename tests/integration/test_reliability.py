@@ -335,7 +335,7 @@ def _optlab_log(url: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 @pytest.mark.postgres
 @pytest.mark.slow
 def test_a_run_survives_postgresql_stopped_for_10_s_mid_run(synth: Path) -> None:
-    from tests.pgcluster import private_cluster
+    from tests.support.pgcluster import private_cluster
 
     with private_cluster() as pg:
         proc = _spawn_pg(
@@ -379,7 +379,7 @@ def test_a_run_survives_postgresql_stopped_for_10_s_mid_run(synth: Path) -> None
 def test_a_run_whose_store_never_comes_back_is_pending_then_stored_by_the_next_command(
     synth: Path,
 ) -> None:
-    from tests.pgcluster import private_cluster
+    from tests.support.pgcluster import private_cluster
 
     with private_cluster() as pg:
         proc = _spawn_pg(
@@ -481,7 +481,7 @@ def test_four_concurrent_runners_on_one_sqlite_file_store_every_run(
 def test_eight_concurrent_runners_on_one_postgresql_database_store_every_run(
     synth: Path,
 ) -> None:
-    from tests.pgcluster import private_cluster
+    from tests.support.pgcluster import private_cluster
 
     with private_cluster() as pg:
         done = _concurrent_runs(synth, pg.url, 8)
@@ -695,7 +695,7 @@ def test_a_service_behind_a_wrapper_dies_with_a_sigkilled_optlab(
 ) -> None:
     # `sh -c "python svc.py; ..."`: PR_SET_PDEATHSIG reached only `sh`, and the server kept
     # its port after optlab was SIGKILLed, so the next run failed "port already in use".
-    from tests.test_http import TOY, free_port, wait_listening
+    from tests.integration.test_http import TOY, free_port, wait_listening
 
     port = free_port()
     folder = tmp_path / "wrapped"
@@ -741,7 +741,7 @@ def test_a_saturated_open_loop_run_blames_the_target_with_offered_completed_and_
     # A service that answers one request at a time in 10 ms (capacity 100/s) offered 160/s.
     # Before: INVALID "the load generator, not the target, was the bottleneck ... raise
     # max_in_flight", which only lengthens the queue.
-    from tests.test_http import http_experiment, toy_service
+    from tests.integration.test_http import http_experiment, toy_service
 
     with toy_service("--delay-ms", "10", "--serial") as port:
         path = http_experiment(

@@ -35,7 +35,7 @@ torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HAS_CUDA = bool(torch.cuda.is_available())
 HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
 HAS_ORT_CUDA = "CUDAExecutionProvider" in ort.get_available_providers()

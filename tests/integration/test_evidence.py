@@ -27,8 +27,8 @@ from optlab.metrics.usage import snapshot_tree, usage_between
 from optlab.run.measurement import RunOptions, measure
 from optlab.store import RunEvidence, RunSummary, Store
 from tests.conftest import write
-from tests.test_http import command_experiment, free_port, summary_of
-from tests.test_pipeline import BATCHED
+from tests.integration.test_http import command_experiment, free_port, summary_of
+from tests.integration.test_pipeline import BATCHED
 
 Invoke = Callable[..., Result]
 LEAK_BYTES = 10 * 1024  # per request: 10 MiB per 1,000 requests less malloc's rounding

@@ -19,7 +19,7 @@ from click.testing import Result
 from optlab.store import Store
 from tests.conftest import free_port
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SERVICE = REPO / "tests" / "services" / "swinging_service.py"
 # Long enough for two batches of seconds a half and P99's 662 queries at ~400/s; a fixed
 # warmup (the default waits for stable windows, which a swinging server rarely gives).

@@ -24,7 +24,7 @@ from click.testing import Result
 from optlab.metrics.stats import Comparison
 from optlab.store import Store
 from tests.conftest import REPO, write
-from tests.test_renderers import _measured, report_data, stacked_frame
+from tests.unit.test_renderers import _measured, report_data, stacked_frame
 
 Invoke = Callable[..., Result]
 # 3 s: the fewest per-second windows (3) the statistics judge a step from.

@@ -26,8 +26,8 @@ from optlab.errors import StoreError, StoreUnavailable
 from optlab.store import RunErrorCount, RunFinal, Store, WindowStats, current
 from optlab.store import database as database_module
 from optlab.store.models import metadata
-from tests import test_store
-from tests.test_store import alembic_cfg, save_baseline, start_run
+from tests.integration import test_store
+from tests.integration.test_store import alembic_cfg, save_baseline, start_run
 
 # SQLite always; PostgreSQL when OPTLAB_TEST_POSTGRES_URL is set (a database per test).
 db_url = test_store.db_url

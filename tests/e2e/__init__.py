@@ -1,0 +1,1 @@
+"""The e2e lane: see the README's Tests section."""

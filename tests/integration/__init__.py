@@ -1,0 +1,1 @@
+"""The integration lane: see the README's Tests section."""

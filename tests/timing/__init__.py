@@ -1,0 +1,1 @@
+"""The timing lane: see the README's Tests section."""

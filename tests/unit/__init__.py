@@ -1,0 +1,1 @@
+"""The unit lane: see the README's Tests section."""
