@@ -30,7 +30,7 @@ from optlab.reports.terminal import print_table, render_text
 from optlab.store import Store
 from tests.conftest import REPO, write
 from tests.support.golden import GOLDEN, check_golden
-from tests.unit.test_renderers import stacked_frame
+from tests.unit.test_renderers import capacity_frame, stacked_frame
 
 HEAD = "synthetic-slower"
 KEY_HEADERS = ("step", "change", "QPS", "Δ step", "P99 ms", "verdict")
@@ -185,6 +185,10 @@ def test_piped_output_is_unchanged() -> None:
         with contextlib.redirect_stdout(out):
             print_table(stacked_frame(hostile=hostile), title="stacked gains: int8")
         check_golden(name, out.getvalue())
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        print_table(capacity_frame(), title="stacked gains: int8")
+    check_golden("stacked-capacity.txt", out.getvalue())
     assert (GOLDEN / "stacked.txt").read_text(encoding="utf-8").count("\n") > 8
 
 

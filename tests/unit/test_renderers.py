@@ -133,6 +133,40 @@ def stacked_frame(hostile: bool = False) -> pd.DataFrame:
     return frame
 
 
+def capacity_frame() -> pd.DataFrame:
+    """`stacked_frame()` with the capacity columns under P99 <= 10 ms: the baseline's capacity,
+    a gain beyond noise, a step whose sweep found none, and the missing step (no sweep)."""
+    frame = stacked_frame()
+    columns: dict[str, list[Any]] = {
+        "capacity_qps": [1000.0, 1500.0, None, None],
+        "capacity_low_qps": [950.0, 1420.0, None, None],
+        "capacity_high_qps": [1050.0, 1580.0, None, None],
+        "capacity_knee_qps": [800.0, 1300.0, None, None],
+        "capacity_sweep_id": [11, 12, 13, None],
+        "capacity_step_pct": [None, 50.0, None, None],
+        "capacity_step_low_pct": [None, 38.5, None, None],
+        "capacity_step_high_pct": [None, 62.4, None, None],
+        "capacity_cumulative_pct": [None, 50.0, None, None],
+        "capacity_cumulative_low_pct": [None, 38.5, None, None],
+        "capacity_cumulative_high_pct": [None, 62.4, None, None],
+        "capacity_significant": [None, True, None, None],
+        "capacity_cumulative_significant": [None, True, None, None],
+        "capacity_reason": [
+            None, None, "sweep 13 found no capacity: P99 above 10 ms at 1 client",
+            "no sweep under P99 <= 10 ms: run `optlab sweep int8 --slo p99:10`",
+        ],
+        "capacity_verdict": [None, "gain", None, None],
+        "capacity_loop": ["closed", "closed", "closed", None],
+    }  # fmt: skip
+    for column, values in columns.items():
+        frame[column] = values
+    frame.attrs["capacity_slo"] = {
+        "percentile": "p99", "ms": 10.0, "label": "P99 <= 10 ms", "key": "p99:10",
+        "protocol_label": "quick (5 s measured, PROVISIONAL)", "loop": "closed",
+    }  # fmt: skip
+    return frame
+
+
 def test_golden_frame_exercises_every_column() -> None:
     """Every column of the table's contract holds a value in some golden row, so each
     renderer's handling of it is in a golden file (only the stage with no value is empty)."""
@@ -223,6 +257,22 @@ def test_json_follows_the_contract() -> None:
     assert "qps_step_pct" not in chain[1]  # moved into step_delta
     assert "cpu_pct" in chain[1] and "who" in chain[1]  # every other column follows
     assert render_json(frame) == render_json(frame)  # stable
+
+
+def test_json_golden() -> None:
+    check_golden("stacked.json", render_json(stacked_frame()))
+    check_golden("stacked-capacity.json", render_json(capacity_frame()))
+
+
+def test_csv_golden() -> None:
+    check_golden("stacked.csv", render_csv(stacked_frame()))
+    check_golden("stacked-capacity.csv", render_csv(capacity_frame()))
+
+
+def test_capacity_renderings_golden() -> None:
+    frame = capacity_frame()
+    check_golden("stacked-capacity.md", render_markdown(frame))
+    check_golden("stacked-capacity.html", render_html(frame, report_data()))
 
 
 def test_json_round_trips_into_a_frame() -> None:
