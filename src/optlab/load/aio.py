@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from optlab.config.modes import ClosedLoad, IndexedTrace, OpenLoad, ReplayLoad, Schedule, mode_of
+from optlab.config.modes import IndexedTrace, Load, Schedule, mode_of
 from optlab.errors import ConfigError
 from optlab.load.base import LATE_NS, START_LEAD_NS, LogSource, StopReport
 from optlab.load.timerfd import TimerFd
@@ -66,7 +66,7 @@ class AsyncLoadGenerator:
         self,
         client: AsyncClient,
         n_requests: int,
-        load: ClosedLoad | OpenLoad | ReplayLoad,
+        load: Load,
         *,
         classify: Callable[[BaseException], tuple[str, str]],
         timeout_s: float,

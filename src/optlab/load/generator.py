@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optlab.config.modes import ClosedLoad, IndexedTrace, OpenLoad, ReplayLoad, mode_of
+from optlab.config.modes import IndexedTrace, Load, mode_of
 from optlab.errors import ConfigError
 from optlab.load.base import LATE_NS, START_LEAD_NS, StopReport
 from optlab.load.counters import (
@@ -63,7 +63,7 @@ class ThreadLoadGenerator:
         self,
         call: Callable[[Any], Any],
         requests: Sequence[Any],
-        load: ClosedLoad | OpenLoad | ReplayLoad,
+        load: Load,
         *,
         timeout_s: float,
         seed: int = 0,

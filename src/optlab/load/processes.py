@@ -26,7 +26,7 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from optlab.config.modes import ClosedLoad, OpenLoad, ReplayLoad, mode_of
+from optlab.config.modes import Load, mode_of
 from optlab.load.aio import AsyncClient, AsyncLoadGenerator
 from optlab.load.base import PROCESS_START_LEAD_NS, StopReport
 from optlab.metrics.log import InboxLog, WorkerLog
@@ -59,7 +59,7 @@ ArmParentDeath = Callable[[], Callable[[], None] | None]
 @dataclass(frozen=True)
 class _Job:
     recipe: ClientRecipe
-    load: ClosedLoad | OpenLoad | ReplayLoad
+    load: Load
     index: int
     count: int
     timeout_s: float
@@ -135,7 +135,7 @@ class ProcessLoadGenerator:
     def __init__(
         self,
         recipe: ClientRecipe,
-        load: ClosedLoad | OpenLoad | ReplayLoad,
+        load: Load,
         *,
         processes: int,
         classify: Classify,

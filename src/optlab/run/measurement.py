@@ -134,13 +134,20 @@ class _Run:
         self.options = options
         timeline = LoadTimeline()
         self.recorder = Recorder(store, run_id, link.name, progress, timeline)
-        self.loop = PhaseLoop(link.name, protocol, progress, timeline, self.recorder.offer)
+        load = config.workload.load
+        mode = mode_of(load)
+        self.loop = PhaseLoop(
+            link.name,
+            protocol,
+            progress,
+            timeline,
+            self.recorder.offer,
+            min_warmup_s=mode.min_warmup_s(load),
+        )
         # `${ENV_VAR}` values resolved for this run: every text stored about it is redacted.
         self.secrets = Secrets()
         self.hooks = TargetHooks(link.name, self.secrets, progress)
         self.loop.profile = options.profile
-        load = config.workload.load
-        mode = mode_of(load)
         offered = mode.offered_qps(load)
         if options.stop_when_saturated and offered is not None:
             rate, limit = offered, mode.in_flight_limit(load)

@@ -98,8 +98,13 @@ class PhaseLoop:
         progress: Progress,
         load: LoadTimeline,
         offer: Offer,
+        *,
+        min_warmup_s: float = 0.0,
     ) -> None:
         self.name, self.protocol, self.progress = name, protocol, progress
+        # The load's own shortest warm-up (`LoadMode.min_warmup_s`): a load that reaches its
+        # rate only after a while is measured from then on, whatever the protocol asks.
+        self.min_warmup_s = min_warmup_s
         self.collector = Collector()
         self.sampler = ResourceSampler()
         self.gc = GcPauses()  # the measured phase's garbage-collector pauses in this process
@@ -200,16 +205,19 @@ class PhaseLoop:
 
     def _warm_up(self) -> None:
         p = self.protocol
+        # The protocol's bounds, raised to the load's own minimum (none for most modes).
+        least = max(p.warmup_s, self.min_warmup_s)
+        most = max(p.warmup_max_s, self.min_warmup_s)
         started = time.monotonic()
         while True:
-            elapsed = self._tick("warmup", started, p.warmup_max_s)
+            elapsed = self._tick("warmup", started, most)
             self.warmup_s = elapsed
-            if p.warmup == "fixed" and elapsed >= p.warmup_s:
+            if p.warmup == "fixed" and elapsed >= least:
                 return
-            if p.warmup == "stable" and elapsed >= p.warmup_s and self._stable():
+            if p.warmup == "stable" and elapsed >= least and self._stable():
                 self.stabilised = True
                 return
-            if elapsed >= p.warmup_max_s:
+            if elapsed >= most:
                 self.stabilised = False if p.warmup == "stable" else None
                 return
 

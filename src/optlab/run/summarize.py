@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from optlab.chain.plan import Plan
-from optlab.config.models import ClosedLoad, OpenLoad, ReplayLoad
-from optlab.config.modes import mode_of
+from optlab.config.modes import Load, mode_of
 from optlab.config.protocol import EffectiveProtocol
 from optlab.metrics.change import percent_change
 from optlab.metrics.histogram import LatencyHistogram
@@ -40,7 +39,7 @@ class Collected:
     experiment: str
     status: str  # FINISHED, KILLED or FAILED
     protocol: EffectiveProtocol
-    load: ClosedLoad | OpenLoad | ReplayLoad
+    load: Load
     # The measured phase's latency histograms by series: "total", the target's stages, and
     # the harness's own send and start lags.
     histograms: Mapping[str, LatencyHistogram]
