@@ -393,14 +393,14 @@ def test_every_rule_is_documented_with_its_parameters() -> None:
 def test_running_and_killed_runs_are_diagnosed_as_partial(
     synth: Path, invoke: Invoke, sqlite_url: str, tmp_path: Path
 ) -> None:
-    from tests.integration.test_reliability import _spawn
+    from tests.support.proc import start_optlab
 
     db = Path(sqlite_url.removeprefix("sqlite:///"))
     args = ["run", str(synth / "baseline.yaml"), "--quick", "--duration", "60", "--warmup", "0.3"]
     # The child's output goes to files: a pipe nobody reads while it runs fills on a slow
     # machine and stalls the run.
     with (tmp_path / "out.txt").open("w") as out, (tmp_path / "err.txt").open("w") as err:
-        proc = _spawn(args, db, stdout=out, stderr=err)
+        proc = start_optlab(*args, db=db, stdout=out, stderr=err)
         try:
             run_id = wait_for_measure(db, timeout_s=120)
             running = diagnosed(invoke, str(run_id))

@@ -24,7 +24,7 @@ from tests.integration.test_diagnose import Invoke, diagnosed, experiment, run
 def test_failed_killed_and_abandoned_runs_without_requests_are_no_data(
     synth: Path, invoke: Invoke, sqlite_url: str, tmp_path: Path, folder: Path
 ) -> None:
-    from tests.integration.test_reliability import _spawn
+    from tests.support.proc import start_optlab
 
     # A target whose build fails: a FAILED run, no request.
     code = "def build(knobs):\n    raise RuntimeError('no model')\n\n\n"
@@ -49,7 +49,7 @@ def test_failed_killed_and_abandoned_runs_without_requests_are_no_data(
     args = ["run", str(synth / "baseline.yaml"), "--quick", "--duration", "60", "--warmup", "60"]
     for how in (signal.SIGINT, signal.SIGKILL):  # KILLED in its warmup; gone without a word
         with (tmp_path / "err.txt").open("w") as err:
-            proc = _spawn(args, db, stdout=subprocess.DEVNULL, stderr=err)
+            proc = start_optlab(*args, db=db, stdout=subprocess.DEVNULL, stderr=err)
             try:
                 run_id = _wait_for_warmup(db)
             finally:
