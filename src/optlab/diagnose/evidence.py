@@ -21,7 +21,7 @@ from optlab.metrics.stages import HARNESS_SERIES
 from optlab.store import RunEvidence, RunRecord, RunSummary, Store
 from optlab.store.records import ResourceSample, StageStatsRow, WindowStats
 
-__all__ = ["Evidence", "gather", "percentile"]
+__all__ = ["Evidence", "evidence_of", "gather", "percentile"]
 
 MEASURED = "measure"
 # Stages that are waiting, not work: a request waiting for an engine instance or a batch.
@@ -287,6 +287,12 @@ def _no_data(
     if run.status in ("FINISHED", "FAILED") and not finished:
         return "no request of the measured phase finished"
     return None
+
+
+def evidence_of(run: RunRecord, stored: dict[str, Any], **rest: Any) -> Evidence:
+    """The evidence of `run`, its config as stored (a dict) read once, with `rest` (stages,
+    windows, samples, cores, partial, no_data, fastest) as gather reads them."""
+    return Evidence(run=run, config=stored, **rest)
 
 
 def gather(store: Store, run_id: int) -> Evidence:
