@@ -134,7 +134,7 @@ def stacked_frame(hostile: bool = False) -> pd.DataFrame:
 
 
 def capacity_frame() -> pd.DataFrame:
-    """`stacked_frame()` with the capacity columns under P99 <= 10 ms: the baseline's capacity,
+    """`stacked_frame()` with the capacity columns under P99 ≤ 10 ms: the baseline's capacity,
     a gain beyond noise, a step whose sweep found none, and the missing step (no sweep)."""
     frame = stacked_frame()
     columns: dict[str, list[Any]] = {
@@ -153,7 +153,7 @@ def capacity_frame() -> pd.DataFrame:
         "capacity_cumulative_significant": [None, True, None, None],
         "capacity_reason": [
             None, None, "sweep 13 found no capacity: P99 above 10 ms at 1 client",
-            "no sweep under P99 <= 10 ms: run `optlab sweep int8 --slo p99:10`",
+            "no sweep under P99 ≤ 10 ms: run `optlab sweep int8 --slo p99=10ms`",
         ],
         "capacity_verdict": [None, "gain", None, None],
         "capacity_loop": ["closed", "closed", "closed", None],
@@ -161,7 +161,7 @@ def capacity_frame() -> pd.DataFrame:
     for column, values in columns.items():
         frame[column] = values
     frame.attrs["capacity_slo"] = {
-        "percentile": "p99", "ms": 10.0, "label": "P99 <= 10 ms", "key": "p99:10",
+        "percentile": "p99", "ms": 10.0, "label": "P99 ≤ 10 ms", "key": "p99=10ms",
         "protocol_label": "quick (5 s measured, PROVISIONAL)", "loop": "closed",
     }  # fmt: skip
     return frame
