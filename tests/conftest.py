@@ -1,4 +1,8 @@
-"""Shared fixtures: a copy of the reference chain in a temporary folder, and a fresh database."""
+"""Shared fixtures: a copy of the reference chain in a temporary folder, a fresh database, and
+the synthetic chain measured once for the session (`measured_chain`, `chain_copy`).
+
+Helpers a test module imports live in tests/support/ (never in another test module); the names
+re-exported below are kept for modules not yet switched to tests.support."""
 
 from __future__ import annotations
 
@@ -14,6 +18,10 @@ import pytest
 from click.testing import CliRunner, Result
 
 from optlab.cli.main import cli
+from tests.support.chain import MeasuredChain, measure_chain
+from tests.support.db import copy_database
+from tests.support.files import write
+from tests.support.paths import REPO
 
 # A suite started with `&` from a non-interactive shell (a CI script, `nohup make test &`)
 # inherits SIGINT ignored, and so would every `optlab run` a test spawns: the tests that press
@@ -23,7 +31,7 @@ from optlab.cli.main import cli
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
-REPO = Path(__file__).resolve().parents[1]
+__all__ = ["REPO", "free_port", "wait_for_measure", "wait_until", "write"]
 
 
 @pytest.fixture
@@ -45,25 +53,35 @@ def engine_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def synthetic_chain(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The synthetic example chain (baseline 2 ms -> faster service 1 ms) measured once for the
-    session in 3 s runs (the fewest per-second windows the statistics judge a step from): its
-    folder and its database. Tests copy the database before they add to it."""
-    root = tmp_path_factory.mktemp("synthetic-chain")
-    folder = root / "synthetic"
-    shutil.copytree(REPO / "experiments" / "examples" / "synthetic", folder)
-    database = root / "chain.db"
-    step = str(folder / "01-faster-service.yaml")
-    args = ["--db", f"sqlite:///{database}", "run", step, "--quick", "--duration", "3"]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(root)  # whatever a run leaves in its working directory stays here
-        result = CliRunner().invoke(
-            cli, [*args, "--warmup", "0.3", "--chain"], catch_exceptions=False
-        )
-    assert result.exit_code == 0, result.output
-    with sqlite3.connect(database) as db:  # everything into the main file, so a copy has it
-        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    return folder, database
+def measured_chain(tmp_path_factory: pytest.TempPathFactory) -> MeasuredChain:
+    """The synthetic chain measured once for the session (tests/support/chain.py): baseline
+    (2 ms) -> faster (1 ms) -> {slower (4 ms), back (2 ms)}, each run `COMPARED`. Read it,
+    never write to it: a test that adds runs or files takes `chain_copy`."""
+    return measure_chain(tmp_path_factory.mktemp("measured-chain"))
+
+
+@pytest.fixture
+def chain_copy(
+    measured_chain: MeasuredChain,
+    sqlite_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> MeasuredChain:
+    """The session's measured chain with its own copy of the database, at `sqlite_url` (so
+    `invoke` reads and writes the copy); the test's folder is the working directory and
+    OPTLAB_DB is unset. The experiment files are the session's: write new steps in tmp_path."""
+    database = Path(sqlite_url.removeprefix("sqlite:///"))
+    copy_database(measured_chain.database, database.parent, database.name)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("OPTLAB_DB", raising=False)
+    return MeasuredChain(measured_chain.folder, database, measured_chain.lines, measured_chain.pair)
+
+
+@pytest.fixture(scope="session")
+def synthetic_chain(measured_chain: MeasuredChain) -> tuple[Path, Path]:
+    """The measured chain's first two runs (baseline -> faster): its folder and the `pair`
+    database (read it, copy it before adding to it)."""
+    return measured_chain.folder, measured_chain.pair
 
 
 @pytest.fixture
@@ -106,12 +124,6 @@ def free_port() -> int:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
         return port
-
-
-def write(folder: Path, name: str, text: str) -> Path:
-    path = folder / name
-    path.write_text(text, encoding="utf-8")
-    return path
 
 
 def wait_until(predicate: Callable[[], object], what: str, timeout_s: float = 30) -> None:

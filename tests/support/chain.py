@@ -1,0 +1,95 @@
+"""The synthetic example chain, measured once for the whole session (tests/conftest.py's
+`measured_chain`; `chain_copy` gives a test its own copy of the database to add to).
+
+    synthetic-baseline (2 ms) -> synthetic-faster-service (1 ms) -> synthetic-slower (4 ms)
+                                                                 -> synthetic-back (2 ms)
+
+Every run is `COMPARED` (3 per-second windows, the fewest a step is judged from). A copy of
+the database taken after the first two runs (`pair`) holds baseline -> faster only, for tests
+that count runs. `slower` is far beyond a 3 s run's P99 noise (a regression); `back` undoes
+the faster step's change (a chain whose total is about nothing). `slower` is measured before
+`back`, so `back` is the newest head.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from click.testing import CliRunner
+
+from tests.support.db import checkpoint
+from tests.support.files import write
+from tests.support.paths import SYNTHETIC
+from tests.support.protocol import COMPARED
+
+BASELINE = "synthetic-baseline"
+FASTER = "synthetic-faster-service"
+SLOWER = "synthetic-slower"
+BACK = "synthetic-back"
+STEPS = (BASELINE, FASTER, SLOWER, BACK)
+
+SLOWER_YAML = (
+    f"name: {SLOWER}\nparent: {FASTER}\n"
+    "hypothesis: a heavier model costs latency\nchange: {service_ms: 4.0}\n"
+)
+BACK_YAML = (
+    f"name: {BACK}\nparent: {FASTER}\n"
+    "hypothesis: undoing the change undoes its gain\nchange: {service_ms: 2.0}\n"
+)
+
+
+@dataclass(frozen=True)
+class MeasuredChain:
+    """The chain's folder (its experiment files), its checkpointed SQLite database, and the
+    `run --json` lines of its four runs in the order measured (baseline, faster, slower, back);
+    `pair` is a database holding the first two runs only (baseline -> faster)."""
+
+    folder: Path
+    database: Path
+    lines: tuple[dict[str, Any], ...]
+    pair: Path
+
+    @property
+    def url(self) -> str:
+        return f"sqlite:///{self.database}"
+
+    def line(self, experiment: str) -> dict[str, Any]:
+        """The `run --json` line of `experiment`'s run."""
+        return next(line for line in self.lines if line["experiment"] == experiment)
+
+
+def measure_chain(root: Path) -> MeasuredChain:
+    """Measure the chain in `root` (its folder `root/synthetic`, its database `root/chain.db`).
+    The working directory is `root` meanwhile: whatever a run leaves there stays there."""
+    from optlab.cli.main import cli
+
+    folder = root / "synthetic"
+    shutil.copytree(SYNTHETIC, folder)
+    write(folder, "02-slower.yaml", SLOWER_YAML)
+    write(folder, "02-back.yaml", BACK_YAML)
+    database, pair = root / "chain.db", root / "pair.db"
+    db = ["--db", f"sqlite:///{database}"]
+    lines: list[dict[str, Any]] = []
+    here = Path.cwd()
+    os.chdir(root)
+    try:
+        for step, chain in (("01-faster-service", True), ("02-slower", False), ("02-back", False)):
+            args = ["run", str(folder / f"{step}.yaml"), *COMPARED, "--json"]
+            args += ["--chain"] if chain else []
+            result = CliRunner().invoke(cli, [*db, *args], catch_exceptions=False)
+            assert result.exit_code == 0, result.output
+            printed = result.stdout.splitlines()
+            lines += [json.loads(text) for text in printed if text.startswith("{")]
+            if chain:  # baseline -> faster: the pair
+                checkpoint(database)
+                shutil.copy(database, pair)
+    finally:
+        os.chdir(here)
+    checkpoint(database)
+    assert [line["experiment"] for line in lines] == list(STEPS), lines
+    return MeasuredChain(folder, database, tuple(lines), pair)
