@@ -1,5 +1,5 @@
 """Run bundles, run uids and pending runs against real databases: SQLite always, PostgreSQL
-when OPTLAB_TEST_POSTGRES_URL is set (the `db_url` fixture of test_store: the team store)."""
+when OPTLAB_TEST_POSTGRES_URL is set (tests/support/storebuild.py's `db_url`: the team store)."""
 
 from __future__ import annotations
 
@@ -25,12 +25,12 @@ from optlab.store.database import make_engine
 from optlab.store.models import SqlRun
 from optlab.store.pending import import_pending, save_pending
 from tests.conftest import REPO
-from tests.integration import test_store as store_tests
-from tests.integration.test_store import alembic_cfg, save_baseline, start_run
+from tests.support import storebuild
 from tests.support.legacy import old_experiment
+from tests.support.storebuild import alembic_cfg, save_baseline, start_run
 
 # The store tests' databases: SQLite, and PostgreSQL (a fresh database) when a URL is given.
-db_url = store_tests.db_url
+db_url = storebuild.db_url
 
 Invoke = Callable[..., Result]
 FAST = ("--quick", "--duration", "2", "--warmup", "0.2")
@@ -107,7 +107,7 @@ def test_0004_gives_every_existing_run_a_distinct_uid(db_url: str) -> None:
         )
     engine.dispose()
 
-    assert upgrade(db_url) == ("0003_service_resources", store_tests.HEAD)
+    assert upgrade(db_url) == ("0003_service_resources", storebuild.HEAD)
     with Store.open(db_url) as store:
         uids = [run.uid for run in store.list_runs()]
         assert len(uids) == len(set(uids)) == 3
@@ -418,8 +418,8 @@ def test_bundle_files_that_cannot_be_read_are_refused(laptop: str, tmp_path: Pat
     wrong["run"]["summary"]["schema_version"] = SUMMARY_SCHEMA_VERSION + 1  # a newer optlab's
     damaged.write_text(f"{header}\n{json.dumps(wrong)}\n")
     version = SUMMARY_SCHEMA_VERSION + 1
-    newer = rf"damaged.jsonl:2: .*does not fit: run summary schema_version {version}"
-    with pytest.raises(StoreError, match=newer):
+    too_new = rf"damaged.jsonl:2: .*does not fit: run summary schema_version {version}"
+    with pytest.raises(StoreError, match=too_new):
         read_bundle(damaged)
     del wrong["run"]["summary"]["schema_version"], wrong["run"]["summary"]["status"]
     damaged.write_text(f"{header}\n{json.dumps(wrong)}\n")

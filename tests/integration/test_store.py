@@ -8,8 +8,6 @@ import json
 import os
 import sqlite3
 import threading
-import uuid
-from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,10 +16,8 @@ from typing import Any
 import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
-from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import create_engine, delete, inspect, select, text, update
-from sqlalchemy.engine import make_url
+from sqlalchemy import delete, inspect, select, text, update
 from sqlalchemy.exc import IntegrityError
 
 from optlab.errors import NotFoundError, StoreError
@@ -46,10 +42,10 @@ from optlab.store import (
 from optlab.store.database import make_engine
 from optlab.store.models import SqlExperiment, SqlRun, SqlStageStats, metadata
 from optlab.store.schema import head_revision
+from tests.support import storebuild
 from tests.support.legacy import old_experiment
+from tests.support.storebuild import HEAD, alembic_cfg, save_baseline, start_run
 
-POSTGRES_ENV = "OPTLAB_TEST_POSTGRES_URL"
-HEAD = "0008_reason_codes"
 MEASUREMENT_TABLES = {"stage_stats", "run_windows", "resource_samples", "run_errors"}
 CORE_TABLES = {"experiments", "experiment_configs", "environments", "runs"}
 
@@ -57,40 +53,8 @@ CORE_TABLES = {"experiments", "experiment_configs", "environments", "runs"}
 # -- fixtures -------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'nested' / 'optlab.db'}"
-        return
-    base = os.environ.get(POSTGRES_ENV)
-    if not base:
-        pytest.skip(f"set {POSTGRES_ENV} to a PostgreSQL URL to run the PostgreSQL variant")
-    # A fresh database per test: tests stay independent and never see each other's schema.
-    name = f"optlab_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as connection:
-            connection.execute(text(f'CREATE DATABASE "{name}"'))
-        yield make_url(base).set(database=name).render_as_string(hide_password=False)
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    finally:
-        admin.dispose()
-
-
-@pytest.fixture
-def store(db_url: str) -> Iterator[Store]:
-    with Store.open(db_url) as opened:
-        yield opened
-
-
-def alembic_cfg(url: str) -> Config:
-    """Alembic driven by URL, the way a developer's `alembic` command runs env.py."""
-    cfg = Config()
-    cfg.set_main_option("script_location", str(migrations_dir()))
-    cfg.set_main_option("path_separator", "os")
-    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
-    return cfg
+db_url = storebuild.db_url
+store = storebuild.store
 
 
 def table_names(url: str) -> set[str]:
@@ -109,39 +73,6 @@ def execute(url: str, sql: str, **params: object) -> None:
             connection.execute(text(sql), params)
     finally:
         engine.dispose()
-
-
-def save_baseline(store: Store, name: str = "baseline", config_hash: str = "a" * 64) -> int:
-    saved = store.save_config(
-        name=name,
-        kind="baseline",
-        parent=None,
-        description="reference classifier",
-        hypothesis=None,
-        config={"knobs": {"precision": "fp32", "threads": 2}, "protocol": {"name": "quick"}},
-        config_hash=config_hash,
-        change=None,
-        variable=None,
-        parent_config_hash=None,
-        source_path="experiments/baseline.yaml",
-        source_hash="b" * 64,
-    )
-    return saved.id
-
-
-def start_run(store: Store, experiment: str = "baseline", **overrides: object) -> int:
-    arguments: dict[str, object] = {
-        "experiment": experiment,
-        "protocol_name": "quick",
-        "protocol": {"name": "quick", "duration_s": 5},
-        "provisional": True,
-        "environment_id": None,
-        "code_identity": {"target": "builtin:image-classifier"},
-        "git_commit": "0123abc",
-        "git_dirty": False,
-    }
-    arguments.update(overrides)
-    return store.create_run(**arguments)  # type: ignore[arg-type]
 
 
 TOTAL_ROW = StageStatsRow(

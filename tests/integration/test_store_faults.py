@@ -26,12 +26,12 @@ from optlab.errors import StoreError, StoreUnavailable
 from optlab.store import RunErrorCount, RunFinal, Store, WindowStats, current
 from optlab.store import database as database_module
 from optlab.store.models import metadata
-from tests.integration import test_store
-from tests.integration.test_store import alembic_cfg, save_baseline, start_run
+from tests.support import storebuild
+from tests.support.storebuild import alembic_cfg, save_baseline, start_run
 
 # SQLite always; PostgreSQL when OPTLAB_TEST_POSTGRES_URL is set (a database per test).
-db_url = test_store.db_url
-store = test_store.store
+db_url = storebuild.db_url
+store = storebuild.store
 POSTGRES_ONLY = pytest.mark.parametrize(
     "db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
 )
