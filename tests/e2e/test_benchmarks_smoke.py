@@ -106,34 +106,37 @@ def test_benchmark_smoke(script: str) -> None:
 
 
 @pytest.mark.slow
-def test_sweep_accuracy_smoke() -> None:
-    """benchmarks/sweep_accuracy.py --smoke (2 queues x 2 seeds, simulated: ~5 s) prints each
-    scenario's line for ours and the reference, and its goal lines."""
+def test_sweep_accuracy_on_one_simulated_scenario() -> None:
+    """benchmarks/sweep_accuracy.py on one queue, M/D/2, 4 seeds (~2 s): simulated levels, so
+    its figures are the strategy's alone and a busy machine cannot move them. A loose bound
+    (the benchmark's goal is all 4 within +-10%, and its measured seconds <= 50% of the
+    reference's): a strategy that regressed fails the suite. Real sweeps (every level a real
+    run) are the benchmark's: `sweep_accuracy.py --real` and `sweep_open_closed.py`."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"), env.get("PYTHONPATH")) if p)
     done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "sweep_accuracy.py"), "--smoke"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=120,
-        check=False,
-    )
+        [sys.executable, str(BENCHMARKS / "sweep_accuracy.py"), "--scenarios", "M/D/2",
+         "--seeds", "4"],
+        capture_output=True, text=True, env=env, cwd=REPO, timeout=120, check=False,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
+    text = done.stdout
     for pattern in (
-        r"^M/M/2 +truth +[\d.]+/s",
+        r"^M/D/2 +truth +[\d.]+/s",
         r"^  ours +within \+-5% +\d+/\d+ +\+-10% +\d+/\d+ +>5% above +\d+ +worst +[-+][\d.]+% "
         r"+covers +\d+/\d+ +measured +[\d.]+ s",
         r"^  reference +within \+-5% +\d+/\d+ .*measured +[\d.]+ s",
-        r"^  measured seconds ours/reference [\d.]+",
         r"^M/D/2 capacity within \+-10% in >= \d+/\d+: \d+/\d+ .*" + VERDICT,
         r"^M/D/2 measured seconds <= 50% of the reference's: ratio [\d.]+ " + VERDICT,
     ):
-        assert any(re.search(pattern, line) for line in lines), (
-            f"sweep_accuracy.py: no line matches {pattern!r}\n{done.stdout}"
-        )
+        assert re.search(pattern, text, re.MULTILINE), f"no line matches {pattern!r}\n{text}"
+    ours = re.search(r"^  ours .*\+-10% +(\d+)/4 .*covers +(\d+)/4", text, re.MULTILINE)
+    ratio = re.search(r"^  measured seconds ours/reference ([\d.]+)", text, re.MULTILINE)
+    assert ours and ratio, text
+    within, covers = int(ours[1]), int(ours[2])
+    assert within >= 3, f"M/D/2 capacity within +-10% of the truth in {within}/4 (>= 3 wanted)"
+    assert covers >= 3, f"M/D/2 interval covers the truth in {covers}/4 (>= 3 wanted)"
+    assert float(ratio[1]) <= 0.75, f"measured seconds ours/reference {ratio[1]} (<= 0.75)"
 
 
 @pytest.mark.slow
