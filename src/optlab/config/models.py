@@ -13,6 +13,7 @@ from pydantic import (
 )
 
 from optlab.config.knobs import StrictModel
+from optlab.config.remedies import DeclaredRemedy
 
 # The load modes' models live with their modes (config/modes/); these names stay importable
 # from here, where the rest of the file's schema is.
@@ -51,6 +52,20 @@ class PythonTarget(StrictModel):
     code_version: str | None = Field(
         None, description="declared code identity; replaces the hash of the module sources"
     )
+    remedies: list[DeclaredRemedy] = Field(
+        default_factory=list,
+        description="what `optlab diagnose` changes when a rule fires (docs/experiment-files.md "
+        "Remedies)",
+    )
+
+    @model_serializer(mode="wrap")
+    def _leave_out_no_remedies(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Left out when empty, so the stored configs (and hashes) of every experiment written
+        # before the field existed stay what they were.
+        data: dict[str, Any] = handler(self)
+        if not self.remedies:
+            data.pop("remedies", None)
+        return data
 
 
 # An http(s) URL, or one that starts with a `${ENV_VAR}` resolved at run time.
@@ -94,6 +109,21 @@ class _HttpRequest(StrictModel):
     code_version: str | None = Field(
         None, description="declared code identity of the service (a version, a commit)"
     )
+
+    remedies: list[DeclaredRemedy] = Field(
+        default_factory=list,
+        description="what `optlab diagnose` changes when a rule fires (docs/experiment-files.md "
+        "Remedies)",
+    )
+
+    @model_serializer(mode="wrap")
+    def _leave_out_no_remedies(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Left out when empty, so the stored configs (and hashes) of every experiment written
+        # before the field existed stay what they were.
+        data: dict[str, Any] = handler(self)
+        if not self.remedies:
+            data.pop("remedies", None)
+        return data
 
     @field_validator("headers")
     @classmethod
