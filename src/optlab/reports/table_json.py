@@ -1,17 +1,29 @@
 """The `optlab table --format json` document as pydantic models (docs/table-json.md).
 
-`reports.export.document` builds the document from the stacked-table frame; these models
-describe what it holds, so that the JSON Schema in docs/schemas/ is generated from them and
-the tests check real output against it. A chain entry also holds one `<stage>_p50_ms` key per
+These models are the output: `reports.stacked.StackedTable.to_document()` builds a
+`TableDocument` and `reports.export.render_json` writes its dump; the JSON Schema in
+docs/schemas/ is generated from them. Three serializers keep the bytes the document had when
+it was a hand-built dict: the protocol is written as stored (its keys in the store's order,
+only those it has), an environment without a `service` note has no `service` key, and a
+table without an SLO has no `capacity` key in its entries. A chain entry also holds one `<stage>_p50_ms` key per
 stage the runs recorded (`preprocess_p50_ms`, `server_total_p50_ms`, ...): the only keys the
 schema leaves open.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 # A stage's P50 column: the table adds one per stage the chain's runs recorded.
 STAGE_COLUMN_PATTERN = r"^[A-Za-z0-9_.-]+_p50_ms$"
@@ -146,6 +158,13 @@ class ChainEntry(BaseModel):
         description="the statistic that judged the step (paired t on log-ratios, Welch t ...)"
     )
 
+    @model_serializer(mode="wrap")
+    def _capacity_only_when_judged(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and data.get("capacity", 0) is None:
+            del data["capacity"]
+        return data
+
 
 class ProtocolInfo(BaseModel):
     """The protocol of the head's newest run: every step shown was measured under it."""
@@ -163,6 +182,24 @@ class ProtocolInfo(BaseModel):
     stability_window_s: float | None = None
     stability_tolerance: float | None = None
 
+    # The protocol as stored: the JSON writes its keys in the store's order, only those it
+    # has, each as stored (a whole number of seconds stays one).
+    _stored: dict[str, Any] | None = PrivateAttr(default=None)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_stored(cls, data: Any, handler: Any) -> Any:
+        model = handler(data)
+        if isinstance(data, Mapping):
+            model._stored = dict(data)
+        return model
+
+    @model_serializer(mode="wrap")
+    def _as_stored(self, handler: SerializerFunctionWrapHandler) -> Any:
+        if self._stored is None:
+            return handler(self)
+        return dict(self._stored)  # validated above; written as the store holds it
+
 
 class EnvironmentInfo(_Closed):
     summary: str = Field(description="one line: CPU, memory, GPU, Python, engines")
@@ -171,6 +208,13 @@ class EnvironmentInfo(_Closed):
     service: str | None = Field(
         None, description="whether a service's own environment was checked (command/http)"
     )
+
+    @model_serializer(mode="wrap")
+    def _service_only_when_noted(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and data.get("service", 0) is None:
+            del data["service"]
+        return data
 
 
 class TableDocument(_Closed):
