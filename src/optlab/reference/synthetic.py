@@ -19,7 +19,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -141,11 +141,23 @@ class SyntheticTarget:
     so a queue built from one would serve out of order; scheduling at arrival makes the queue
     FCFS whatever order the threads are woken in, and a late wake-up delays only its own
     request, never the ones behind it.
+
+    ``now`` and ``sleep_until`` are the clock it reads and sleeps on (``perf_counter_ns``
+    and :func:`optlab.load.timerslack.sleep_until` unless given): the seam through which a
+    test drives the schedule with a fake clock and reads each call's begin and done exactly.
     """
 
-    def __init__(self, knobs: SyntheticKnobs) -> None:
+    def __init__(
+        self,
+        knobs: SyntheticKnobs,
+        *,
+        now: Callable[[], int] = time.perf_counter_ns,
+        sleep_until: Callable[[int], None] = sleep_until,
+    ) -> None:
         self.knobs = knobs
-        self._t0 = time.perf_counter_ns()
+        self._now = now
+        self._sleep_until = sleep_until
+        self._t0 = now()
         self._service_ns = round(knobs.service_ms * 1e6)
         self._every_ns = None if knobs.stall_every_s is None else round(knobs.stall_every_s * 1e9)
         self._stall_ns = round(knobs.stall_ms * 1e6)
@@ -160,7 +172,8 @@ class SyntheticTarget:
 
     @property
     def t0_ns(self) -> int:
-        """``perf_counter_ns`` at construction: time zero of the stall clock."""
+        """The clock's reading (``perf_counter_ns`` unless ``now`` was given) at
+        construction: time zero of the stall clock."""
         return self._t0
 
     def __call__(self, request: Any) -> Any:
@@ -170,9 +183,9 @@ class SyntheticTarget:
         else:
             begin, done = self._schedule()
             with stage("queue"):
-                sleep_until(self._t0 + begin)
+                self._sleep_until(self._t0 + begin)
             with stage("service"):
-                sleep_until(self._t0 + done)
+                self._sleep_until(self._t0 + done)
         if self.knobs.error_rate and self._rng.random() < self.knobs.error_rate:
             raise RuntimeError("synthetic error (error_rate)")
         return request
@@ -193,7 +206,7 @@ class SyntheticTarget:
         with self._lock:
             # Arrival, the service draw and the heap update under one lock: arrivals are
             # ordered by when they took it, and the seeded draws go out in that order.
-            arrival = time.perf_counter_ns() - self._t0
+            arrival = self._now() - self._t0
             begin = max(arrival, free[0])
             done = finish_time(begin, self.service_time(), self._every_ns, self._stall_ns)
             heapq.heapreplace(free, done)
@@ -201,9 +214,9 @@ class SyntheticTarget:
 
     def _serve(self) -> None:
         service = self.service_time()
-        start = time.perf_counter_ns() - self._t0
+        start = self._now() - self._t0
         deadline = self._t0 + finish_time(start, service, self._every_ns, self._stall_ns)
-        sleep_until(deadline)
+        self._sleep_until(deadline)
 
 
 def build(knobs: dict[str, Any]) -> SyntheticTarget:
@@ -234,12 +247,12 @@ def queue_app(target: SyntheticTarget) -> Any:
 
     async def call(request: web.Request) -> web.Response:
         await request.read()
-        arrival = time.perf_counter_ns() - target.t0_ns
+        arrival = target._now() - target.t0_ns
         if target._free is None:  # no queue: every request served at once
             begin, done = arrival, arrival + target.service_time()
         else:
             begin, done = target._schedule()
-        wait = (target.t0_ns + done - time.perf_counter_ns()) / 1e9
+        wait = (target.t0_ns + done - target._now()) / 1e9
         if wait > 0:
             await asyncio.sleep(wait)
         queued, served = max(0, begin - arrival) / 1e6, (done - begin) / 1e6
