@@ -13,7 +13,6 @@ from pydantic import (
 )
 
 from optlab.config.knobs import StrictModel
-from optlab.config.remedies import DeclaredRemedy
 
 # The load modes' models live with their modes (config/modes/); these names stay importable
 # from here, where the rest of the file's schema is.
@@ -23,6 +22,7 @@ from optlab.config.modes import ClosedLoad as ClosedLoad
 from optlab.config.modes import Load as Load
 from optlab.config.modes import OpenLoad as OpenLoad
 from optlab.config.modes import ReplayLoad as ReplayLoad
+from optlab.config.remedies import DeclaredRemedy
 
 # module.path:attribute, as in entry points.
 REFERENCE_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
