@@ -21,7 +21,7 @@ from click.testing import CliRunner, Result
 from optlab import api
 from optlab.cli.main import cli
 from optlab.diagnose import RULES, diagnose
-from optlab.diagnose.evidence import Evidence
+from optlab.diagnose.evidence import Evidence, evidence_of
 from optlab.store import RunEvidence, RunRecord, RunSummary
 from optlab.store.records import GpuSample, ResourceSample, StageStatsRow
 from optlab.store.summary import MemoryTrend
@@ -353,7 +353,7 @@ def _evidence(fixture: str) -> Evidence:
         summary=summary,
         error_message=None,
     )
-    return Evidence(run=run, config=data["config"], stages=stages, samples=samples, cores=16)
+    return evidence_of(run, data["config"], stages=stages, samples=samples, cores=16)
 
 
 def test_gpu_rules_on_telemetry_fixtures() -> None:
@@ -459,8 +459,12 @@ def _leak_evidence(rss_mib: list[float], requests: int = 10_000) -> Evidence:
         ResourceSample(phase="measure", t_s=float(t), rss_bytes=int(v * 2**20))
         for t, v in enumerate(rss_mib)
     )
-    knobs = {**base.config, "target": {"kind": "python", "factory": "m:build"}}
-    return Evidence(run=run, config=knobs, stages=base.stages, samples=samples, cores=2)
+    assert base.config is not None
+    stored = {
+        **base.config.model_dump(mode="json"),
+        "target": {"kind": "python", "factory": "m:build"},
+    }
+    return evidence_of(run, stored, stages=base.stages, samples=samples, cores=2)
 
 
 def test_a_leak_keeps_growing_and_a_warming_pool_stops() -> None:

@@ -7,223 +7,17 @@ a service whose CPU decides the CPU rules without stages."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any
+from dataclasses import replace
 
 import numpy as np
-import pytest
 
 from optlab.diagnose import Diagnosis, diagnose
-from optlab.diagnose.evidence import Evidence
-from optlab.metrics.histogram import LatencyHistogram
-from optlab.run.validity import RunFacts, verdict
-from optlab.store import RunEvidence, RunRecord, RunSummary
-from optlab.store.reasons import Reason
-from optlab.store.records import ResourceSample, StageStatsRow, WindowStats
-from optlab.store.summary import GcEvidence, LatencyStats, ProcessEvidence, ThreadCpu
-
-NOW = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-def _row(stage: str, samples_ms: np.ndarray[Any, Any]) -> StageStatsRow:
-    """A stage's measured row from its requests' times, with the histogram optlab stores."""
-    histogram = LatencyHistogram()
-    histogram.record_array((samples_ms * 1e6).astype(np.int64))
-    return StageStatsRow(
-        stage=stage,
-        phase="measure",
-        count=len(samples_ms),
-        histogram=histogram.encode(),
-        min_ms=float(samples_ms.min()),
-        mean_ms=float(samples_ms.mean()),
-        stddev_ms=float(samples_ms.std()),
-        p50_ms=float(np.percentile(samples_ms, 50)),
-        p90_ms=float(np.percentile(samples_ms, 90)),
-        p95_ms=float(np.percentile(samples_ms, 95)),
-        p99_ms=float(np.percentile(samples_ms, 99)),
-        max_ms=float(samples_ms.max()),
-    )
-
-
-@dataclass
-class Run:
-    """What a stored run holds, in the few numbers each case sets."""
-
-    kind: str = "python"
-    load: dict[str, Any] = field(default_factory=lambda: {"mode": "closed", "concurrency": 8})
-    stage_ms: np.ndarray[Any, Any] = field(
-        default_factory=lambda: np.random.default_rng(0).normal(4.0, 0.2, 2000).clip(3.5)
-    )
-    qps: float = 400.0
-    status: str = "FINISHED"
-    requests: int | None = 2000
-    errors: int | None = 0
-    reasons: tuple[Reason, ...] = ()  # the verdict's own, codes and texts
-    cpu_pct: float = 30.0  # the target's, % of one core
-    threads: tuple[tuple[str, float], ...] = ()
-    other_pct: float = 5.0  # other processes, % of one core
-    send_lag_ms: float = 0.2
-    start_lag_ms: float = 0.1
-    in_flight: tuple[int, ...] = (8, 8, 8, 8, 8)
-    gc: GcEvidence | None = None
-    errors_by_type: dict[str, int] = field(default_factory=dict)
-    fastest_ms: float | None = None  # the whole run's, warmup included; else the stage's
-    machine_pct: float = 50.0  # every core, 0..100
-
-    def evidence(self) -> Evidence:
-        in_process = self.kind in ("python", "builtin", "synthetic")
-        usage = ProcessEvidence(
-            cpu_user_pct=self.cpu_pct,
-            cpu_system_pct=0.0,
-            threads=tuple(ThreadCpu(name=n, cpu_pct=c) for n, c in self.threads),
-        )
-        recorded = RunEvidence(
-            cores=2,
-            process=usage if in_process else ProcessEvidence(cpu_user_pct=10.0),
-            service=None if in_process else usage,
-            neighbour_cpu_pct=self.other_pct,
-            steal_pct=0.0,
-            gc=self.gc,
-            in_flight_mean=float(sum(self.in_flight)) / len(self.in_flight),
-        )
-        total = self.stage_ms + 0.05
-        lags = {
-            "send_lag": LatencyStats(p99=self.send_lag_ms, count=1),
-            "start_lag": LatencyStats(p99=self.start_lag_ms, count=1),
-        }
-        valid = not self.reasons
-        summary = RunSummary.model_validate(
-            {
-                "run_id": 1,
-                "experiment": "case",
-                "status": self.status,
-                "valid": valid,
-                "provisional": True,
-                "reasons": [r.text for r in self.reasons],
-                "protocol": "quick",
-                "load": self.load["mode"],
-                "requests": self.requests,
-                "errors": self.errors,
-                "errors_by_type": self.errors_by_type,
-                "qps": self.qps,
-                "warmup_s": 1.0,
-                "duration_s": 5.0,
-                "harness_ms": {k: v.model_dump() for k, v in lags.items()},
-                "evidence": recorded.model_dump(),
-            }
-        )
-        run = RunRecord(
-            id=1,
-            uid="u",
-            experiment="case",
-            config_id=1,
-            config_hash="h",
-            environment_id=None,
-            status=self.status,
-            protocol_name="quick",
-            protocol={},
-            provisional=True,
-            repeat=False,
-            code_identity={},
-            git_commit=None,
-            git_dirty=None,
-            hostname="elsewhere",
-            pid=1,
-            started_at=NOW,
-            heartbeat_at=NOW,
-            finished_at=NOW,
-            warmup_s=1.0,
-            duration_s=5.0,
-            valid=valid,
-            reasons=tuple(r.text for r in self.reasons),
-            reason_codes=tuple(r.code for r in self.reasons),
-            requests=self.requests,
-            errors=self.errors,
-            qps=self.qps,
-            summary=summary,
-            error_message=None,
-        )
-        target: dict[str, Any] = {"kind": self.kind, "factory": "m:build"}
-        if not in_process:
-            target = {"kind": self.kind, "url": "http://127.0.0.1:1/", "command": ["serve"]}
-        samples = tuple(
-            ResourceSample(
-                phase="measure",
-                t_s=float(t),
-                cpu_process_pct=self.cpu_pct,
-                cpu_system_pct=self.machine_pct,
-                iowait_pct=0.0,
-                steal_pct=0.0,
-                other_cpu_pct=self.other_pct,
-            )
-            for t in range(5)
-        )
-        windows = tuple(
-            WindowStats(
-                phase="measure",
-                t_s=t,
-                completed=int(self.qps or 0),
-                errors=0,
-                qps=self.qps or 0.0,
-                in_flight=n,
-            )
-            for t, n in enumerate(self.in_flight)
-        )
-        stages = {"infer": _row("infer", self.stage_ms), "total": _row("total", total)}
-        return Evidence(
-            run=run,
-            config={"target": target, "workload": {"load": self.load}, "knobs": {}},
-            stages=stages,
-            windows=windows,
-            samples=samples,
-            cores=2,
-            fastest={
-                "infer": self.fastest_ms or float(self.stage_ms.min()),
-                "total": (self.fastest_ms or float(self.stage_ms.min())) + 0.05,
-            },
-        )
-
-
-def facts(**changes: Any) -> RunFacts:
-    base: dict[str, Any] = {
-        "requested_s": 5.0,
-        "measured_s": 5.0,
-        "completed": 2000,
-        "errors": 0,
-        "max_error_rate": 0.001,
-        "send_lag_p99_ms": 0.2,
-        "max_send_lag_p99_ms": 2.0,
-        "start_lag_p99_ms": 0.1,
-        "total_p50_ms": 4.0,
-        "first_half_qps": 400.0,
-        "second_half_qps": 400.0,
-        "stability_tolerance": 0.1,
-        "throttled": False,
-        "interrupted": False,
-        "open_loop": True,
-        "intended_qps": 400.0,
-        "completed_qps": 400.0,
-        "in_process": True,
-    }
-    return RunFacts(**{**base, **changes})
-
-
-def reasons(word: str, **changes: Any) -> tuple[Reason, ...]:
-    """The verdict's own INVALID reasons for these facts, with their codes; one of them names
-    `word` (diagnose matches the codes, never the words)."""
-    said = verdict(facts(**changes)).coded
-    assert any(word in r.text for r in said), said
-    return said
+from optlab.store.summary import GcEvidence
+from tests.support.evidence import OPEN, SLOW, Run, reasons
 
 
 def first(d: Diagnosis) -> str | None:
     return d.top.rule.id if d.top is not None else None
-
-
-OPEN = {"mode": "open", "rate": 400.0, "arrival": "poisson"}
-SLOW = np.random.default_rng(1).normal(245.0, 20.0, 1500).clip(150)  # P50 ~245 ms
 
 
 def test_a_saturated_open_loop_blames_the_target_never_the_generator() -> None:
@@ -334,8 +128,6 @@ def test_every_other_invalid_reason_is_read_the_same_way() -> None:
 
 
 def test_a_starved_closed_loop_is_the_generators() -> None:
-    if "total_mean_ms" not in RunFacts.__dataclass_fields__:
-        pytest.skip("the verdict has no starved-clients reason yet")
     said = reasons(
         "load generator",
         open_loop=False,
@@ -442,7 +234,7 @@ def test_a_service_busy_on_its_cpu_is_judged_without_stages() -> None:
 
 
 def test_no_data_and_unevaluated_core_rules_are_never_healthy() -> None:
-    empty = Run(status="FAILED", requests=0, errors=0, qps=None)  # type: ignore[arg-type]
+    empty = Run(status="FAILED", requests=0, errors=0, qps=None)
     evidence = empty.evidence()
     d = diagnose(replace(evidence, no_data="the run FAILED before any request finished"))
     assert d.state == "no-data" and not d.healthy and not d.findings
@@ -456,24 +248,6 @@ def test_no_data_and_unevaluated_core_rules_are_never_healthy() -> None:
     assert not d.findings and d.state == "undecided" and "load-generator" in d.undecided
 
 
-@pytest.mark.slow
-def test_a_real_saturated_open_loop_run_is_the_targets(invoke: Any, folder: Path) -> None:
-    from tests.integration.test_diagnose import diagnosed, experiment, run
-
-    # A lock held 4 ms a request (at most ~250/s) offered 600/s: the backlog grows.
-    path = experiment(
-        folder, "flooded", "{mode: lock, hold_ms: 4}", "{mode: open, rate: 600, arrival: poisson}"
-    )
-    run(invoke, path)
-    document = diagnosed(invoke, "flooded")
-    assert document["valid"] is False and "saturated" in document["partial_reason"], document
-    rules = [f["rule"] for f in document["findings"]]
-    assert "load-generator" not in rules, document["findings"]
-    own = [f for f in document["findings"] if f["rule"] != "noisy-neighbour"]
-    assert own and own[0]["rule"] == "saturated", rules
-    assert own[0]["bottleneck"]["resource"] == "queue"
-
-
 def test_every_form_says_the_state_not_healthy() -> None:
     from optlab.reports.diagnose import (
         render_diagnosis,
@@ -482,7 +256,7 @@ def test_every_form_says_the_state_not_healthy() -> None:
         run_line,
     )
 
-    failed = Run(status="FAILED", requests=0, errors=0, qps=None)  # type: ignore[arg-type]
+    failed = Run(status="FAILED", requests=0, errors=0, qps=None)
     nothing = diagnose(replace(failed.evidence(), no_data="the run FAILED before any request"))
     drift = reasons(
         "unstable",

@@ -392,7 +392,7 @@ def check_network(e: Evidence, p: Params) -> Outcome:
     recorded = e.recorded
     network = recorded.network if recorded is not None else None
     if network is None:
-        if e.target_kind in ("http", "command"):
+        if e.over_network:
             return Unevaluable(
                 "the server sends no Server-Timing total, so network and HTTP cost cannot "
                 "be told from the server's own time"

@@ -10,16 +10,22 @@ from __future__ import annotations
 
 import socket
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from optlab.config.modes import MODES
+from pydantic import ValidationError
+
+from optlab.config.models import ResolvedConfig
+from optlab.config.modes import LoadCommon, LoadMode, mode_of
+from optlab.errors import ConfigError
 from optlab.metrics.histogram import LatencyHistogram
 from optlab.metrics.stages import HARNESS_SERIES
 from optlab.store import RunEvidence, RunRecord, RunSummary, Store
 from optlab.store.records import ResourceSample, StageStatsRow, WindowStats
+from optlab.targets.kind import TargetKind
+from optlab.targets.registry import kind_of
 
 __all__ = ["Evidence", "evidence_of", "gather", "percentile"]
 
@@ -46,10 +52,13 @@ def _mean(values: Sequence[float | None]) -> float | None:
 
 @dataclass(frozen=True)
 class Evidence:
-    """One run's evidence over its measured phase."""
+    """One run's evidence over its measured phase, with its config read once: the target's
+    kind and the load's mode are asked, never the config's raw fields."""
 
     run: RunRecord
-    config: dict[str, Any]
+    # The config as the run stored it, parsed; None when it no longer parses (a bundle from
+    # another optlab), and then `partial` says so and the rules that need it say what they lack.
+    config: ResolvedConfig | None
     stages: dict[str, StageStatsRow] = field(default_factory=dict)  # "total" included
     windows: tuple[WindowStats, ...] = ()
     samples: tuple[ResourceSample, ...] = ()
@@ -60,6 +69,8 @@ class Evidence:
     no_data: str | None = None
     # Each stage's fastest request over the whole run, warmup included (ms).
     fastest: dict[str, float] = field(default_factory=dict)
+    kind: TargetKind | None = None  # the target's kind (optlab.targets.registry)
+    mode: LoadMode[Any] | None = None  # the load's mode (optlab.config.modes)
 
     # -- the run and its config ------------------------------------------------------------
 
@@ -73,30 +84,46 @@ class Evidence:
         return self.summary.evidence if self.summary is not None else None
 
     @property
-    def target_kind(self) -> str:
-        return str((self.config.get("target") or {}).get("kind") or "")
-
-    @property
     def knobs(self) -> dict[str, Any]:
-        knobs = self.config.get("knobs")
-        return knobs if isinstance(knobs, dict) else {}
+        return dict(self.config.knobs) if self.config is not None else {}
 
     @property
-    def load(self) -> dict[str, Any]:
-        load = (self.config.get("workload") or {}).get("load")
-        return load if isinstance(load, dict) else {}
+    def load(self) -> LoadCommon | None:
+        return self.config.workload.load if self.config is not None else None
 
     @property
     def open_loop(self) -> bool:
         """Requests left on a schedule (open loop, replay): their send lag is recorded and
         judged; a closed loop's clients are judged by their start lag instead."""
-        mode = self.load.get("mode")
-        return isinstance(mode, str) and mode in MODES and MODES[mode].open_loop
+        return self.mode is not None and self.mode.open_loop
+
+    @property
+    def offered_qps(self) -> float | None:
+        """The rate the load offered (an open loop's); None where the target or a trace set it."""
+        load = self.load
+        return self.mode.offered_qps(load) if self.mode is not None and load is not None else None
+
+    @property
+    def clients(self) -> int | None:
+        """A closed loop's clients; None for a load that sends on a schedule."""
+        load = self.load
+        return self.mode.clients(load) if self.mode is not None and load is not None else None
 
     @property
     def in_process(self) -> bool:
         """The target ran inside optlab's process (its CPU is optlab's process CPU)."""
-        return self.target_kind in ("builtin", "python", "synthetic")
+        return self.kind is not None and self.kind.in_process
+
+    @property
+    def over_network(self) -> bool:
+        """The target is a service measured over the network (not in optlab's process)."""
+        return self.kind is not None and not self.kind.in_process
+
+    @property
+    def service_unseen(self) -> bool:
+        """A service optlab did not start: its process tree is sampled only when it happens
+        to listen on this host."""
+        return self.over_network and self.kind is not None and not self.kind.starts_service
 
     # -- latency ---------------------------------------------------------------------------
 
@@ -289,10 +316,27 @@ def _no_data(
     return None
 
 
-def evidence_of(run: RunRecord, stored: dict[str, Any], **rest: Any) -> Evidence:
-    """The evidence of `run`, its config as stored (a dict) read once, with `rest` (stages,
-    windows, samples, cores, partial, no_data, fastest) as gather reads them."""
-    return Evidence(run=run, config=stored, **rest)
+def evidence_of(run: RunRecord, stored: Mapping[str, Any], **rest: Any) -> Evidence:
+    """The evidence of `run` with its config as stored (a dict) parsed once, its kind and its
+    load's mode found, and `rest` (stages, windows, samples, cores, partial, no_data, fastest)
+    as gather reads them. A config that no longer parses makes the evidence partial; it never
+    raises."""
+    try:
+        config = ResolvedConfig.model_validate(stored)
+        kind = kind_of(config.target)
+    except (ValidationError, ConfigError) as exc:
+        first = exc.errors()[0] if isinstance(exc, ValidationError) else None
+        where = ".".join(str(p) for p in first["loc"]) if first else ""
+        what = f"{where}: {first['msg']}" if first else str(exc)
+        why = (
+            f"its stored config no longer parses ({what}): the rules that read the target or "
+            "the load say what they lack"
+        )
+        earlier = rest.pop("partial", None)
+        return Evidence(
+            run=run, config=None, partial=f"{earlier}; {why}" if earlier else why, **rest
+        )
+    return Evidence(run=run, config=config, kind=kind, mode=mode_of(config.workload.load), **rest)
 
 
 def gather(store: Store, run_id: int) -> Evidence:
@@ -307,9 +351,9 @@ def gather(store: Store, run_id: int) -> Evidence:
             fastest[row.stage] = min(fastest.get(row.stage, row.min_ms), row.min_ms)
     gone = _gone(run) if run.status == "RUNNING" else None
     windows = tuple(store.get_windows(run_id, MEASURED))
-    return Evidence(
-        run=run,
-        config=config,
+    return evidence_of(
+        run,
+        config,
         stages=stages,
         windows=windows,
         samples=tuple(store.get_resource_samples(run_id, MEASURED)),

@@ -21,7 +21,7 @@ from optlab.diagnose.findings import (
 def _gpu_reading(e: Evidence) -> list[float] | Unevaluable:
     utils = e.gpu_utils()
     if utils is None:
-        if e.knobs.get("device") == "cuda":
+        if e.kind is not None and e.config is not None and e.kind.uses_gpu(e.config):
             return Unevaluable("no GPU evidence: NVML gave no readings during the run")
         return Unevaluable("no GPU evidence: the run had no GPU telemetry")
     return utils

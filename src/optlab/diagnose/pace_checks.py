@@ -107,9 +107,9 @@ def check_saturated(e: Evidence, p: Params) -> Outcome:
         if not e.open_loop:
             return Passed()
         return Passed((Measure("target saturated", 0, None),))
-    rate, qps = e.load.get("rate"), readings.throughput(e)
+    rate, qps = e.offered_qps, readings.throughput(e)
     measures: list[Measure] = []
-    if isinstance(rate, int | float) and rate and qps is not None:
+    if rate and qps is not None:
         measures.append(Measure("completed / offered rate", 100 * qps / rate,
                                 100 * (1 - p["shortfall"]), "<=", "%"))  # fmt: skip
     wait = readings.wait_stage(e)

@@ -102,12 +102,12 @@ def in_flight(e: Evidence) -> float | None:
     counts = [w.in_flight for w in e.windows if w.in_flight is not None]
     if counts:
         return sum(counts) / len(counts)
-    concurrency = e.load.get("concurrency")
-    return float(concurrency) if isinstance(concurrency, int | float) else None
+    clients = e.clients
+    return float(clients) if clients is not None else None
 
 
 def no_cpu(e: Evidence) -> Unevaluable:
-    if not e.in_process and e.target_kind == "http":
+    if e.service_unseen:
         return Unevaluable(
             "no CPU figures for a service optlab did not start (kind http): start it with "
             "kind command so its process tree is sampled"
@@ -116,8 +116,8 @@ def no_cpu(e: Evidence) -> Unevaluable:
 
 
 def batching_on(e: Evidence) -> bool:
-    batching = e.knobs.get("batching")
-    return isinstance(batching, dict) and batching.get("mode") not in (None, "off")
+    """The target batches requests, as its kind reads its knobs (False when it cannot say)."""
+    return bool(e.kind is not None and e.config is not None and e.kind.batching_on(e.config))
 
 
 def half_slopes(points: list[tuple[float, float]]) -> tuple[float, float] | None:
@@ -161,8 +161,8 @@ def saturation(e: Evidence) -> str | None:
         return said
     if not e.open_loop:
         return None
-    rate, qps = e.load.get("rate"), throughput(e)
-    if not isinstance(rate, int | float) or not rate or qps is None:
+    rate, qps = e.offered_qps, throughput(e)
+    if not rate or qps is None:
         return None
     if qps >= (1 - SATURATION_SHORTFALL) * rate:
         return None

@@ -1,14 +1,14 @@
 """From a finding to the next step: the one knob to change, and the step file that changes it.
 
-The built-in image classifier's knobs are known (docs/experiment-files.md), so a finding on one
-of its stages maps to one knob and one value. For python, http and command targets optlab does
-not know what the knobs mean: the remedy is advice in prose and no file is written.
+What a target's knobs mean is its kind's to say (`optlab.targets.kind.TargetKind.remedy`): the
+reference classifier's kind knows its knobs (docs/experiment-files.md); a python, http or command
+target answers with the remedies its experiment file declares (`target.remedies`). Where no knob
+answers a finding, the remedy is advice in prose and no file is written.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,7 @@ from optlab.diagnose.evidence import Evidence
 from optlab.diagnose.findings import Fired
 from optlab.diagnose.rules import Rule
 from optlab.errors import ConfigError
+from optlab.targets.remedies import Remedy
 
 __all__ = [
     "Suggestion",
@@ -31,17 +32,7 @@ __all__ = [
     "write_step",
 ]
 
-BUILTIN = "image-classifier"
-
-
-@dataclass(frozen=True)
-class Suggestion:
-    knob: str
-    value: Any
-    why: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"knob": self.knob, "value": self.value, "why": self.why}
+Suggestion = Remedy  # the name a finding's `suggestion` has had
 
 
 # What to do when no knob optlab knows is the remedy (and what to look at next).
@@ -93,97 +84,12 @@ def advice_for(rule: Rule, evidence: Evidence | None = None) -> str:
     return ADVICE.get(rule.id, "")
 
 
-def _builtin(evidence: Evidence) -> bool:
-    target = evidence.config.get("target") or {}
-    return target.get("kind") == "builtin" and target.get("name") == BUILTIN
-
-
 def suggest(rule: Rule, fired: Fired, evidence: Evidence) -> Suggestion | None:
-    """The one knob of the built-in classifier that answers `fired`; None where optlab knows
-    no knob for it (the finding's advice says what to try)."""
-    if not _builtin(evidence):
+    """The one knob that answers `fired`, as the target's kind says; None where it knows none
+    (the finding's advice says what to try) or the run's config no longer parses."""
+    if evidence.kind is None or evidence.config is None:
         return None
-    knobs = evidence.knobs
-    stage = fired.stage
-    device = knobs.get("device", "cpu")
-    if rule.id in ("cpu-bound", "gil-bound", "gpu-starved") and stage == "preprocess":
-        current = knobs.get("preprocess", "python")
-        if current in ("python", "numpy"):
-            return Suggestion(
-                "preprocess",
-                "numpy-pooled",
-                f"preprocess ({current}) is the busiest stage: vectorised numpy into pooled "
-                "buffers does the same work in C and releases the GIL",
-            )
-        if device == "cuda" and current != "torch":
-            return Suggestion("preprocess", "torch", "run resize and normalise on the GPU")
-        return None
-    if rule.id == "gpu-compute-bound" or (rule.id == "cpu-bound" and stage == "infer"):
-        return _faster_engine(evidence, knobs, device)
-    if rule.id in ("queueing", "serialised"):
-        batching = knobs.get("batching") or {}
-        if batching.get("mode", "off") == "off":
-            return Suggestion(
-                "batching",
-                {"mode": "dynamic", "max_batch_size": 8, "max_wait_ms": 2},
-                "requests queue for an engine that is busy all the time: one pass over a "
-                "batch costs far less than a pass per request",
-            )
-        instances = int(knobs.get("instances", 1))
-        return Suggestion(
-            "instances",
-            instances + 1,
-            "the engine is batching already and still busy: another instance serves in parallel",
-        )
-    if rule.id == "under-batching":
-        batching = dict(knobs.get("batching") or {})
-        wait = float(batching.get("max_wait_ms", 10.0))
-        shorter = max(0.5, round(wait / 4, 1))
-        if shorter >= wait:
-            return None
-        return Suggestion(
-            "batching",
-            {**batching, "max_wait_ms": shorter},
-            f"batches close on the {wait:g} ms timeout mostly empty: a shorter wait gives "
-            "back that latency at this load",
-        )
-    return None
-
-
-def _faster_engine(evidence: Evidence, knobs: dict[str, Any], device: str) -> Suggestion | None:
-    inputs = (evidence.config.get("workload") or {}).get("inputs") or {}
-    cache = knobs.get("cache") or {}
-    if inputs.get("repeat_skew") and cache.get("mode", "off") == "off":
-        return Suggestion(
-            "cache",
-            {"mode": "lru", "max_entries": 1024},
-            "the workload repeats payloads: a response cache skips the engine for them",
-        )
-    engine, precision = knobs.get("engine", "torch"), knobs.get("precision", "fp32")
-    if device == "cuda":
-        if precision == "fp32":
-            return Suggestion("precision", "fp16", "the GPU's fp16 units do the pass faster")
-        if engine != "tensorrt":
-            return Suggestion("engine", "tensorrt", "TensorRT fuses and tunes the graph")
-        return None
-    if engine == "torch":
-        return Suggestion(
-            "engine",
-            "onnxruntime",
-            "the engine's pass is the busiest stage: onnxruntime's fused CPU kernels run the "
-            "same graph faster than torch eager",
-        )
-    if precision == "fp32":
-        return Suggestion("precision", "int8", "int8 kernels cut the CPU pass further")
-    threads = int(knobs.get("threads", 1))
-    if evidence.cores is not None and threads < evidence.cores:
-        return Suggestion(
-            "threads",
-            threads + 1,
-            f"the engine's pass is the limit and it runs on {threads} of {evidence.cores} "
-            "cores: one more intra-op thread shares the pass",
-        )
-    return None
+    return evidence.kind.remedy(rule.id, fired.stage, evidence.config, evidence.cores)
 
 
 # -- the step file ---------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from optlab.store.summary import (
     RunSummary,
     ThreadCpu,
 )
+from optlab.targets.kind import TargetKind
 
 __all__ = ["MEMORY_LEAST_SAMPLES", "SERVER_TOTALS", "Observed", "memory_trend", "run_evidence"]
 
@@ -38,7 +39,6 @@ MEMORY_LEAST_SAMPLES = 5
 # A server's own total among its Server-Timing stages: its `total` (renamed, since `total` is
 # the client's series) or, as `optlab serve` names its whole handler, `app`.
 SERVER_TOTALS = ("server_total", "app")
-BATCH_WAIT_STAGE = "queue"  # the reference pipeline's wait for a batch (or an instance)
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,8 @@ class Observed:
     # (t_s, optlab's RSS, the service's RSS) read when the phase began and when it ended.
     tree_rss: Sequence[tuple[float, int | None, int | None]] = ()
     profile: Profile | None = None  # `optlab run --profile`: py-spy's samples
+    # The stage a request waits in for its batch: the target kind's (TargetKind.batch_wait_stage).
+    batch_wait_stage: str | None = TargetKind.batch_wait_stage
 
 
 def run_evidence(
@@ -89,7 +91,7 @@ def run_evidence(
         memory=memory_trend(observed, measured),
         in_flight_mean=_mean([float(n) for n in in_flight], 2),
         in_flight_max=most,
-        batching=_batching(summary),
+        batching=_batching(summary, observed.batch_wait_stage),
         network=None if in_process else _network(summary),
         profile=None if observed.profile is None else _profile(observed.profile),
     )
@@ -161,14 +163,14 @@ def memory_trend(observed: Observed, measured: Sequence[ResourceReading]) -> Mem
     )
 
 
-def _batching(summary: RunSummary) -> BatchingEvidence | None:
+def _batching(summary: RunSummary, wait_stage: str | None) -> BatchingEvidence | None:
     """From a batching target's own figures (its `batching` section, as JSON) and its wait
-    stage; None for a target that reports no batching."""
+    stage (its kind's); None for a target that reports no batching."""
     mean_batch = _number(summary.target_figure("batching", "mean_batch_size"))
     max_batch = _number(summary.target_figure("batching", "max_batch_size"))
     if mean_batch is None and max_batch is None:
         return None
-    wait = summary.stages.get(BATCH_WAIT_STAGE)
+    wait = summary.stages.get(wait_stage) if wait_stage is not None else None
     fill = None
     if mean_batch is not None and max_batch is not None and max_batch > 0:
         fill = round(mean_batch / max_batch, 4)

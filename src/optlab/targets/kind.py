@@ -2,8 +2,10 @@
 
 Each kind (`optlab.targets.kinds.<name>`) says, in one module, how its knobs are checked, what
 its inputs must be, what identifies its code, whether a service environment belongs in the
-fingerprint, and how it is built into a target the load generator drives. The other layers ask
-the kind (`optlab.targets.registry.kind_of`) instead of switching on `target.kind`.
+fingerprint, how it is built into a target the load generator drives, and what its knobs mean to
+`optlab diagnose` (its stages' order, its wait stage, whether it batches or uses a GPU, and the
+knob that answers a finding: docs/diagnose.md "The next step"). The other layers ask the kind
+(`optlab.targets.registry.kind_of`) instead of switching on `target.kind` or reading knobs.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from pydantic import BaseModel
 from optlab.config.models import ResolvedConfig, Target, Workload
 from optlab.config.source import SourceFile
 from optlab.targets.base import LoadedTarget
+from optlab.targets.remedies import Remedy, check_declared, declared_remedy
 from optlab.targets.templates import Secrets
 
-__all__ = ["TargetKind"]
+__all__ = ["Remedy", "TargetKind"]
 
 
 class TargetKind(ABC):
@@ -34,6 +37,15 @@ class TargetKind(ABC):
     # What reports say of the service's environment when the run recorded none; None where the
     # target runs in optlab's process and optlab's own environment is its environment.
     service_note: ClassVar[str | None] = None
+    # optlab starts the target's service and samples its process tree (a command target); an
+    # http target's is sampled only when it happens to listen on this host.
+    starts_service: ClassVar[bool] = False
+    # The order reports list the target's stages in (the rest follow as they come); () when
+    # the kind knows none.
+    stage_order: ClassVar[tuple[str, ...]] = ()
+    # The stage a request waits in for a batch to close (docs/run-json.md "batching": a target
+    # that reports `batching` figures times that wait as its `queue` stage).
+    batch_wait_stage: ClassVar[str | None] = "queue"
 
     def knob_model(self, target: Target, paths: Sequence[Path]) -> type[BaseModel] | None:
         """The model the knobs are validated against; None takes free-form knobs."""
@@ -41,8 +53,9 @@ class TargetKind(ABC):
 
     def check_knobs(self, target: Target, knobs: dict[str, Any]) -> None:
         """Refuse, at load, knobs the target's other fields cannot use (a template naming a
-        knob the config lacks). ConfigError without a location: the loader adds it."""
-        return None
+        knob the config lacks, a declared remedy's knob it lacks). ConfigError without a
+        location: the loader adds it."""
+        check_declared(getattr(target, "remedies", ()), knobs)
 
     def check_code(self, target: Target, paths: Sequence[Path], source: SourceFile) -> None:
         """Refuse, at load, references to user code that does not resolve (a misspelt
@@ -74,3 +87,26 @@ class TargetKind(ABC):
         self, config: ResolvedConfig, paths: Sequence[Path], secrets: Secrets
     ) -> LoadedTarget:
         """The target, ready to be driven. `${ENV_VAR}` values it resolves go into `secrets`."""
+
+    # -- what the knobs mean to `optlab diagnose` (docs/diagnose.md) ----------------------------
+
+    def batching_on(self, config: ResolvedConfig) -> bool:
+        """Whether the target batches requests. The default reads the convention the reference
+        classifier's knobs set and a service of it (`optlab serve`) takes: a `batching` knob
+        whose `mode` is not off."""
+        batching = config.knobs.get("batching")
+        return isinstance(batching, dict) and batching.get("mode") not in (None, "off")
+
+    def uses_gpu(self, config: ResolvedConfig) -> bool:
+        """Whether the target runs on a GPU (so a run without GPU readings lacks them). The
+        default reads the same convention: a `device` knob set to cuda."""
+        return config.knobs.get("device") == "cuda"
+
+    def remedy(
+        self, rule: str, stage: str | None, config: ResolvedConfig, cores: int | None
+    ) -> Remedy | None:
+        """The one knob that answers rule `rule` firing on `stage`, and its new value; None
+        where the kind knows none (the finding's advice says what to try). The default: what
+        the experiment file declares (`target.remedies`, docs/experiment-files.md)."""
+        declared = getattr(config.target, "remedies", ())
+        return declared_remedy(declared, rule, stage, config.knobs)

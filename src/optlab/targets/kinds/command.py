@@ -41,6 +41,7 @@ WRITTEN_BY_SERVICES = (".pid", ".log", ".lock", ".sock", ".out", ".err", ".tmp")
 class Command(TargetKind):
     name = "command"
     in_process = False
+    starts_service = True
     service_note = "not recorded (measured before optlab recorded a service's environment)"
 
     def knob_model(self, target: Target, paths: Sequence[Path]) -> type[BaseModel] | None:
@@ -50,6 +51,7 @@ class Command(TargetKind):
     def check_knobs(self, target: Target, knobs: dict[str, Any]) -> None:
         assert isinstance(target, CommandTarget)
         check_templates(target, knobs)
+        super().check_knobs(target, knobs)
 
     def resolve_inputs(self, workload: Workload, source: SourceFile) -> Workload:
         return network_inputs(workload, source)

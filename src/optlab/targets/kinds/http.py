@@ -46,6 +46,7 @@ class Http(TargetKind):
     def check_knobs(self, target: Target, knobs: dict[str, Any]) -> None:
         assert isinstance(target, HttpTarget)
         check_templates(target, knobs)
+        super().check_knobs(target, knobs)
 
     def resolve_inputs(self, workload: Workload, source: SourceFile) -> Workload:
         return network_inputs(workload, source)
