@@ -279,6 +279,7 @@ class _Run:
             measure_start_s=measure_start_s,
             tree_rss=sampler.tree_rss(),
             profile=loop.profiled,
+            batch_wait_stage=kind_of(self.config.target).batch_wait_stage,
         )
 
     def _in_flight_now(self) -> list[int]:
