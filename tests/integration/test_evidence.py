@@ -17,18 +17,14 @@ import pytest
 from click.testing import Result
 from scipy import stats
 
-from optlab.chain.lineage import prepare
-from optlab.cli.runs import PlainProgress
-from optlab.config.models import ResolvedConfig
-from optlab.config.protocol import effective_protocol
 from optlab.metrics.gcpause import P99_LEAST_PAUSES, GcPauses, pause_figures
 from optlab.metrics.trend import least_squares, served_by
 from optlab.metrics.usage import snapshot_tree, usage_between
-from optlab.run.measurement import RunOptions, measure
-from optlab.store import RunEvidence, RunSummary, Store
+from optlab.store import RunEvidence, RunSummary
 from tests.conftest import write
-from tests.integration.test_http import command_experiment, free_port, summary_of
-from tests.integration.test_pipeline import BATCHED
+from tests.support.httpsvc import command_experiment, summary_of
+from tests.support.inprocess import BATCHED, run_file
+from tests.support.proc import free_port
 
 Invoke = Callable[..., Result]
 LEAK_BYTES = 10 * 1024  # per request: 10 MiB per 1,000 requests less malloc's rounding
@@ -79,29 +75,6 @@ def measured(folder: Path, name: str, knobs: str, load: str, duration_s: float) 
         f"knobs: {knobs}\nworkload: {{load: {load}}}\n",
     )
     return run_file(folder, path, duration_s)
-
-
-def run_file(folder: Path, path: Path, duration_s: float) -> RunSummary:
-    store = Store.open(f"sqlite:///{folder / 'optlab.db'}")
-    link = prepare(path, store).head
-    config = ResolvedConfig.model_validate(link.stored.config)
-    protocol = effective_protocol(config.protocol, quick=True, duration_s=duration_s, warmup_s=0.3)
-    run_id = store.create_run(
-        experiment=link.name,
-        protocol_name=protocol.name,
-        protocol=protocol.as_dict(),
-        provisional=True,
-        environment_id=None,
-        code_identity={},
-        git_commit=None,
-        git_dirty=None,
-    )
-    options = RunOptions(quick=True)
-    done = measure(store, link, config, protocol, run_id, PlainProgress(), options, [folder])
-    assert done.status == "FINISHED", done.summary.reasons
-    stored = store.get_run(run_id).summary  # the evidence is stored with the run
-    assert stored is not None and stored.evidence == done.summary.evidence
-    return done.summary
 
 
 def evidence_of(summary: RunSummary) -> RunEvidence:

@@ -26,9 +26,11 @@ from optlab.metrics.resources import ResourceSampler
 from optlab.metrics.usage import snapshot_tree
 from optlab.store import RunEvidence, Store
 from optlab.targets.listener import local_listener
-from tests.conftest import wait_until, write
-from tests.integration.test_evidence import run_file
-from tests.integration.test_http import free_port, http_experiment, spawn_run, wait_listening
+from tests.conftest import write
+from tests.support.httpsvc import http_experiment
+from tests.support.inprocess import run_file
+from tests.support.proc import free_port, service, start_optlab
+from tests.support.waits import wait_until
 
 SPIN_MS = 1.0  # CPU the test server spends on each request (its own thread's CPU time)
 
@@ -96,17 +98,10 @@ def server(tmp_path: Path) -> Iterator[tuple[int, int, int]]:
     port = free_port()
     script = write(tmp_path, "spin_server.py", SERVER)
     worker_file = tmp_path / "worker.pid"
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(port), str(SPIN_MS), str(worker_file)],
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        wait_listening(port)
+    argv = [sys.executable, script, str(port), str(SPIN_MS), str(worker_file)]
+    with service(argv, port) as proc:  # its worker is in its process group, killed with it
         wait_until(lambda: worker_file.is_file() and worker_file.read_text(), "the worker's pid")
         yield port, proc.pid, int(worker_file.read_text())
-    finally:
-        proc.kill()
-        proc.wait(10)
 
 
 @pytest.mark.slow
@@ -119,8 +114,18 @@ def test_a_same_host_http_server_is_the_service_never_a_neighbour(
         )
         db = Path(sqlite_url.removeprefix("sqlite:///"))
         # optlab in its own process, as a user runs it: the server is its sibling, not its child.
-        run = spawn_run(
-            path, db, "--quick", "--duration", "3", "--warmup", "0.5", "--json", "--allow-invalid"
+        run = start_optlab(
+            "run",
+            str(path),
+            "--quick",
+            "--duration",
+            "3",
+            "--warmup",
+            "0.5",
+            "--json",
+            "--allow-invalid",
+            db=db,
+            new_session=True,
         )
         stdout, stderr = run.communicate(timeout=300)
         assert run.returncode == 0, stdout + stderr

@@ -19,6 +19,7 @@ from optlab.reference.classifier.accuracy import reference_predict
 from optlab.reference.classifier.data import requests
 from optlab.store import Store
 from tests.conftest import write
+from tests.support.inprocess import BATCHED
 
 Invoke = Callable[..., Result]
 FAST = ("--quick", "--duration", "1.5", "--warmup", "0.3")
@@ -177,19 +178,6 @@ def test_inputs_follow_the_workload() -> None:
         with Image.open(__import__("io").BytesIO(sample.jpeg)) as image:
             sides.add(image.size[0])
     assert min(sides) >= 64 and max(sides) <= 128 and len(sides) > 1
-
-
-BATCHED = """\
-name: ic-batched
-target: {kind: builtin, name: image-classifier}
-knobs:
-  preprocess: numpy
-  threads: 1
-  batching: {mode: dynamic, max_batch_size: 8, max_wait_ms: 5}
-workload:
-  load: {mode: closed, concurrency: 8}
-  inputs: {count: 64, size: 128}
-"""
 
 
 @pytest.mark.slow

@@ -110,6 +110,25 @@ def run_python(
     )
 
 
+def start_python(
+    code: str,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    stdout: Stream = subprocess.DEVNULL,
+    stderr: Stream = subprocess.DEVNULL,
+) -> subprocess.Popen[str]:
+    """`python -c CODE` started in the background (a neighbour burning CPU, a helper process);
+    the test ends it."""
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=optlab_env(None, env),
+        cwd=cwd,
+        stdout=stdout,
+        stderr=stderr,
+        text=True,
+    )
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now (a test's server binds it next)."""
     with socket.socket() as probe:
