@@ -23,6 +23,7 @@ from optlab.config.modes.base import (
 )
 from optlab.config.modes.closed import Closed, ClosedLoad
 from optlab.config.modes.open import Open, OpenLoad
+from optlab.config.modes.ramp import Ramp, RampLoad
 from optlab.config.modes.replay import REPLAY_MAX_IN_FLIGHT, Replay, ReplayLoad
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "LoadCommon",
     "LoadMode",
     "OpenLoad",
+    "RampLoad",
     "ReplayLoad",
     "Schedule",
     "mode_named",
@@ -44,9 +46,9 @@ __all__ = [
     "step",
 ]
 
-Load = Annotated[ClosedLoad | OpenLoad | ReplayLoad, Field(discriminator="mode")]
+Load = Annotated[ClosedLoad | OpenLoad | ReplayLoad | RampLoad, Field(discriminator="mode")]
 
-_MODES: tuple[LoadMode[Any], ...] = (Closed(), Open(), Replay())
+_MODES: tuple[LoadMode[Any], ...] = (Closed(), Open(), Replay(), Ramp())
 MODES: dict[str, LoadMode[Any]] = {mode.name: mode for mode in _MODES}
 
 _BY_MODEL = {mode.model: mode for mode in MODES.values()}
