@@ -230,7 +230,7 @@ RULES: tuple[Rule, ...] = (
         "queue",
         "under-batching",
         "batches leave mostly empty after a long wait",
-        ("batching",),
+        ("batch_fill", "batch_wait"),
         {"fill": 0.5, "wait_share_pct": 30.0},
         check_fn=check_batching,
     ),

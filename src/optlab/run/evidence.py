@@ -65,6 +65,8 @@ class Observed:
     profile: Profile | None = None  # `optlab run --profile`: py-spy's samples
     # The stage a request waits in for its batch: the target kind's (TargetKind.batch_wait_stage).
     batch_wait_stage: str | None = TargetKind.batch_wait_stage
+    # The section of the target's figures that reports its batches (TargetKind.batch_figures).
+    batch_figures: str | None = TargetKind.batch_figures
 
 
 def run_evidence(
@@ -91,7 +93,7 @@ def run_evidence(
         memory=memory_trend(observed, measured),
         in_flight_mean=_mean([float(n) for n in in_flight], 2),
         in_flight_max=most,
-        batching=_batching(summary, observed.batch_wait_stage),
+        batching=_batching(summary, observed.batch_figures, observed.batch_wait_stage),
         network=None if in_process else _network(summary),
         profile=None if observed.profile is None else _profile(observed.profile),
     )
@@ -163,11 +165,15 @@ def memory_trend(observed: Observed, measured: Sequence[ResourceReading]) -> Mem
     )
 
 
-def _batching(summary: RunSummary, wait_stage: str | None) -> BatchingEvidence | None:
-    """From a batching target's own figures (its `batching` section, as JSON) and its wait
-    stage (its kind's); None for a target that reports no batching."""
-    mean_batch = _number(summary.target_figure("batching", "mean_batch_size"))
-    max_batch = _number(summary.target_figure("batching", "max_batch_size"))
+def _batching(
+    summary: RunSummary, section: str | None, wait_stage: str | None
+) -> BatchingEvidence | None:
+    """From a batching target's own figures (its kind's `section` of them, as JSON) and its
+    wait stage (its kind's); None for a target that reports no batching."""
+    if section is None:
+        return None
+    mean_batch = _number(summary.target_figure(section, "mean_batch_size"))
+    max_batch = _number(summary.target_figure(section, "max_batch_size"))
     if mean_batch is None and max_batch is None:
         return None
     wait = summary.stages.get(wait_stage) if wait_stage is not None else None

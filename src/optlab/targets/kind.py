@@ -46,6 +46,9 @@ class TargetKind(ABC):
     # The stage a request waits in for a batch to close (docs/run-json.md "batching": a target
     # that reports `batching` figures times that wait as its `queue` stage).
     batch_wait_stage: ClassVar[str | None] = "queue"
+    # The section of the target's own figures (its metrics()) that reports its batches:
+    # `mean_batch_size` and `max_batch_size` (docs/run-json.md "batching").
+    batch_figures: ClassVar[str | None] = "batching"
 
     def knob_model(self, target: Target, paths: Sequence[Path]) -> type[BaseModel] | None:
         """The model the knobs are validated against; None takes free-form knobs."""
