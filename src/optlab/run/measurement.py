@@ -280,6 +280,7 @@ class _Run:
             tree_rss=sampler.tree_rss(),
             profile=loop.profiled,
             batch_wait_stage=kind_of(self.config.target).batch_wait_stage,
+            batch_figures=kind_of(self.config.target).batch_figures,
         )
 
     def _in_flight_now(self) -> list[int]:
