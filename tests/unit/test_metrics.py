@@ -1,17 +1,22 @@
-"""Stage timing, latency histograms and the load-generator -> collector hand-off."""
+"""Stage timing, latency histograms and the load-generator -> collector hand-off.
+
+Stages are timed on a fake clock (the `clock` fixture stands in for the `time` module that
+optlab.metrics.stages reads), so their durations are exact. What recording costs in CPU time
+is a real-time figure: tests/timing/test_metrics_timing.py.
+"""
 
 from __future__ import annotations
 
 import contextvars
 import threading
-import time
 
 import numpy as np
 import pytest
 from hdrh.histogram import HdrHistogram
 
+from optlab.metrics import stages as stages_module
 from optlab.metrics.histogram import HIGHEST_NS, LOWEST_NS, SIGNIFICANT_DIGITS, LatencyHistogram
-from optlab.metrics.log import Collector, Window, WorkerLog
+from optlab.metrics.log import Collector, Window
 from optlab.metrics.stages import CURRENT, RequestTiming, current_request, stage
 
 MS = 1_000_000
@@ -20,10 +25,27 @@ S = 1_000_000_000
 RESOLUTION_MS = 512 / MS
 
 
-def _busy_wait(ns: int) -> None:
-    end = time.perf_counter_ns() + ns
-    while time.perf_counter_ns() < end:
-        pass
+class FakeClock:
+    """`perf_counter_ns` for optlab.metrics.stages: time moves only when a test's work says."""
+
+    def __init__(self) -> None:
+        self.ns = 10 * S
+        self._lock = threading.Lock()
+
+    def perf_counter_ns(self) -> int:
+        return self.ns
+
+    def work(self, ns: int) -> None:
+        """A block of work that takes `ns`."""
+        with self._lock:
+            self.ns += ns
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(stages_module, "time", fake)
+    return fake
 
 
 def _in_request(fn: object) -> RequestTiming:
@@ -51,26 +73,22 @@ def test_request_timing_allocates_nothing_until_used() -> None:
         timing.other = 1  # type: ignore[attr-defined]
 
 
-def test_stage_accumulates_into_current_request_including_nested() -> None:
+def test_stage_accumulates_into_current_request_including_nested(clock: FakeClock) -> None:
     def target() -> None:
         assert current_request() is not None
         with stage("tokenize"):
-            _busy_wait(2 * MS)
+            clock.work(2 * MS)
         with stage("model"):
-            _busy_wait(3 * MS)
+            clock.work(3 * MS)
             with stage("inner"):
-                _busy_wait(1 * MS)
+                clock.work(1 * MS)
+        clock.work(7 * MS)  # outside every stage: counted in none
         with stage("tokenize"):
-            _busy_wait(2 * MS)
+            clock.work(2 * MS)
 
     timing = _in_request(target)
-    assert timing.stages is not None
-    assert set(timing.stages) == {"tokenize", "model", "inner"}
-    assert 4 * MS <= timing.stages["tokenize"] < 40 * MS
-    assert 1 * MS <= timing.stages["inner"] < 20 * MS
-    # The outer stage includes the nested one.
-    assert timing.stages["model"] >= 4 * MS
-    assert timing.stages["model"] > timing.stages["inner"]
+    # Repeated stages add up; the outer stage includes the nested one.
+    assert timing.stages == {"tokenize": 4 * MS, "model": 4 * MS, "inner": 1 * MS}
     assert current_request() is None
 
 
@@ -86,17 +104,17 @@ def test_stage_outside_request_is_noop_and_total_is_reserved() -> None:
     assert timing.stages is None
 
 
-def test_stage_time_is_recorded_when_the_block_raises() -> None:
+def test_stage_time_is_recorded_when_the_block_raises(clock: FakeClock) -> None:
     def target() -> None:
         with pytest.raises(KeyError), stage("failing"):
-            _busy_wait(1 * MS)
+            clock.work(1 * MS)
             raise KeyError("x")
 
     timing = _in_request(target)
-    assert timing.stages is not None and timing.stages["failing"] >= 1 * MS
+    assert timing.stages == {"failing": 1 * MS}
 
 
-def test_stage_attributes_a_batch_on_another_thread_to_every_request() -> None:
+def test_stage_attributes_a_batch_on_another_thread_to_every_request(clock: FakeClock) -> None:
     """The batching pattern: submitters capture current_request(), a batch thread times once."""
     submitted: list[RequestTiming] = []
     submitted_lock = threading.Lock()
@@ -104,12 +122,12 @@ def test_stage_attributes_a_batch_on_another_thread_to_every_request() -> None:
     batch_done = threading.Event()
 
     def batch_thread() -> None:
-        batch_ready.wait(5)
+        assert batch_ready.wait(60)
         with submitted_lock:
             batch = list(submitted)
         assert current_request() is None  # this thread serves no request of its own
         with stage("forward", requests=batch):
-            _busy_wait(5 * MS)
+            clock.work(5 * MS)
         batch_done.set()
 
     def submit() -> None:
@@ -119,7 +137,7 @@ def test_stage_attributes_a_batch_on_another_thread_to_every_request() -> None:
             submitted.append(captured)
             if len(submitted) == 3:
                 batch_ready.set()
-        batch_done.wait(5)
+        assert batch_done.wait(60)
 
     worker = threading.Thread(target=batch_thread)
     worker.start()
@@ -135,15 +153,15 @@ def test_stage_attributes_a_batch_on_another_thread_to_every_request() -> None:
     for client in clients:
         client.start()
     for client in clients:
-        client.join(10)
-    worker.join(10)
+        client.join(60)
+    worker.join(60)
     assert len(timings) == 3
     values = []
     for timing in timings:
         assert timing.stages is not None and set(timing.stages) == {"forward"}
         values.append(timing.stages["forward"])
     # One interval measured once and given to each request in the batch.
-    assert len(set(values)) == 1 and values[0] >= 5 * MS
+    assert values == [5 * MS] * 3
 
 
 def test_stage_with_explicit_requests_ignores_the_current_one() -> None:
@@ -283,23 +301,6 @@ def test_merge_equals_recording_everything_in_one() -> None:
     assert merged.encode() == both.encode()
     merged.merge(merged)
     assert merged.count == 2 * both.count
-
-
-def test_record_array_million_values_is_fast() -> None:
-    values = _lognormal(1_000_000, seed=7)
-    hist = LatencyHistogram()
-    hist.record_array(values[:1000])  # builds the shared bucket tables
-    best = min(_timed(hist.record_array, values) for _ in range(3))
-    assert hist.count == 3_001_000
-    assert best < 0.1, f"record_array(1e6) took {best * 1e3:.1f} ms"
-
-
-def _timed(fn: object, *args: object) -> float:
-    """The CPU time `fn` costs this thread: a busy machine can deschedule the test for a
-    while, which the wall clock would count and this does not."""
-    start = time.thread_time()
-    fn(*args)  # type: ignore[operator]
-    return time.thread_time() - start
 
 
 # -- collector ---------------------------------------------------------------------------------
@@ -442,7 +443,7 @@ def test_concurrent_recording_while_draining_loses_nothing() -> None:
     def worker() -> None:
         log = collector.new_log()
         start.wait()
-        base = time.perf_counter_ns()
+        base = 10 * S
         for i in range(per_thread):
             if i % 1000 == 999:
                 log.record(base + i, 0, 0, 0, None, error="boom", message="x")
@@ -457,7 +458,6 @@ def test_concurrent_recording_while_draining_loses_nothing() -> None:
     while any(thread.is_alive() for thread in threads):
         collector.drain()
         drains += 1
-        time.sleep(0.002)
     for thread in threads:
         thread.join()
     collector.finish()
@@ -472,11 +472,13 @@ def test_concurrent_recording_while_draining_loses_nothing() -> None:
     assert drains > 1
 
 
-def test_memory_stays_bounded_over_two_million_samples() -> None:
+def test_memory_stays_bounded_over_twenty_seconds_of_samples() -> None:
+    # What is held is one open window's samples whatever the rate: 10,000/s shows it as well
+    # as the 100,000/s harness target would (and costs a tenth).
     collector = Collector()
     log = collector.new_log()
     collector.set_phase("measure", 0)
-    per_second = 100_000
+    per_second = 10_000
     held = []
     record = log.record
     for second in range(20):
@@ -494,19 +496,6 @@ def test_memory_stays_bounded_over_two_million_samples() -> None:
     assert collector.held_samples() == 0
     assert collector.totals("measure") == (20 * per_second, 0)
     assert len(collector.windows("measure")) == 20
-
-
-def test_worker_log_record_rate() -> None:
-    log = WorkerLog()
-    n = 200_000
-    timing = RequestTiming()
-    start = time.thread_time()  # CPU time: what recording costs, however busy the machine
-    for i in range(n):
-        log.record(i, 1000, 0, 0, timing)
-    rate = n / (time.thread_time() - start)
-    assert log.pending() == n
-    # Comfortably above the 200k/s harness target split over a few threads.
-    assert rate > 300_000, f"{rate:,.0f} records/s"
 
 
 def test_set_phase_rejects_repeats_and_time_travel() -> None:
