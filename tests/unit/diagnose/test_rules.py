@@ -1,0 +1,557 @@
+"""Every diagnosis rule (`optlab.diagnose.rules.RULES`, docs/diagnose.md "Rules") on constructed
+evidence: a table per rule of the runs it fires on, the runs it passes, and the runs it cannot
+evaluate, each row asserting the outcome and the evidence it shows (the metric read against its
+threshold, or what the run lacks)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Literal, get_args
+
+import numpy as np
+import pytest
+
+from optlab.config.remedies import RuleId
+from optlab.diagnose.evidence import Evidence
+from optlab.diagnose.findings import Fired, Passed, Unevaluable
+from optlab.diagnose.rules import RULES, rule_by_id
+from optlab.store.records import GpuSample
+from optlab.store.summary import BatchingEvidence, GcEvidence, MemoryTrend, NetworkEvidence
+from tests.support.evidence import OPEN, SLOW, Run, reasons
+
+Outcome = Literal["fired", "passed", "not-evaluated"]
+RNG = np.random.default_rng(3)
+# A 4 ms lock under 8 clients, handed over unfairly: a quarter go straight through.
+HELD = np.concatenate([np.full(600, 4.1), 4.1 * RNG.integers(2, 16, 1800)])
+# Most requests at 4 ms, 2% stalled at 100 ms.
+STALLED = np.concatenate([np.full(1960, 4.0), np.full(40, 100.0)])
+BUILTIN_BATCHING = {"batching": {"mode": "dynamic", "max_batch_size": 8, "max_wait_ms": 10}}
+REPLAY = {"mode": "replay", "trace": "trace.jsonl"}
+SERVED = NetworkEvidence(
+    client_p50_ms=10.0, server_p50_ms=4.0, overhead_p50_ms=6.0, overhead_share=0.6
+)
+NEAR = NetworkEvidence(
+    client_p50_ms=4.4, server_p50_ms=4.0, overhead_p50_ms=0.4, overhead_share=0.1
+)
+
+
+def gpus(util: float, throttled: tuple[str, ...] = ()) -> tuple[GpuSample, ...]:
+    return (GpuSample(index=0, util_pct=util, throttle_reasons=throttled),)
+
+
+GENERATOR_BEHIND = reasons(
+    "load generator",
+    send_lag_p99_ms=60.0,
+    total_p99_ms=8.0,
+    send_lag_p99_low_ms=60.0,
+    in_flight_max=3,
+    in_flight_limit=1000,
+)
+CLIENTS_HELD_UP = reasons(
+    "load generator",
+    open_loop=False,
+    clients=8,
+    total_mean_ms=4.0,
+    total_max_ms=6.0,
+    timeout_ms=1000.0,
+    completed=5000,
+    measured_s=5.0,
+)
+SATURATED = reasons(
+    "saturated",
+    intended_qps=400.0,
+    completed_qps=300.0,
+    in_flight_start=0,
+    in_flight_end=200,
+    in_flight_max=200,
+    send_lag_p99_ms=40.0,
+)
+STUCK = reasons("stuck in a call", open_loop=False, stuck_clients=3, clients=8)
+
+
+def no_stages(e: Evidence) -> Evidence:
+    return replace(e, stages={}, fastest={})
+
+
+@dataclass(frozen=True)
+class Case:
+    rule: str
+    name: str
+    run: Run
+    outcome: Outcome
+    # Fired or passed: a metric the outcome shows (None: it shows none); not evaluated: what
+    # the run lacks, the start of the sentence.
+    shows: str | None
+    then: Callable[[Evidence], Evidence] | None = None  # a change the builder cannot make
+    # Fired: whether the metric shown is past its threshold (False: the verdict decided, and
+    # the metric is shown beside it).
+    met: bool = True
+
+
+CASES: tuple[Case, ...] = (
+    # load-generator: an open loop (replay too) on its send lag, a closed loop on its clients.
+    Case(
+        "load-generator",
+        "open loop, the verdict blames the generator",
+        Run(load=OPEN, reasons=GENERATOR_BEHIND, send_lag_ms=60.0),
+        "fired",
+        "send-lag P99",
+    ),
+    Case(
+        "load-generator",
+        "replay judged as the open loop it is",
+        Run(load=REPLAY, reasons=GENERATOR_BEHIND, send_lag_ms=60.0),
+        "fired",
+        "send-lag P99",
+    ),
+    # The verdict's Little's-law reason decides; the start lag (recorded 0 on a real closed
+    # loop) is shown against a fixed 5 ms it never reaches.
+    Case(
+        "load-generator",
+        "closed loop, clients held up",
+        Run(reasons=CLIENTS_HELD_UP, in_flight=(4,) * 5, start_lag_ms=3.0),
+        "fired",
+        "start-lag P99",
+        met=False,
+    ),
+    Case(
+        "load-generator",
+        "open loop, lag small beside the latency",
+        Run(load=OPEN, send_lag_ms=3.0, stage_ms=SLOW),
+        "passed",
+        "send-lag P99",
+    ),
+    Case(
+        "load-generator",
+        "replay, a late start but no verdict reason",
+        Run(load=REPLAY, send_lag_ms=0.5, start_lag_ms=6.0),
+        "passed",
+        "send-lag P99",
+    ),
+    Case(
+        "load-generator",
+        "the target saturated",
+        Run(load=OPEN, reasons=SATURATED, qps=300.0),
+        "passed",
+        "target saturated (the verdict's reason)",
+    ),
+    Case(
+        "load-generator",
+        "open loop without a send-lag series",
+        Run(load=OPEN, send_lag_ms=None),
+        "not-evaluated",
+        "no send-lag series",
+    ),
+    Case(
+        "load-generator",
+        "closed loop without a start-lag series",
+        Run(start_lag_ms=None),
+        "not-evaluated",
+        "no start-lag series",
+    ),
+    # noisy-neighbour
+    Case(
+        "noisy-neighbour",
+        "other processes took most of the machine",
+        Run(other_pct=190.0),
+        "fired",
+        "other processes' CPU (of the machine)",
+    ),
+    Case("noisy-neighbour", "the hypervisor stole", Run(steal_pct=40.0), "fired", "steal"),
+    Case(
+        "noisy-neighbour",
+        "a quiet machine",
+        Run(),
+        "passed",
+        "other processes' CPU (of the machine)",
+    ),
+    Case(
+        "noisy-neighbour",
+        "no readings",
+        Run(other_pct=None, steal_pct=None),
+        "not-evaluated",
+        "no readings of other processes",
+    ),
+    # errors
+    Case(
+        "errors",
+        "a tenth failed",
+        Run(requests=1800, errors=200, errors_by_type={"ValueError": 200}),
+        "fired",
+        "error rate",
+    ),
+    Case("errors", "clients stuck in a call", Run(reasons=STUCK), "fired", None),
+    Case("errors", "none failed", Run(), "passed", "error rate"),
+    Case(
+        "errors",
+        "no request counts",
+        Run(requests=None, errors=None),
+        "not-evaluated",
+        "the run has no request counts",
+    ),
+    Case(
+        "errors",
+        "no request finished",
+        Run(requests=0, errors=0),
+        "not-evaluated",
+        "no request finished",
+    ),
+    # saturated (never unevaluated: a run without a verdict or windows is not saturated)
+    Case(
+        "saturated",
+        "the verdict's reason",
+        Run(load=OPEN, reasons=SATURATED, qps=300.0, in_flight=(0, 50, 100, 150, 200)),
+        "fired",
+        "completed / offered rate",
+    ),
+    Case(
+        "saturated",
+        "judged before the rule: rate and backlog",
+        Run(load=OPEN, qps=300.0, in_flight=(0, 50, 100, 150, 200)),
+        "fired",
+        "completed / offered rate",
+    ),
+    Case("saturated", "an open loop that kept up", Run(load=OPEN), "passed", "target saturated"),
+    Case("saturated", "a closed loop", Run(), "passed", None),
+    # gc-churn
+    Case(
+        "gc-churn",
+        "a fifth of the time collecting",
+        Run(
+            gc=GcEvidence(collections=450, pause_total_ms=950.0, pause_max_ms=324.0, share_pct=19.0)
+        ),
+        "fired",
+        "GC pauses (share of wall time)",
+    ),
+    Case(
+        "gc-churn",
+        "short rare pauses",
+        Run(gc=GcEvidence(collections=3, pause_total_ms=2.0, pause_max_ms=1.0, share_pct=0.1)),
+        "passed",
+        "GC pauses (share of wall time)",
+    ),
+    Case(
+        "gc-churn", "a service (the GC recorded is optlab's)", Run(kind="command"), "passed", None
+    ),
+    Case(
+        "gc-churn",
+        "no pauses recorded",
+        Run(),
+        "not-evaluated",
+        "no garbage-collector pauses recorded",
+    ),
+    # memory-leak
+    Case(
+        "memory-leak",
+        "RSS grows with every request",
+        Run(
+            recorded={"memory": MemoryTrend(mib_per_1k_requests=10.0, r2=0.97, samples=10)},
+            rss_mib=tuple(100.0 + 2 * t for t in range(10)),
+        ),
+        "fired",
+        "RSS slope",
+    ),
+    Case(
+        "memory-leak",
+        "a flat RSS",
+        Run(recorded={"memory": MemoryTrend(mib_per_1k_requests=0.01, r2=0.1, samples=10)}),
+        "passed",
+        "RSS slope",
+    ),
+    Case(
+        "memory-leak", "no trend recorded", Run(), "not-evaluated", "no RSS-against-requests trend"
+    ),
+    # io-wait
+    Case(
+        "io-wait",
+        "the CPUs wait on I/O",
+        Run(iowait_pct=30.0),
+        "fired",
+        "I/O wait (of the machine)",
+    ),
+    Case("io-wait", "no I/O wait", Run(), "passed", "I/O wait (of the machine)"),
+    Case("io-wait", "no readings", Run(iowait_pct=None), "not-evaluated", "no I/O-wait readings"),
+    # gpu-compute-bound
+    Case(
+        "gpu-compute-bound",
+        "the GPU busy",
+        Run(gpus=gpus(95.0)),
+        "fired",
+        "GPU utilisation (median sample)",
+    ),
+    Case(
+        "gpu-compute-bound",
+        "the GPU idles",
+        Run(gpus=gpus(40.0)),
+        "passed",
+        "GPU utilisation (median sample)",
+    ),
+    Case(
+        "gpu-compute-bound",
+        "no telemetry",
+        Run(),
+        "not-evaluated",
+        "no GPU evidence: the run had no GPU telemetry",
+    ),
+    Case(
+        "gpu-compute-bound",
+        "a GPU target without readings",
+        Run(kind="builtin", knobs={"device": "cuda"}),
+        "not-evaluated",
+        "no GPU evidence: NVML gave no readings",
+    ),
+    # gpu-starved
+    Case(
+        "gpu-starved",
+        "the GPU idles while the host is full",
+        Run(gpus=gpus(30.0), cpu_pct=190.0),
+        "fired",
+        "GPU utilisation P95",
+    ),
+    Case(
+        "gpu-starved",
+        "the GPU busy",
+        Run(gpus=gpus(95.0), cpu_pct=190.0),
+        "passed",
+        "GPU utilisation P95",
+    ),
+    Case("gpu-starved", "no telemetry", Run(), "not-evaluated", "no GPU evidence"),
+    # gpu-throttled
+    Case(
+        "gpu-throttled",
+        "clocks lowered all run",
+        Run(gpus=gpus(90.0, ("sw_power_cap",))),
+        "fired",
+        "samples with GPU clocks lowered",
+    ),
+    Case(
+        "gpu-throttled",
+        "full clocks",
+        Run(gpus=gpus(90.0)),
+        "passed",
+        "samples with GPU clocks lowered",
+    ),
+    Case("gpu-throttled", "no telemetry", Run(), "not-evaluated", "no GPU evidence"),
+    # cpu-bound
+    Case(
+        "cpu-bound",
+        "in process, the machine full of the stage's work",
+        Run(cpu_pct=190.0),
+        "fired",
+        "target CPU (of the machine)",
+    ),
+    Case(
+        "cpu-bound",
+        "a service without stages on a full machine",
+        Run(kind="command", cpu_pct=150.0, machine_pct=97.0),
+        "fired",
+        "machine CPU",
+        then=lambda e: replace(
+            e, stages={"total": e.stages["total"]}, fastest={"total": e.fastest["total"]}
+        ),
+    ),
+    Case("cpu-bound", "CPU to spare", Run(), "passed", "target CPU (of the machine)"),
+    Case(
+        "cpu-bound",
+        "no CPU readings",
+        Run(cpu_pct=None),
+        "not-evaluated",
+        "no CPU samples in the measured phase",
+    ),
+    Case(
+        "cpu-bound",
+        "an http service optlab did not start",
+        Run(kind="http", cpu_pct=None),
+        "not-evaluated",
+        "no CPU figures for a service optlab did not start",
+    ),
+    Case(
+        "cpu-bound",
+        "in process without stages",
+        Run(cpu_pct=190.0),
+        "not-evaluated",
+        "no stage timings",
+        then=no_stages,
+    ),
+    # gil-bound
+    Case(
+        "gil-bound",
+        "one core of two with requests waiting",
+        Run(kind="command", cpu_pct=100.0, machine_pct=55.0),
+        "fired",
+        "target CPU (cores)",
+        then=lambda e: replace(
+            e, stages={"total": e.stages["total"]}, fastest={"total": e.fastest["total"]}
+        ),
+    ),
+    Case("gil-bound", "a third of a core", Run(), "passed", "target CPU (cores)"),
+    Case("gil-bound", "one core only", Run(cores=1), "passed", "cores"),
+    Case("gil-bound", "no CPU readings", Run(cpu_pct=None), "not-evaluated", "no CPU samples"),
+    # serialised
+    Case(
+        "serialised",
+        "a lock handed over unfairly",
+        Run(stage_ms=HELD, qps=231.0, cpu_pct=7.0),
+        "fired",
+        "infer: throughput x fastest time",
+    ),
+    Case(
+        "serialised",
+        "a pool of one",
+        Run(
+            stage_ms=3.5 * (8 + np.random.default_rng(6).normal(0, 0.5, 1500)).clip(2),
+            qps=280.0,
+            cpu_pct=104.0,
+            fastest_ms=3.5,
+            threads=(("pool-of-one_0", 98.0), ("optlab-load-1", 1.0)),
+        ),
+        "fired",
+        "busiest thread (pool-of-one_0): share of the target's CPU",
+    ),
+    Case("serialised", "parallel requests", Run(), "passed", "requests in flight"),
+    Case("serialised", "no throughput", Run(qps=None), "not-evaluated", "no throughput"),
+    Case("serialised", "no stages", Run(), "not-evaluated", "no stage timings", then=no_stages),
+    # queueing
+    Case(
+        "queueing",
+        "a long wait for a busy engine",
+        Run(more_stages={"queue": np.full(2000, 30.0)}),
+        "fired",
+        "queue share of latency",
+    ),
+    Case(
+        "queueing",
+        "a short wait",
+        Run(more_stages={"queue": np.full(2000, 0.5)}),
+        "passed",
+        "queue share of latency",
+    ),
+    Case("queueing", "no wait stage", Run(), "passed", None),
+    Case(
+        "queueing",
+        "a wait with no throughput to weigh the work behind it",
+        Run(qps=None, more_stages={"queue": np.full(2000, 30.0)}),
+        "not-evaluated",
+        "no stage timings behind the wait",
+    ),
+    # under-batching
+    Case(
+        "under-batching",
+        "batches leave mostly empty after a long wait",
+        Run(
+            more_stages={"queue": np.full(2000, 9.0)},
+            recorded={
+                "batching": BatchingEvidence(
+                    mean_batch=1.5, max_batch=8, fill_ratio=0.1875, wait_ms_mean=9.0
+                )
+            },
+        ),
+        "fired",
+        "batch fill (mean / max)",
+    ),
+    Case(
+        "under-batching",
+        "full batches",
+        Run(
+            more_stages={"queue": np.full(2000, 9.0)},
+            recorded={
+                "batching": BatchingEvidence(
+                    mean_batch=7.5, max_batch=8, fill_ratio=0.94, wait_ms_mean=9.0
+                )
+            },
+        ),
+        "passed",
+        "batch fill (mean / max)",
+    ),
+    Case("under-batching", "no batching", Run(), "passed", None),
+    Case(
+        "under-batching",
+        "batching on, no figures",
+        Run(kind="builtin", knobs=BUILTIN_BATCHING),
+        "not-evaluated",
+        "no batching figures recorded",
+    ),
+    Case(
+        "under-batching",
+        "figures without a fill",
+        Run(recorded={"batching": BatchingEvidence(mean_batch=1.5)}),
+        "not-evaluated",
+        "the batcher reported no fill ratio",
+    ),
+    # tail-stalls
+    Case(
+        "tail-stalls", "fast requests, a few stalled", Run(stage_ms=STALLED), "fired", "P99 / P50"
+    ),
+    Case("tail-stalls", "a steady latency", Run(), "passed", "P99 / P50"),
+    Case(
+        "tail-stalls",
+        "no end-to-end latency",
+        Run(),
+        "not-evaluated",
+        "no end-to-end latency",
+        then=no_stages,
+    ),
+    # network
+    Case(
+        "network",
+        "most of a request outside the server",
+        Run(kind="http", recorded={"network": SERVED}),
+        "fired",
+        "network + HTTP (share of latency)",
+    ),
+    Case(
+        "network",
+        "a near server",
+        Run(kind="http", recorded={"network": NEAR}),
+        "passed",
+        "network + HTTP (share of latency)",
+    ),
+    Case("network", "in process: no network", Run(), "passed", None),
+    Case(
+        "network",
+        "a server without Server-Timing",
+        Run(kind="command"),
+        "not-evaluated",
+        "the server sends no Server-Timing total",
+    ),
+)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c.rule}: {c.name}" for c in CASES])
+def test_each_rule_on_its_table(case: Case) -> None:
+    rule = rule_by_id(case.rule)
+    assert rule is not None, case.rule
+    evidence = case.run.evidence()
+    if case.then is not None:
+        evidence = case.then(evidence)
+    outcome = rule.check(evidence)
+    if case.outcome == "not-evaluated":
+        assert isinstance(outcome, Unevaluable), outcome
+        assert case.shows is not None and outcome.missing.startswith(case.shows), outcome
+        return
+    kind = Fired if case.outcome == "fired" else Passed
+    assert isinstance(outcome, kind), outcome
+    shown = [m.metric for m in outcome.evidence]
+    if case.shows is None:
+        assert shown == [], shown
+        return
+    assert case.shows in shown, shown
+    measure = next(m for m in outcome.evidence if m.metric == case.shows)
+    if case.outcome == "fired":
+        assert measure.met is case.met, measure.describe()  # past its threshold: it fired
+
+
+def test_every_rule_has_a_table_and_every_outcome_it_can_give() -> None:
+    by_rule: dict[str, set[str]] = {}
+    for case in CASES:
+        by_rule.setdefault(case.rule, set()).add(case.outcome)
+    assert set(by_rule) == {rule.id for rule in RULES}
+    # A run that lacks what it reads is simply not saturated: no unevaluated outcome exists.
+    for rule in RULES:
+        wanted = {"fired", "passed"} if rule.id == "saturated" else set(get_args(Outcome))
+        assert by_rule[rule.id] == wanted, (rule.id, by_rule[rule.id])
+
+
+def test_the_rule_ids_a_file_may_name_are_the_catalogue() -> None:
+    assert get_args(RuleId) == tuple(rule.id for rule in RULES)
