@@ -45,9 +45,10 @@ from dataclasses import dataclass
 import numpy as np
 from provenance import source_hashes
 
+from optlab.config.slo import Slo
 from optlab.reference.queueing import mmc_capacity, simulate_sojourn
-from optlab.sweep.slo import Slo
-from optlab.sweep.strategy import Level, Probe, Result, Settings, conclude, next_probe
+from optlab.store.sweep_result import SweepResult
+from optlab.sweep.strategy import Level, Probe, Settings, conclude, next_probe
 
 SLO_MS = 100.0
 Q = 0.99
@@ -218,7 +219,7 @@ def closed_level(scn: Scenario, probe: Probe, rng: np.random.Generator) -> Level
     )
 
 
-def ours(scn: Scenario, seed: int) -> tuple[Result, float, int]:
+def ours(scn: Scenario, seed: int) -> tuple[SweepResult, float, int]:
     """One sweep with the strategy; (result, measured seconds, levels)."""
     rng = np.random.default_rng([seed, scn.servers, len(scn.distribution)])
     settings = Settings("open", Slo("p99", SLO_MS))
@@ -332,11 +333,11 @@ def run_scenario(
     mine, ref = Tally(), Tally()
     for seed in range(seeds):
         result, seconds, count = ours(scn, seed)
-        mine.add(result.capacity_qps, truth, seconds, result.interval)
+        mine.add(result.capacity_qps, truth, seconds, result.capacity_interval)
         cap, ref_seconds = reference(scn, seed, start_rate(scn), truth)
         ref.add(cap, truth, ref_seconds)
         if verbose:
-            iv = result.interval
+            iv = result.capacity_interval
             log(
                 f"  seed {seed:2d}: ours {result.capacity_qps or 0:7.1f}/s "
                 f"[{iv[0] if iv else 0:7.1f}, {iv[1] if iv else 0:7.1f}] {count:2d} levels "

@@ -9,11 +9,11 @@ from datetime import UTC, datetime
 import numpy as np
 import pytest
 
+from optlab.config.slo import parse_slo
 from optlab.reference.queueing import poisson_arrivals, simulate_sojourn
 from optlab.store import LatencyStats, RunRecord, RunSummary, WindowStats
 from optlab.store.reasons import Reason
 from optlab.sweep.levels import LITTLE_TOLERANCE, level_of, littles_law_gap
-from optlab.sweep.slo import parse_slo
 from optlab.sweep.strategy import Settings, judge
 
 SERVICE_S = 0.010

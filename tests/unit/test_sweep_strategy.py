@@ -14,9 +14,10 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from optlab.config.slo import parse_slo
 from optlab.errors import OptlabError
-from optlab.sweep.slo import parse_slo
-from optlab.sweep.strategy import Level, Probe, Result, Settings, conclude, next_probe
+from optlab.store.sweep_result import SweepResult
+from optlab.sweep.strategy import Level, Probe, Settings, conclude, next_probe
 
 MM2_CAPACITY = 151.6  # M/M/2, 10 ms mean service, P99 <= 100 ms (Erlang C)
 SERVICE_S = 0.010
@@ -85,7 +86,7 @@ def sweep(
     servers: int = 2,
     seed: int = 0,
     alter: Callable[[Level], Level] = lambda level: level,
-) -> tuple[Result, list[Level]]:
+) -> tuple[SweepResult, list[Level]]:
     """Drive next_probe / conclude as the driver does, each level simulated then `alter`ed."""
     rng = np.random.default_rng(seed)
     levels: list[Level] = []
@@ -107,8 +108,8 @@ def test_mm2_capacity_near_erlang_c(seed: int) -> None:
     # Measured over 20 seeds (benchmarks/sweep_accuracy.py) the error stays within -14%/+6%.
     assert abs(result.capacity_qps / MM2_CAPACITY - 1) <= 0.15
     assert result.limited_by in ("slo", "saturation")
-    assert result.interval is not None
-    assert result.interval[0] <= result.capacity_qps <= result.interval[1]
+    assert result.capacity_interval is not None
+    assert result.capacity_interval[0] <= result.capacity_qps <= result.capacity_interval[1]
     assert sum(lv.measured_s for lv in levels) < 200
 
 
@@ -116,7 +117,7 @@ def test_no_rate_meets_an_slo_below_the_service_time() -> None:
     # One exponential 10 ms service alone has a P99 of 46 ms.
     result, levels = sweep(_open("p99=20ms"))
     assert result.capacity_qps is None
-    assert result.interval is None
+    assert result.capacity_interval is None
     assert result.message.startswith("no rate meets P99 ≤ 20 ms: at 1 client P99 was ")
     assert len(levels) == 1
 
@@ -142,7 +143,7 @@ def test_a_generator_bound_rate_is_measured_again_then_caps_the_search() -> None
     first = next(lv.load for lv in levels if lv.generator is not None)
     assert all(lv.load <= first for lv in levels)  # nothing above it was probed
     bound = min(lv.load for lv in levels if lv.generator is not None)
-    assert 90 <= bound <= result.interval[1] if result.interval else False
+    assert 90 <= bound <= result.capacity_interval[1] if result.capacity_interval else False
     for rate in {lv.load for lv in levels if lv.generator is not None}:
         # Each rate the generator decided was measured twice before it was believed.
         assert [lv.purpose for lv in levels if lv.load == rate][1:] == ["again"]
@@ -226,9 +227,11 @@ def test_a_wide_interval_says_how_to_narrow_it() -> None:
     noted = 0
     for seed in range(6):
         result, _ = sweep(_open(), servers=1, seed=seed)
-        assert result.capacity_qps is not None and result.interval is not None
-        spread = (result.interval[1] - result.interval[0]) / 2 / result.capacity_qps
+        assert result.capacity_qps is not None and result.capacity_interval is not None
+        spread = (
+            (result.capacity_interval[1] - result.capacity_interval[0]) / 2 / result.capacity_qps
+        )
         has_note = any("--level-duration" in note for note in result.notes)
-        assert has_note == (spread > 0.15), (seed, result.interval, result.notes)
+        assert has_note == (spread > 0.15), (seed, result.capacity_interval, result.notes)
         noted += has_note
     assert noted >= 1  # M/M/1 at quick levels: +-20-50% intervals are common

@@ -84,11 +84,11 @@ def sweep(
     1 FAILED (the target failed at every level); 130 interrupted (the sweep is KILLED,
     its finished levels kept).
     """
+    from optlab.config.slo import parse_slo
     from optlab.reports.sweep import load_sweep, render_sweep, render_sweep_markdown, sweep_json
     from optlab.run.progress import GuardedProgress
     from optlab.sweep.driver import SweepOptions, check_options
     from optlab.sweep.driver import sweep as run_sweep
-    from optlab.sweep.slo import parse_slo
 
     options = SweepOptions(
         slo=parse_slo(slo_text),

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from optlab.store.sweep_result import Limit, SweepResult
 from optlab.sweep.model import (
     FIT_SLACK,
     INTERVAL_CONFIDENCE,
@@ -18,8 +19,6 @@ from optlab.sweep.model import (
 from optlab.sweep.plan import closed_limit
 from optlab.sweep.probe import (
     Level,
-    Limit,
-    Result,
     Settings,
     contract_limit,
     judge,
@@ -87,7 +86,7 @@ def _drawn(drawn: np.ndarray | None, percentile: float) -> float | None:
     return None if drawn is None else float(np.percentile(drawn, percentile))
 
 
-def _none_meets(levels: Sequence[Level], settings: Settings) -> Result:
+def _none_meets(levels: Sequence[Level], settings: Settings) -> SweepResult:
     """No capacity: the lowest load tried (the lowest open rate in an open sweep, whose one
     client level only seeds it) already failed; the message says how."""
     measured = open_levels(levels) if settings.mode == "open" else []
@@ -110,7 +109,9 @@ def _none_meets(levels: Sequence[Level], settings: Settings) -> Result:
             "invalid": "; ".join(lowest.reasons) or "the level was INVALID",
         }[str(limit)]
         message = f"no capacity claimed: at {what}, the lowest load tried, {detail}"
-    return Result(None, None, knee(levels), None, contract_limit(limit), message, "none", ())
+    return SweepResult(
+        knee_qps=knee(levels), limited_by=contract_limit(limit), message=message, method="none"
+    )
 
 
 # An open sweep's interval wider than this (half-width over the capacity) gets a note saying
@@ -119,10 +120,10 @@ def _none_meets(levels: Sequence[Level], settings: Settings) -> Result:
 WIDE_INTERVAL = 0.15
 
 
-def conclude(levels: Sequence[Level], settings: Settings) -> Result:
+def conclude(levels: Sequence[Level], settings: Settings) -> SweepResult:
     """Capacity, its interval, the knee and the limit, from the levels measured so far."""
     if not levels:
-        return Result(None, None, None, None, None, "nothing was measured", "none")
+        return SweepResult(message="nothing was measured", method="none")
     if settings.mode == "closed":
         return _conclude_closed(levels, settings)
     opened = settled(levels, settings)
@@ -137,7 +138,13 @@ def conclude(levels: Sequence[Level], settings: Settings) -> Result:
             + (" (--max-rate)" if settings.max_rate is not None else "")
             + ": the capacity is at least that"
         )
-        return Result(lo, (lo, lo), knee_qps, None, None, message, "highest rate measured")
+        return SweepResult(
+            capacity_qps=lo,
+            capacity_interval=(lo, lo),
+            knee_qps=knee_qps,
+            message=message,
+            method="highest rate measured",
+        )
     limiting = next(lv for lv in opened if lv.load == hi and judge(lv, settings) is not None)
     limit = contract_limit(judge(limiting, settings))
     notes: list[str] = []
@@ -196,10 +203,18 @@ def conclude(levels: Sequence[Level], settings: Settings) -> Result:
         f"[{interval[0]:,.1f}, {interval[1]:,.1f}]; limited by {limit} "
         f"(at {hi:,.1f}/s {pct} was {seen})"
     )
-    return Result(capacity, interval, knee_qps, None, limit, message, method, tuple(notes))
+    return SweepResult(
+        capacity_qps=capacity,
+        capacity_interval=interval,
+        knee_qps=knee_qps,
+        limited_by=limit,
+        message=message,
+        method=method,
+        notes=tuple(notes),
+    )
 
 
-def _conclude_closed(levels: Sequence[Level], settings: Settings) -> Result:
+def _conclude_closed(levels: Sequence[Level], settings: Settings) -> SweepResult:
     closed = sorted((lv for lv in levels if lv.mode == "closed"), key=lambda lv: lv.load)
     limits = {lv.load: closed_limit(lv, closed, settings) for lv in closed}
     fails = [lv for lv in closed if limits[lv.load] is not None]
@@ -226,12 +241,12 @@ def _conclude_closed(levels: Sequence[Level], settings: Settings) -> Result:
         f"capacity {capacity:,.1f}/s at {settings.slo.label} with {clients} "
         f"client{'' if clients == 1 else 's'} [{lower:,.1f}, {upper:,.1f}]; {how}"
     )
-    return Result(
-        capacity,
-        (lower, upper),
-        knee_qps,
-        knee_clients,
-        limit,
-        message,
-        "highest throughput that met the SLO",
+    return SweepResult(
+        capacity_qps=capacity,
+        capacity_interval=(lower, upper),
+        knee_qps=knee_qps,
+        knee_clients=knee_clients,
+        limited_by=limit,
+        message=message,
+        method="highest throughput that met the SLO",
     )

@@ -23,6 +23,7 @@ from optlab.config import modes
 from optlab.config.models import ResolvedConfig
 from optlab.config.modes import MAX_CONCURRENCY, MAX_RATE
 from optlab.config.protocol import EffectiveProtocol, effective_protocol
+from optlab.config.slo import Slo
 from optlab.env.compare import compare_fingerprints
 from optlab.errors import OptlabError
 from optlab.run.measurement import RunOptions
@@ -32,8 +33,7 @@ from optlab.run.validity import P99_MIN_QUERIES
 from optlab.store import RunRecord, Store, SweepLevelTag, SweepResult
 from optlab.sweep.levels import level_of
 from optlab.sweep.probe import AGAIN
-from optlab.sweep.slo import Slo
-from optlab.sweep.strategy import Level, Mode, Probe, Result, Settings, conclude, next_probe
+from optlab.sweep.strategy import Level, Mode, Probe, Settings, conclude, next_probe
 
 __all__ = ["SweepOptions", "SweepOutcome", "check_options", "sweep"]
 
@@ -87,7 +87,7 @@ class SweepOutcome:
     status: str  # FINISHED, KILLED, FAILED
     mode: Mode
     slo: Slo
-    result: Result
+    result: SweepResult
     levels: list[Level]
     runs: list[int]  # each level's run id, in order
     reused: list[bool]
@@ -417,25 +417,11 @@ class _Sweep:
         self.store.finish_sweep(
             self.sweep_id,
             status=status,
-            result=SweepResult.model_validate(result_json(out.result)),
+            result=out.result,
             measured_s=out.measured_s,
             error=error,
         )
         return out
-
-
-def result_json(result: Result) -> dict[str, Any]:
-    """A sweep's result as stored."""
-    return {
-        "capacity_qps": result.capacity_qps,
-        "capacity_interval": list(result.interval) if result.interval else None,
-        "knee_qps": result.knee_qps,
-        "knee_clients": result.knee_clients,
-        "limited_by": result.limited_by,
-        "message": result.message,
-        "method": result.method,
-        "notes": list(result.notes),
-    }
 
 
 def _protocol_key(protocol: dict[str, Any]) -> str:

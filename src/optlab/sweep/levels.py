@@ -8,11 +8,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from optlab.config.slo import Slo
 from optlab.metrics.stages import SEND_LAG
 from optlab.store import RunRecord, WindowStats
 from optlab.store.reasons import GENERATOR, NOT_STEADY
 from optlab.sweep.probe import SATURATION_SHORTFALL
-from optlab.sweep.slo import Slo
 from optlab.sweep.strategy import Level, Mode
 
 __all__ = ["LITTLE_TOLERANCE", "held_back_ms", "level_of", "littles_law_gap"]

@@ -9,6 +9,7 @@ from typing import Literal
 import numpy as np
 
 from optlab.config.models import MAX_CONCURRENCY, MAX_RATE
+from optlab.store.sweep_result import Limit
 from optlab.sweep.model import (
     FIT_SLACK,
     INTERVAL_CONFIDENCE,
@@ -20,7 +21,6 @@ from optlab.sweep.model import (
 from optlab.sweep.probe import (
     MEASURES_PER_RATE,
     Level,
-    Limit,
     Probe,
     Settings,
     judge,

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
-from optlab.sweep.slo import Slo
+from optlab.config.slo import Slo
+from optlab.store.sweep_result import LIMITS, Limit
 
 Mode = Literal["open", "closed"]
-
-Limit = Literal["slo", "saturation", "errors", "generator"]
-LIMITS: tuple[Limit, ...] = ("slo", "saturation", "errors", "generator")
 
 SATURATION_SHORTFALL = 0.05  # achieved below 95% of the offered rate: the target fell behind
 
@@ -123,18 +121,6 @@ def _fell_behind(level: Level) -> bool:
     return level.achieved_qps < (1 - SATURATION_SHORTFALL) * level.load and missing > 3 * math.sqrt(
         max(expected, 1.0)
     )
-
-
-@dataclass(frozen=True)
-class Result:
-    capacity_qps: float | None
-    interval: tuple[float, float] | None
-    knee_qps: float | None
-    knee_clients: int | None
-    limited_by: Limit | None
-    message: str  # one sentence: what the sweep found
-    method: str  # how the capacity was estimated
-    notes: tuple[str, ...] = field(default=())
 
 
 def open_levels(levels: Sequence[Level]) -> list[Level]:

@@ -69,9 +69,10 @@ passing and the first failing level. The capacity is the highest throughput that
 
 from __future__ import annotations
 
+from optlab.store.sweep_result import LIMITS, Limit
 from optlab.sweep.answer import conclude, knee
 from optlab.sweep.plan import next_probe
-from optlab.sweep.probe import LIMITS, Level, Limit, Mode, Probe, Result, Settings, judge
+from optlab.sweep.probe import Level, Mode, Probe, Settings, judge
 
 __all__ = [
     "LIMITS",
@@ -79,7 +80,6 @@ __all__ = [
     "Limit",
     "Mode",
     "Probe",
-    "Result",
     "Settings",
     "conclude",
     "judge",
