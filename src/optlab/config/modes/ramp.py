@@ -119,10 +119,8 @@ class Ramp(LoadMode[RampLoad]):
         return super().step(load, axis, level)
 
 
-def ramp_seconds(
-    expected: Any, start_rate: float, rate: float, ramp_s: float
-) -> Any:  # numpy arrays in, out
-    """Lambda^-1: the times (s) by which `expected` sends are due (a numpy array)."""
+def ramp_seconds(expected: Any, start_rate: float, rate: float, ramp_s: float) -> Any:
+    """Lambda^-1: the times (s) by which `expected` sends are due (numpy arrays in and out)."""
     import numpy as np
 
     s = np.asarray(expected, dtype=np.float64)
