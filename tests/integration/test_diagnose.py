@@ -26,7 +26,7 @@ from optlab.store import RunEvidence, RunRecord, RunSummary
 from optlab.store.records import GpuSample, ResourceSample, StageStatsRow
 from optlab.store.summary import MemoryTrend
 from tests.conftest import REPO, wait_for_measure, write
-from tests.unit.test_docs import problems
+from tests.support.schemas import problems
 
 Invoke = Callable[..., Result]
 
