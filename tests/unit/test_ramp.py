@@ -14,13 +14,15 @@ import pytest
 from pydantic import ValidationError
 
 from optlab.config.limits import check_load
-from optlab.config.models import BaselineFile, Workload
+from optlab.config.models import BaselineFile, ResolvedConfig, Workload
 from optlab.config.modes import MODES, ClosedLoad, RampLoad, mode_of, step
 from optlab.config.modes.ramp import ramp_offsets
 from optlab.config.source import parse_yaml
 from optlab.config.validation import config_error
 from optlab.errors import ConfigError
 from optlab.run.summarize import run_facts
+from optlab.sweep.driver import level_config
+from optlab.sweep.strategy import Probe
 from tests.support.collected import collected
 
 NS = 1_000_000_000
@@ -203,6 +205,20 @@ def test_an_open_sweep_level_keeps_the_ramps_length_and_starting_fraction() -> N
     assert closed.concurrency == 6 and closed.processes == 2
     with pytest.raises(ValidationError):
         step(given, "open", 2_000_000.0)  # a level is validated like the file's load
+
+
+def test_a_sweeps_level_of_a_ramp_experiment_is_a_ramp_to_the_levels_rate() -> None:
+    config = ResolvedConfig.model_validate(
+        {
+            "target": {"kind": "builtin", "name": "synthetic"},
+            "knobs": {},
+            "workload": {"load": {"mode": "ramp", "rate": 100.0, "ramp_s": 5.0}},
+        }
+    )
+    level = level_config(config, Probe("open", 400.0, "growth"), position=3).workload.load
+    assert isinstance(level, RampLoad)
+    assert (level.start_rate, level.rate, level.ramp_s) == (40.0, 400.0, 5.0)
+    assert mode_of(level).min_warmup_s(level) == 5.0  # each level warms up on its own ramp
 
 
 # -- the file: accepted, or refused naming the field -----------------------------------------------
