@@ -10,7 +10,7 @@ decoder. They differ in how the rest is done, which is what the `preprocess` kno
   widened by the scale, which replicated exactly in Python loops cost 60-80 ms per 256 px image
   against 6-9 ms for this. So it differs from the reference on high-frequency detail (sensor
   noise, glyph edges); on the held-out renders the classifier's top-1 agreed with the reference
-  inputs on every sample (benchmarks/README.md, tests/unit/test_preprocess.py).
+  inputs on every sample (benchmarks/README.md, tests/integration/test_preprocess_real.py).
 - ``numpy``: PIL decodes in JPEG draft mode (`Image.draft`: libjpeg scales by 1/2, 1/4 or 1/8 in
   the DCT domain while decoding, to the smallest size still >= side), PIL's antialiased bilinear
   resize finishes the job, numpy normalises. Fresh arrays per call. Most of its gain over the
