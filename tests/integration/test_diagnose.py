@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from click.testing import CliRunner, Result
 
 from optlab import api
@@ -282,6 +283,35 @@ def test_the_reference_baseline_writes_the_preprocess_step_once(
     refused = invoke("diagnose", "spin", "--write-step")
     assert refused.exit_code == 2
     assert sorted(p.name for p in folder.iterdir()) == before
+
+
+# -- a recorded run ------------------------------------------------------------------------------
+
+RECORDED = Path(__file__).parents[1] / "fixtures" / "diagnose"
+
+
+def test_a_declared_remedy_writes_its_step(
+    invoke: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A python target serialised on a lock whose file declares {rule: serialised, knob:
+    # workers, increment: 1, max: 8}, measured once and exported (tests/fixtures/diagnose).
+    monkeypatch.chdir(tmp_path)
+    imported = invoke("import", str(RECORDED / "declared-remedy.jsonl"))
+    assert imported.exit_code == 0, imported.output
+    document = diagnosed(invoke, "locked")
+    serialised = next(f for f in document["findings"] if f["rule"] == "serialised")
+    assert serialised["suggestion"] == {
+        "knob": "workers",
+        "value": 3,
+        "why": "another worker takes requests while one waits",
+    }
+    assert "next step: workers: 2 -> 3" in invoke("diagnose", "locked").output
+    # Its file was on another machine: the step goes where --output says.
+    wrote = invoke("diagnose", "locked", "--write-step", "--output", "next.yaml")
+    assert wrote.exit_code == 0, wrote.output
+    step = yaml.safe_load((tmp_path / "next.yaml").read_text("utf-8"))
+    assert step["parent"] == "locked" and step["change"] == {"workers": 3}, step
+    assert step["hypothesis"].startswith("diagnosis serialised: "), step
 
 
 # -- the catalogue on fixtures -----------------------------------------------------------------
