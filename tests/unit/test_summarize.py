@@ -12,10 +12,11 @@ from optlab.metrics.log import Window
 from optlab.metrics.resources import ResourceReading
 from optlab.metrics.stages import SEND_LAG, START_LAG, TOTAL
 from optlab.run.evidence import Observed
-from optlab.run.summarize import Collected, summarize
+from optlab.run.summarize import summarize
 from optlab.targets.templates import Secrets
 from tests.support.collected import collected, histogram
 from tests.support.golden import check_golden
+from tests.support.runs import runs_with_every_reason
 
 
 def test_known_latencies_give_known_percentiles_and_a_valid_run() -> None:
@@ -214,35 +215,10 @@ def test_a_network_target_gets_its_overhead_from_server_timing() -> None:
 # -- `optlab run --json` byte for byte ----------------------------------------------------
 
 
-def _run_json_cases() -> list[Collected]:
-    """Runs whose verdicts give every kind of reason the validity rules write."""
-    lagged = {TOTAL: histogram([2.0] * 1000), SEND_LAG: histogram([5.0] * 1000)}
-    return [
-        collected(),
-        # Failed, saturated, too few queries, too many errors, unstable halves.
-        collected(
-            status="FAILED",
-            error="boom\nTraceback ...",
-            load=OpenLoad(mode="open", rate=200.0),
-            in_flight=(3, 60, 60),
-            histograms={TOTAL: histogram([2.0] * 500)},
-            completed=500,
-            failed=20,
-            errors={"ConnectionError": (20, "refused")},
-            window_qps=(60.0,) * 5 + (40.0,) * 5,
-        ),
-        # The load generator fell behind its schedule.
-        collected(load=OpenLoad(mode="open", rate=100.0), histograms=lagged),
-        # Interrupted, stopped early, clients stuck in a call.
-        collected(status="KILLED", interrupted=True, measured_s=4.0, abandoned=2),
-        collected(stopped_early="saturated: the backlog rose every second", measured_s=3.0),
-    ]
-
-
 def test_run_json_is_unchanged_byte_for_byte() -> None:
     """`optlab run --json` prints `to_json()` as below (cli/runs.py): reasons and all."""
     lines = [
         json.dumps(summarize(case).summary.to_json(), default=str, allow_nan=False)
-        for case in _run_json_cases()
+        for case in [collected(), *runs_with_every_reason().values()]
     ]
     check_golden("run-summary.jsonl", "\n".join(lines) + "\n")
