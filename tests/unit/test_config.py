@@ -11,7 +11,7 @@ from optlab.config.merge import deep_merge
 from optlab.config.models import BaselineFile, StepFile
 from optlab.errors import ConfigError
 from optlab.targets.resolve import resolve_baseline
-from tests.conftest import write
+from tests.support.files import write
 
 BASELINE = """\
 name: base

@@ -11,7 +11,7 @@ from optlab.errors import ConfigError
 from optlab.run.fingerprint import code_section
 from optlab.targets.identity import code_identity
 from optlab.targets.resolve import resolve_baseline
-from tests.conftest import write
+from tests.support.files import write
 
 MODULE = """\
 from pydantic import BaseModel, ConfigDict
