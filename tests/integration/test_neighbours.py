@@ -21,7 +21,6 @@ import numpy as np
 import psutil
 import pytest
 
-from optlab.metrics.procwatch import parse
 from optlab.metrics.resources import ResourceSampler
 from optlab.metrics.usage import snapshot_tree
 from optlab.store import RunEvidence, Store
@@ -29,7 +28,7 @@ from optlab.targets.listener import local_listener
 from tests.conftest import write
 from tests.support.httpsvc import http_experiment
 from tests.support.inprocess import run_file
-from tests.support.proc import free_port, service, start_optlab
+from tests.support.proc import free_port, run_python, service, start_optlab, start_python
 from tests.support.waits import wait_until
 
 SPIN_MS = 1.0  # CPU the test server spends on each request (its own thread's CPU time)
@@ -164,9 +163,8 @@ def orphan_burner() -> int:
         "p = subprocess.Popen([sys.executable, '-c', 'while True: pass'], **quiet)\n"
         "print(p.pid, flush=True)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
-    )
+    out = run_python(code, timeout=120)
+    assert out.returncode == 0, out.stderr
     return int(out.stdout)
 
 
@@ -212,14 +210,6 @@ def test_a_burner_started_and_stopped_within_the_phase_is_named() -> None:
     assert not pids & (mine | watchers)
     # The watcher ended with the phase: nothing of it is left behind.
     assert not any(psutil.pid_exists(pid) for pid in watchers)
-
-
-def test_a_watcher_that_gives_no_table_leaves_the_snapshots_only() -> None:
-    assert parse(b"") is None and parse(b"{}") is None and parse(b"not json") is None
-    assert parse(b'[[12, 1, "x", 0.5, 100.0], ["bad"], [13, null, "y", 1, 2]]') == [
-        (12, 1, "x", 0.5, 100.0),
-        (13, None, "y", 1.0, 2.0),
-    ]
 
 
 # A python target that, when its measured phase starts (`reset_metrics`), starts a burner
@@ -289,15 +279,14 @@ def test_a_run_names_a_burner_that_ran_and_exited_inside_its_measured_phase(
     evidence = summary.evidence
     assert evidence is not None
     named = {n.pid: n for n in evidence.neighbours}
-    if burner["pid"] not in named:
-        # Only a list already full of processes that used more of the CPU may leave it out.
-        share = 100 * burner["cpu_s"] / summary.duration_s
-        assert len(named) == 3 and all(n.cpu_pct >= 0.5 * share for n in named.values()), (
-            burner,
-            named,
-        )
-    else:
-        assert named[burner["pid"]].name.startswith("python")
+    listed = named.get(burner["pid"])
+    others = [n for pid, n in named.items() if pid != burner["pid"]]
+    share = 100 * burner["cpu_s"] / summary.duration_s
+    # Named, or left out only of a list already full (3) of processes that used more of the
+    # CPU (on a shared machine other work may well have: both outcomes are checked whole).
+    full_of_heavier = len(others) == 3 and all(n.cpu_pct >= 0.5 * share for n in others)
+    assert (listed is not None) or full_of_heavier, (burner, named)
+    assert listed is None or listed.name.startswith("python"), listed  # named as what it was
     assert os.getpid() not in named  # optlab's own process never is
 
 
@@ -311,9 +300,7 @@ def test_a_child_of_the_service_started_mid_phase_is_the_service_s() -> None:
         "print(p.pid, flush=True)\n"
         "time.sleep(120)\n"
     )
-    service = subprocess.Popen(
-        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
+    service = start_python(code, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     sampler = ResourceSampler(interval_s=60.0)
     child = None
     try:
@@ -399,6 +386,32 @@ def test_native_threads_of_this_process_are_named_for_their_pool() -> None:
     for tid, name in native.items():
         # Never passed off as the interpreter's own thread (the kernel names it "python").
         assert name.startswith(f"native thread {tid} ("), name
-    if native:
-        # numpy's BLAS is loaded in this process: its pool's threads say so.
-        assert any("OpenBLAS" in n or "OpenMP" in n or "MKL" in n for n in native.values())
+
+
+# A fresh process whose BLAS pool has 2 threads (OPENBLAS_NUM_THREADS makes sure the pool
+# exists, whatever the machine's cores): it names its own threads and prints them.
+BLAS_POOL = """\
+import json, os, threading
+import numpy as np
+import psutil
+from optlab.metrics.usage import snapshot_tree
+matrix = np.random.default_rng(0).random((300, 300))
+matrix @ matrix
+me = psutil.Process()
+snap = snapshot_tree([me], me.pid).processes[me.pid]
+python = [t.native_id for t in threading.enumerate()]
+print(json.dumps({"python": python, "names": {t: s.name for t, s in snap.threads.items()}}))
+"""
+
+
+def test_native_threads_of_a_blas_pool_are_named_for_it() -> None:
+    out = run_python(BLAS_POOL, env={"OPENBLAS_NUM_THREADS": "2"})
+    assert out.returncode == 0, out.stderr
+    printed = json.loads(out.stdout)
+    names = {int(tid): name for tid, name in printed["names"].items()}
+    native = {tid: name for tid, name in names.items() if tid not in printed["python"]}
+    assert native, names  # the pool's thread beside the interpreter's
+    for tid, name in native.items():
+        assert name.startswith(f"native thread {tid} ("), name
+    # numpy's BLAS is loaded in that process: its pool's threads say so.
+    assert any("OpenBLAS" in n or "OpenMP" in n or "MKL" in n for n in native.values()), native

@@ -116,6 +116,7 @@ def start_python(
     cwd: Path | None = None,
     stdout: Stream = subprocess.DEVNULL,
     stderr: Stream = subprocess.DEVNULL,
+    stdin: Stream = None,
 ) -> subprocess.Popen[str]:
     """`python -c CODE` started in the background (a neighbour burning CPU, a helper process);
     the test ends it."""
@@ -123,6 +124,7 @@ def start_python(
         [sys.executable, "-c", code],
         env=optlab_env(None, env),
         cwd=cwd,
+        stdin=stdin,
         stdout=stdout,
         stderr=stderr,
         text=True,
