@@ -216,7 +216,10 @@ class Run:
             )
             for t, n in enumerate(self.in_flight)
         )
-        stages = {self.stage: stage_row(self.stage, self.stage_ms), "total": stage_row("total", total)}
+        stages = {
+            self.stage: stage_row(self.stage, self.stage_ms),
+            "total": stage_row("total", total),
+        }
         fastest = {
             self.stage: self.fastest_ms or float(self.stage_ms.min()),
             "total": (self.fastest_ms or float(self.stage_ms.min())) + 0.05,

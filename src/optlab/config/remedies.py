@@ -59,9 +59,8 @@ class DeclaredRemedy(StrictModel):
     def _one_op(self) -> DeclaredRemedy:
         given = [op for op in OPS if op in self.model_fields_set]
         if len(given) != 1:
-            raise ValueError(
-                f"give exactly one of set, increment, multiply (given: {', '.join(given) or 'none'})"
-            )
+            named = ", ".join(given) or "none"
+            raise ValueError(f"give exactly one of set, increment, multiply (given: {named})")
         if self.max is not None and "set" in given:
             raise ValueError("max bounds increment and multiply, not set")
         return self

@@ -4,8 +4,9 @@ Each kind (`optlab.targets.kinds.<name>`) says, in one module, how its knobs are
 its inputs must be, what identifies its code, whether a service environment belongs in the
 fingerprint, how it is built into a target the load generator drives, and what its knobs mean to
 `optlab diagnose` (its stages' order, its wait stage, whether it batches or uses a GPU, and the
-knob that answers a finding: docs/diagnose.md "The next step"). The other layers ask the kind
-(`optlab.targets.registry.kind_of`) instead of switching on `target.kind` or reading knobs.
+knob that answers a finding: docs/diagnose.md "From a finding to the next step"). The other
+layers ask the kind (`optlab.targets.registry.kind_of`) instead of switching on `target.kind` or
+reading knobs.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A remedy: the one knob a finding of `optlab diagnose` changes, and to what (docs/diagnose.md
-"The next step"). Each target kind answers with its own (`TargetKind.remedy`); python, http and
-command targets answer with what their experiment file declares (`target.remedies`,
-`optlab.config.remedies.DeclaredRemedy`), applied here."""
+"From a finding to the next step"). Each target kind answers with its own (`TargetKind.remedy`);
+python, http and command targets answer with what their experiment file declares
+(`target.remedies`, `optlab.config.remedies.DeclaredRemedy`), applied here."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""`optlab diagnose`'s outputs byte for byte on constructed evidence: `--json` (docs/diagnose-json.md),
-the terminal text and markdown (docs/diagnose.md), and every next step the reference classifier's
-knobs give (docs/diagnose.md "The next step"). Golden files in tests/golden/."""
+"""`optlab diagnose`'s outputs byte for byte on constructed evidence: `--json`
+(docs/diagnose-json.md), the terminal text and markdown (docs/diagnose.md), and every next step
+the reference classifier's knobs give (docs/diagnose.md "From a finding to the next step").
+Golden files in tests/golden/."""
 
 from __future__ import annotations
 
@@ -58,7 +59,10 @@ def _cases() -> dict[str, Diagnosis]:
                 more_stages={"queue": np.full(2000, 9.0)},
                 recorded={
                     "batching": BatchingEvidence(
-                        mean_batch=1.5, max_batch=8, fill_ratio=0.1875, wait_ms_mean=9.0,
+                        mean_batch=1.5,
+                        max_batch=8,
+                        fill_ratio=0.1875,
+                        wait_ms_mean=9.0,
                         wait_ms_p99=9.5,
                     )
                 },
@@ -89,11 +93,17 @@ KNOB_CASES: dict[str, dict[str, Any]] = {
     "tensorrt-cuda": {**CLASSIFIER, "device": "cuda", "precision": "fp16", "engine": "tensorrt"},
     "onnx": {**CLASSIFIER, "engine": "onnxruntime"},
     "onnx-int8": {**CLASSIFIER, "engine": "onnxruntime", "precision": "int8"},
-    "onnx-int8-2-threads": {**CLASSIFIER, "engine": "onnxruntime", "precision": "int8",
-                            "threads": 2},  # fmt: skip
-    "batching": {**CLASSIFIER, "batching": {"mode": "dynamic", "max_batch_size": 8,
-                                            "max_wait_ms": 10, "max_queue": 1024},
-                 "instances": 2},  # fmt: skip
+    "onnx-int8-2-threads": {
+        **CLASSIFIER,
+        "engine": "onnxruntime",
+        "precision": "int8",
+        "threads": 2,
+    },
+    "batching": {
+        **CLASSIFIER,
+        "batching": {"mode": "dynamic", "max_batch_size": 8, "max_wait_ms": 10, "max_queue": 1024},
+        "instances": 2,
+    },
     "short-wait": {**CLASSIFIER, "batching": {"mode": "dynamic", "max_wait_ms": 0.5}},
     "empty": {},
 }

@@ -1,7 +1,7 @@
 """Remedies a python, http or command target declares in its experiment file (`target.remedies`,
-docs/experiment-files.md "Remedies"; docs/diagnose.md "The next step"): the knob a finding
-changes and how, checked at load; and a stored config that no longer parses, read as partial
-evidence instead of an error."""
+docs/experiment-files.md "Remedies"; docs/diagnose.md "From a finding to the next step"): the
+knob a finding changes and how, checked at load; and a stored config that no longer parses, read
+as partial evidence instead of an error."""
 
 from __future__ import annotations
 

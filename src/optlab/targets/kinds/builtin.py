@@ -3,7 +3,7 @@
 Its knobs (`BuiltinKnobs`) and inputs (`ImageInputs`) are checked when the file loads; its code
 is the reference workload's files. The classifier itself is imported only when it is built.
 What its knobs mean to `optlab diagnose` is here too, next to their model: the knob that
-answers each finding (docs/diagnose.md "The next step").
+answers each finding (docs/diagnose.md "From a finding to the next step").
 """
 
 from __future__ import annotations
