@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from optlab.config.models import Protocol
 from optlab.config.protocol import effective_protocol
@@ -495,7 +496,6 @@ def test_halves_apart_within_their_seconds_noise_are_not_unstable() -> None:
 
 
 def test_the_halves_test_is_welchs_t_on_batch_means() -> None:
-    stats = pytest.importorskip("scipy.stats")
     rng = np.random.default_rng(7)
     for n in (8, 21, 60, 600):
         qps = list(290 * (1 + rng.uniform(-0.25, 0.25, n)))
