@@ -93,9 +93,12 @@ def runs(db_url: str | None = None, experiment: str | None = None) -> pd.DataFra
 
 
 def chain_table(db_url: str | None = None, head: str | None = None) -> pd.DataFrame:
-    """The stacked-gains table of `head`'s chain (default: the newest chain head)."""
+    """The stacked-gains table of `head`'s chain (default: the newest chain head), one row
+    per step (`reports.stacked.COLUMNS`, the stage columns, the capacity columns where the
+    chain was swept); `attrs` holds the header (head, protocol, environment, confidence,
+    capacity_slo)."""
     with _store(db_url) as store:
-        return stacked_table(store, resolve_head(store, head))
+        return stacked_table(store, resolve_head(store, head)).to_frame()
 
 
 def timeseries(db_url: str | None, run_id: int, phase: str | None = "measure") -> pd.DataFrame:

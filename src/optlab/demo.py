@@ -21,8 +21,7 @@ from optlab.run.runner import RunOptions, run
 from optlab.store import Store
 
 if TYPE_CHECKING:
-    import pandas as pd
-
+    from optlab.reports.stacked import StackedTable
     from optlab.run.runner import Progress, RunOutcome
 
 # The quick protocol as `optlab run --quick` measures it: 5 s, longer until a P99 has its 662
@@ -48,7 +47,7 @@ class DemoResult:
     head: str  # the head of the table: the chain's head, or the step it stopped at
     database: Path
     outcomes: list[RunOutcome]
-    table: pd.DataFrame
+    table: StackedTable
     seconds: float
     # INVALID runs measured again (each stored, with its reasons).
     retried: list[RunOutcome] = field(default_factory=list)
@@ -117,11 +116,17 @@ def run_demo(
     database: Path,
     progress: Progress,
     on_outcome: Callable[[RunOutcome], None] | None = None,
+    *,
+    duration_s: float | None = DEMO_DURATION_S,
+    warmup_s: float = DEMO_WARMUP_S,
 ) -> DemoResult:
     """Measure the whole chain (quick protocol) into `database` and build its table.
 
-    A step whose run comes out INVALID is measured again (at most DEMO_RETRIES times); one
-    still INVALID after that stops the chain, and the table shows the chain up to it."""
+    Each run measures `duration_s` (None: the quick protocol's own length) after `warmup_s`;
+    shorter runs than the defaults are for the project's own end-to-end test, whose runs
+    need not be VALID. A step whose run comes out INVALID is measured again (at most
+    DEMO_RETRIES times); one still INVALID after that stops the chain, and the table shows
+    the chain up to it."""
     started = time.monotonic()
     head_file = experiments_dir() / chain / CHAINS[chain]
     chain_head = load_experiment(head_file).name
@@ -133,7 +138,7 @@ def run_demo(
         if on_outcome is not None:
             on_outcome(outcome)
 
-    options = RunOptions(quick=True, duration_s=DEMO_DURATION_S, warmup_s=DEMO_WARMUP_S, chain=True)
+    options = RunOptions(quick=True, duration_s=duration_s, warmup_s=warmup_s, chain=True)
     retried: list[RunOutcome] = []
     stopped: RunOutcome | None = None
     try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -11,79 +10,50 @@ from pathlib import Path
 import pytest
 from click.testing import Result
 
-from optlab.reports.table import COLUMNS, stacked_table
+from optlab.reports.stacked import COLUMNS
+from optlab.reports.table import stacked_table
 from optlab.store import Store
-from tests.conftest import write
+from tests.support.chain import MeasuredChain
 
-# Every test here reads one chain measured for the module (three 3 s runs).
+# Every test here reads the session's measured chain (four 3 s runs).
 pytestmark = pytest.mark.slow
 
 Invoke = Callable[..., Result]
-# 3 s: the fewest per-second windows (3) the statistics judge a step from.
-FAST = ("--quick", "--duration", "3", "--warmup", "0.3")
-
-
-@pytest.fixture(scope="module")
-def measured(
-    tmp_path_factory: pytest.TempPathFactory, synthetic_chain: tuple[Path, Path]
-) -> tuple[Path, Path]:
-    """The session's synthetic chain, baseline (2 ms) -> faster (1 ms), plus slower (4 ms: far
-    beyond a 3 s run's P99 noise) measured once for this module. Each test gets its own copy
-    of the database (some edit it). The new step's file sits apart from the chain's: a
-    database knows each experiment by the file it came from."""
-    from click.testing import CliRunner
-
-    from optlab.cli.main import cli
-
-    root = tmp_path_factory.mktemp("measured")
-    folder = root / "synthetic"
-    folder.mkdir()
-    write(
-        folder,
-        "02-slower.yaml",
-        "name: synthetic-slower\nparent: synthetic-faster-service\n"
-        "hypothesis: a heavier model costs latency\nchange: {service_ms: 4.0}\n",
-    )
-    database = root / "measured.db"
-    shutil.copy(synthetic_chain[1], database)
-    args = ["--db", f"sqlite:///{database}", "run", str(folder / "02-slower.yaml"), *FAST]
-    result = CliRunner().invoke(cli, args, catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    with sqlite3.connect(database) as db:  # everything into the main file, so a copy has it
-        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    return folder, database
 
 
 @pytest.fixture
-def chain(
-    measured: tuple[Path, Path], sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Path:
-    folder, database = measured
-    shutil.copy(database, sqlite_url.removeprefix("sqlite:///"))
-    monkeypatch.chdir(tmp_path)
-    return folder
+def chain(chain_copy: MeasuredChain) -> Path:
+    """The session's measured chain (tests/support/chain.py) in this test's own copy of the
+    database at `sqlite_url` (some tests edit it): baseline (2 ms) -> faster (1 ms) ->
+    {slower (4 ms: far beyond a 3 s run's P99 noise), back (2 ms), the newest head}."""
+    return chain_copy.folder
 
 
 def test_table_rows_deltas_significance_and_verdicts(chain: Path, sqlite_url: str) -> None:
-    frame = stacked_table(Store.open(sqlite_url), "synthetic-slower")
-    assert list(frame["experiment"]) == [
+    table = stacked_table(Store.open(sqlite_url), "synthetic-slower")
+    assert [row.experiment for row in table.rows] == [
         "synthetic-baseline",
         "synthetic-faster-service",
         "synthetic-slower",
     ]
-    assert set(COLUMNS) <= set(frame.columns) and "service_p50_ms" in frame.columns
-    faster, slower = frame.iloc[1], frame.iloc[2]
-    assert faster["verdict"] == "gain" and faster["significant"]
-    assert faster["qps_step_low_pct"] < faster["qps_step_pct"] < faster["qps_step_high_pct"]
-    assert faster["p50_step_pct"] < -25  # 2 ms -> 1 ms
-    assert slower["verdict"] == "regressed" and slower["p50_step_pct"] > 100  # 1 ms -> 4 ms
-    assert frame.attrs["schema_version"] == 1 and frame.attrs["protocol"]["name"] == "quick"
-    assert "no GPU" in frame.attrs["environment"]["summary"]
+    assert set(COLUMNS) <= set(table.columns()) and "service_p50_ms" in table.columns()
+    faster, slower = table.rows[1], table.rows[2]
+    assert faster.verdict == "gain" and faster.significant
+    assert faster.qps_step_low_pct is not None and faster.qps_step_high_pct is not None
+    assert faster.qps_step_low_pct < (faster.qps_step_pct or 0) < faster.qps_step_high_pct
+    assert (faster.p50_step_pct or 0) < -25  # 2 ms -> 1 ms
+    assert slower.verdict == "regressed" and (slower.p50_step_pct or 0) > 100  # 1 ms -> 4 ms
+    header = table.header
+    assert header.schema_version == 1 and (header.protocol or {})["name"] == "quick"
+    assert "no GPU" in header.environment.summary
+    frame = table.to_frame()  # what optlab.api.chain_table gives a notebook
+    assert frame["experiment"].tolist() == [row.experiment for row in table.rows]
+    assert frame.attrs["protocol"] == header.protocol
 
 
 def test_table_formats_and_default_head(chain: Path, invoke: Invoke) -> None:
     rich = invoke("table")  # the newest chain head
-    assert rich.exit_code == 0 and "synthetic-slower" in rich.stdout
+    assert rich.exit_code == 0 and "synthetic-back" in rich.stdout
     markdown = invoke("table", str(chain / "02-slower.yaml"), "--format", "markdown")
     assert markdown.exit_code == 0
     assert "| synthetic-faster-service | service_ms: 2.0 -> 1.0 |" in markdown.stdout
@@ -152,10 +122,10 @@ def test_other_protocol_or_environment_is_never_stacked(
             f"UPDATE runs SET protocol_json = ? WHERE {baseline_runs}",
             (json.dumps(stored | {"duration_s": 9.0}),),
         )
-    frame = stacked_table(Store.open(sqlite_url), "synthetic-slower")
-    assert frame.iloc[0]["verdict"] == "missing"
-    assert "head's protocol" in frame.iloc[0]["missing"]
-    assert frame.iloc[1]["verdict"] == "missing parent"  # nothing measured before it to judge by
+    rows = stacked_table(Store.open(sqlite_url), "synthetic-slower").rows
+    assert rows[0].verdict == "missing"
+    assert "head's protocol" in (rows[0].missing or "")
+    assert rows[1].verdict == "missing parent"  # nothing measured before it to judge by
     with sqlite3.connect(path) as db:
         db.execute(
             f"UPDATE runs SET protocol_json = ? WHERE {baseline_runs}", (json.dumps(stored),)
@@ -176,6 +146,6 @@ def test_other_protocol_or_environment_is_never_stacked(
             "SELECT id FROM environments WHERE fingerprint_hash='other'"
         ).fetchone()[0]
         db.execute(f"UPDATE runs SET environment_id = ? WHERE {baseline_runs}", (env_id,))
-    frame = stacked_table(Store.open(sqlite_url), "synthetic-faster-service")
-    assert "materially different environment" in frame.iloc[0]["missing"]
-    assert "Some Other CPU" in frame.iloc[0]["missing"]
+    missing = stacked_table(Store.open(sqlite_url), "synthetic-faster-service").rows[0].missing
+    assert "materially different environment" in (missing or "")
+    assert "Some Other CPU" in (missing or "")

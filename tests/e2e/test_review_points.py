@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -22,53 +21,22 @@ import pytest
 from click.testing import Result
 
 from optlab.metrics.stats import Comparison
+from optlab.reports.stacked import StackedTable
 from optlab.store import Store
-from tests.conftest import REPO, write
-from tests.unit.test_renderers import _measured, report_data, stacked_frame
+from tests.support.chain import STEPS, MeasuredChain
+from tests.support.files import write
+from tests.support.frames import golden_table, header, measured_row, report_data
 
 Invoke = Callable[..., Result]
-# 3 s: the fewest per-second windows (3) the statistics judge a step from.
-FAST = ("--quick", "--duration", "3", "--warmup", "0.3")
 SHORT = ("--quick", "--duration", "1.5", "--warmup", "0.3")
 
 
-@pytest.fixture(scope="module")
-def measured(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Result]:
-    """baseline (2 ms) -> faster (1 ms) -> back (2 ms again): a chain whose total is about
-    nothing, measured once for the module by one `run --chain --json`."""
-    from click.testing import CliRunner
-
-    from optlab.cli.main import cli
-
-    root = tmp_path_factory.mktemp("review")
-    folder = root / "synthetic"
-    shutil.copytree(REPO / "experiments" / "examples" / "synthetic", folder)
-    write(
-        folder,
-        "02-back.yaml",
-        "name: synthetic-back\nparent: synthetic-faster-service\n"
-        "hypothesis: undoing the change undoes its gain\nchange: {service_ms: 2.0}\n",
-    )
-    database = root / "review.db"
-    args = ["--db", f"sqlite:///{database}", "run", str(folder / "02-back.yaml"), *FAST]
-    result = CliRunner().invoke(cli, [*args, "--chain", "--json"], catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    with sqlite3.connect(database) as db:  # everything into the main file, so a copy has it
-        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    return folder, database, result
-
-
 @pytest.fixture
-def chain(
-    measured: tuple[Path, Path, Result],
-    sqlite_url: str,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> Path:
-    folder, database, _ = measured
-    shutil.copy(database, sqlite_url.removeprefix("sqlite:///"))
-    monkeypatch.chdir(tmp_path)
-    return folder
+def chain(chain_copy: MeasuredChain) -> Path:
+    """The session's measured chain (tests/support/chain.py) in this test's own copy of the
+    database at `sqlite_url`: baseline (2 ms) -> faster (1 ms) -> {slower (4 ms), back (2 ms
+    again)}; `back`, a step whose total is about nothing, is the newest head."""
+    return chain_copy.folder
 
 
 # -- a. the verdict names what decided it; an interval that spans zero decides nothing ---------
@@ -101,12 +69,12 @@ def test_verdict_names_the_deciding_metric_and_an_interval_across_zero_decides_n
     assert flags == ["optimised P50 (-12%), broke P99 (+30%)"]
 
 
-def _reviewed_frame() -> pd.DataFrame:
+def _reviewed_table() -> StackedTable:
     """The reviewer's case: gain decided by P50, with QPS across zero and P99 worse."""
-    frame = stacked_frame()
-    rows = [
-        frame.iloc[0].to_dict(),
-        _measured(
+    table = golden_table()
+    rows = (
+        table.rows[0],
+        measured_row(
             2, 3.5, 9.7, 1020.0, experiment="pooled", variable="preprocess",
             change="python -> numpy-pooled", qps_step_pct=2.0, qps_step_low_pct=-3.0,
             qps_step_high_pct=7.0, qps_cumulative_pct=2.0, p50_step_pct=-12.0,
@@ -114,10 +82,8 @@ def _reviewed_frame() -> pd.DataFrame:
             p99_step_pct=8.0, p99_step_low_pct=-2.0, p99_step_high_pct=18.0,
             p99_cumulative_pct=8.0, significant=True, verdict="gain", decided_by=["P50"],
         ),
-    ]  # fmt: skip
-    reviewed = pd.DataFrame(rows)
-    reviewed.attrs = frame.attrs | {"head": "pooled"}
-    return reviewed
+    )  # fmt: skip
+    return StackedTable(header=header(head="pooled"), rows=rows)
 
 
 def test_every_table_shows_the_deciding_metric() -> None:
@@ -125,16 +91,16 @@ def test_every_table_shows_the_deciding_metric() -> None:
     from optlab.reports.markdown import render_markdown
     from optlab.reports.terminal import render_text
 
-    frame = _reviewed_frame()
-    rich = render_text(frame, width=320)
+    table = _reviewed_table()
+    rich = render_text(table, width=320)
     assert "gain (P50 -12%)" in rich
     assert "-12% [-15,-9]" in rich  # the P50 step change, with its interval
-    markdown = render_markdown(frame)
+    markdown = render_markdown(table)
     assert "gain (P50 -12%)" in markdown
     header = next(line for line in markdown.splitlines() if line.startswith("| step"))
     assert "| P50 ms | Δ step | P99 ms |" in header
     assert "| 3.50 | -12.0% [-15, -9] | 9.70 |" in markdown
-    back = pd.read_csv(io.StringIO(render_csv(frame)))
+    back = pd.read_csv(io.StringIO(render_csv(table)))
     assert back.loc[1, "decided_by"] == "P50" and back.loc[1, "p50_step_pct"] == -12.0
 
 
@@ -142,43 +108,41 @@ def test_every_table_shows_the_deciding_metric() -> None:
 def test_the_measured_chain_names_its_deciders(chain: Path, sqlite_url: str) -> None:
     from optlab.reports.table import stacked_table
 
-    frame = stacked_table(Store.open(sqlite_url), "synthetic-back")
-    faster = frame.iloc[1]
-    assert faster["verdict"] == "gain" and faster["decided_by"]  # 2 ms -> 1 ms
-    for _, row in frame.iterrows():
-        deciders = row["decided_by"] or []
-        assert bool(deciders) == (row["verdict"] in ("gain", "regressed"))
-        for label in deciders:
-            low = row[f"{label.lower()}_step_low_pct"]
-            high = row[f"{label.lower()}_step_high_pct"]
+    table = stacked_table(Store.open(sqlite_url), "synthetic-back")
+    faster = table.rows[1]
+    assert faster.verdict == "gain" and faster.decided_by  # 2 ms -> 1 ms
+    for row in table.rows:
+        assert bool(row.decided_by) == (row.verdict in ("gain", "regressed"))
+        for label in row.decided_by:
+            low = row.get(f"{label.lower()}_step_low_pct")
+            high = row.get(f"{label.lower()}_step_high_pct")
             assert not low <= 0 <= high, (label, low, high)
 
 
 # -- b. no shares of a total that is noise --------------------------------------------------
 
 
-def _audit_frame(last_qps: float, cumulative: float, low: float, high: float) -> pd.DataFrame:
-    rows = [
-        _measured(1, 2.0, 4.0, 1000.0, experiment="synthetic-baseline", verdict="baseline"),
-        _measured(
+def _audit_table(last_qps: float, cumulative: float, low: float, high: float) -> StackedTable:
+    rows = (
+        measured_row(1, 2.0, 4.0, 1000.0, experiment="synthetic-baseline", verdict="baseline"),
+        measured_row(
             2, 1.0, 2.0, 1500.0, experiment="synthetic-faster-service", variable="service_ms",
             change="2.0 -> 1.0", qps_step_pct=50.0, qps_step_low_pct=45.0,
             qps_step_high_pct=55.0, qps_cumulative_pct=50.0, verdict="gain",
         ),
-        _measured(
+        measured_row(
             3, 2.0, 4.0, last_qps, experiment="synthetic-back", variable="service_ms",
             change="1.0 -> 2.0", qps_step_pct=(last_qps / 1500 - 1) * 100,
             qps_step_low_pct=-36.0, qps_step_high_pct=-30.0, qps_cumulative_pct=cumulative,
             qps_cumulative_low_pct=low, qps_cumulative_high_pct=high, p99_cumulative_pct=0.2,
             p99_cumulative_low_pct=-3.0, p99_cumulative_high_pct=3.4, verdict="regressed",
         ),
-    ]  # fmt: skip
-    frame = pd.DataFrame(rows)
-    frame.attrs = {"head": "synthetic-back", "protocol_label": "quick", "confidence": 0.999}
-    return frame
+    )  # fmt: skip
+    head = header(head="synthetic-back", protocol_label="quick", confidence=0.999)
+    return StackedTable(header=head, rows=rows)
 
 
-@pytest.mark.slow  # reads the module's measured chain
+@pytest.mark.slow  # reads the session's measured chain
 @pytest.mark.parametrize(
     ("last_qps", "cumulative", "low", "high", "noise"),
     [
@@ -193,7 +157,7 @@ def test_audit_gives_no_shares_of_a_total_within_noise(
 ) -> None:  # fmt: skip
     from optlab.reports.audit import build_audit, render_audit
 
-    audit = build_audit(Store.open(sqlite_url), _audit_frame(last_qps, cumulative, low, high))
+    audit = build_audit(Store.open(sqlite_url), _audit_table(last_qps, cumulative, low, high))
     text = render_audit(audit)
     shares = [s.qps_share_pct for s in audit.steps[1:]]
     if noise:
@@ -269,14 +233,11 @@ def test_an_invalid_measured_run_exits_4_unless_allowed(
 
 
 @pytest.mark.slow
-def test_run_json_prints_one_line_per_run_in_order(measured: tuple[Path, Path, Result]) -> None:
-    *_, result = measured
-    lines = [json.loads(line) for line in result.stdout.strip().splitlines()]
-    assert [s["experiment"] for s in lines] == [  # before: the head's line alone
-        "synthetic-baseline",
-        "synthetic-faster-service",
-        "synthetic-back",
-    ]
+def test_run_json_prints_one_line_per_run_in_order(measured_chain: MeasuredChain) -> None:
+    """The session's chain was measured by three `run --json` commands, the first with
+    `--chain` (baseline and faster): four lines, the chain run's two among them."""
+    lines = list(measured_chain.lines)
+    assert [s["experiment"] for s in lines] == list(STEPS)  # before: the head's line alone
     assert [s["run_id"] for s in lines] == sorted(s["run_id"] for s in lines)
     assert all(s["status"] == "FINISHED" for s in lines)
 
@@ -345,7 +306,7 @@ def _with_service(data: Any) -> Any:
 def test_html_report_charts_the_service_cpu_and_rss_beside_optlabs() -> None:
     from optlab.reports.html import render_html
 
-    page = render_html(stacked_frame(), _with_service(report_data()))
+    page = render_html(golden_table(), _with_service(report_data()))
     titles = [
         "Process CPU (optlab)",
         "Service CPU (its process tree)",
@@ -360,7 +321,7 @@ def test_html_report_charts_the_service_cpu_and_rss_beside_optlabs() -> None:
     assert memory.count("<polyline") == 3
     assert page.count("<svg") == 8
     # Without a service, the report is as it was: no empty service charts.
-    plain = render_html(stacked_frame(), report_data())
+    plain = render_html(golden_table(), report_data())
     assert "Service CPU" not in plain and plain.count("<svg") == 6
 
 

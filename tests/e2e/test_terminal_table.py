@@ -1,7 +1,7 @@
 """`optlab table` on a real terminal: through a pseudo-terminal of 80, 120 and 200 columns the
 table fits, its key columns whole; `--wide` and piped output keep every column at full width.
-The pseudo-terminal tests measure a chain first (slow); the fitted and piped renderings of the
-hand-built frame are checked in the fast lane."""
+The pseudo-terminal tests read the session's measured chain (slow); the fitted and piped
+renderings of the hand-built table (tests/support/frames.py) are checked without one."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ import json
 import os
 import re
 import select
-import shutil
-import sqlite3
 import struct
 import subprocess
 import sys
@@ -22,38 +20,24 @@ import time
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
 
-from optlab.cli.main import cli
 from optlab.reports.table import stacked_table
 from optlab.reports.terminal import print_table, render_text
 from optlab.store import Store
-from tests.conftest import REPO, write
+from tests.support.chain import SLOWER, MeasuredChain
+from tests.support.frames import capacity_table, golden_table
 from tests.support.golden import GOLDEN, check_golden
-from tests.unit.test_renderers import capacity_frame, stacked_frame
 
-HEAD = "synthetic-slower"
+HEAD = SLOWER
 KEY_HEADERS = ("step", "change", "QPS", "Δ step", "P99 ms", "verdict")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
 
 
 @pytest.fixture(scope="module")
-def database(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The synthetic chain, three steps measured quickly: baseline (2 ms), faster (1 ms),
-    slower (4 ms)."""
-    root = tmp_path_factory.mktemp("terminal")
-    folder = root / "synthetic"
-    shutil.copytree(REPO / "experiments" / "examples" / "synthetic", folder)
-    write(folder, "02-slower.yaml", f"name: {HEAD}\nparent: synthetic-faster-service\n"
-          "change: {service_ms: 4.0}\n")  # fmt: skip
-    path = root / "optlab.db"
-    args = ["--db", f"sqlite:///{path}", "run", str(folder / "02-slower.yaml"), "--quick",
-            "--duration", "1.5", "--warmup", "0.3", "--chain", "--allow-invalid"]  # fmt: skip
-    result = CliRunner().invoke(cli, args, catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    with sqlite3.connect(path) as db:
-        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    return f"sqlite:///{path}"
+def database(measured_chain: MeasuredChain) -> str:
+    """The session's measured synthetic chain (tests/support/chain.py), read only: baseline
+    (2 ms), faster (1 ms), slower (4 ms) is the chain of HEAD."""
+    return measured_chain.url
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -172,9 +156,9 @@ def test_wide_shows_every_column_as_piped_output_does(database: str) -> None:
         assert header in headers, headers
     assert max(len(line) for line in piped.splitlines()) > 80  # never squeezed to COLUMNS
     assert "per step" not in piped
-    frame = stacked_table(Store.open(database), HEAD)
-    title = f"stacked gains: {HEAD} ({frame.attrs['protocol_label']})"
-    assert piped == render_text(frame, title, width=320)
+    table = stacked_table(Store.open(database), HEAD)
+    title = f"stacked gains: {HEAD} ({table.header.protocol_label})"
+    assert piped == render_text(table, title, width=320)
 
 
 def test_piped_output_is_unchanged() -> None:
@@ -183,20 +167,20 @@ def test_piped_output_is_unchanged() -> None:
     for hostile, name in ((False, "stacked.txt"), (True, "stacked-hostile.txt")):
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            print_table(stacked_frame(hostile=hostile), title="stacked gains: int8")
+            print_table(golden_table(hostile=hostile), title="stacked gains: int8")
         check_golden(name, out.getvalue())
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        print_table(capacity_frame(), title="stacked gains: int8")
+        print_table(capacity_table(), title="stacked gains: int8")
     check_golden("stacked-capacity.txt", out.getvalue())
     assert (GOLDEN / "stacked.txt").read_text(encoding="utf-8").count("\n") > 8
 
 
 @pytest.mark.parametrize("width", [60, 80, 100, 120, 200])
 def test_fitted_text_never_exceeds_its_width(width: int) -> None:
-    """The hand-built frame (every column of the contract) fitted to a width: no line wider,
+    """The hand-built table (every column of the contract) fitted to a width: no line wider,
     no cut value; every step's QPS and P99 whole."""
-    text = render_text(stacked_frame(), "stacked gains: int8 (quick)", width, fit_to=True)
+    text = render_text(golden_table(), "stacked gains: int8 (quick)", width, fit_to=True)
     assert max(len(line) for line in text.splitlines()) <= width, text
     assert "…" not in text
     for value in ("1,000.0", "1,500.0", "1,800.0", "9.00", "6.00", "12.00", "+100%"):

@@ -155,8 +155,8 @@ def test_laptop_runs_round_trip_through_the_team_store(
 
         shown = ["experiment", "p50_ms", "p99_ms", "qps", "verdict"]
         with Store.open(laptop) as store:
-            expected = stacked_table(store, STEP)[shown].to_dict("records")
-        assert stacked_table(team, STEP)[shown].to_dict("records") == expected
+            expected = stacked_table(store, STEP).to_frame()[shown].to_dict("records")
+        assert stacked_table(team, STEP).to_frame()[shown].to_dict("records") == expected
         export_file(team, tmp_path / "team.jsonl")
 
     back = f"sqlite:///{tmp_path / 'back.db'}"

@@ -152,10 +152,10 @@ def test_change_is_a_z_test_on_the_log_ratio() -> None:
 def test_a_table_without_sweeps_has_no_capacity(synthetic_chain: tuple[Path, Path]) -> None:
     _, database = synthetic_chain
     with Store.open(_url(database), read_only=True) as store:
-        frame = stacked_table(store, HEAD)
-    assert not [c for c in frame.columns if c.startswith("capacity")]
-    assert "capacity_slo" not in frame.attrs
-    assert all("capacity" not in entry for entry in json.loads(render_json(frame))["chain"])
+        table = stacked_table(store, HEAD)
+    assert table.header.capacity is None and all(row.capacity is None for row in table.rows)
+    assert not [c for c in table.to_frame().columns if c.startswith("capacity")]
+    assert all("capacity" not in entry for entry in json.loads(render_json(table))["chain"])
 
 
 def test_json_has_capacity_and_its_change(swept: tuple[Path, Path]) -> None:
@@ -188,12 +188,12 @@ def test_markdown_and_terminal_show_the_column(swept: tuple[Path, Path]) -> None
     assert "1,900.0 [1,820.0,1,980.0]" in piped and "P99 ≤ 20 ms" in piped
     assert "closed loop" in piped and "capacity gain" in piped
     with Store.open(_url(database), read_only=True) as store:
-        frame = stacked_table(store, HEAD)
-    fitted = render_text(frame, width=200, fit_to=True)
+        table = stacked_table(store, HEAD)
+    fitted = render_text(table, width=200, fit_to=True)
     assert "capacity @" in fitted.splitlines()[0] + fitted.splitlines()[1]
     assert "capacity @ P99 ≤ 20 ms, closed loop: 1,900.0 [1,820.0, 1,980.0]/s" in fitted
     assert "capacity gain" in fitted
-    narrow = render_text(frame, width=80, fit_to=True)
+    narrow = render_text(table, width=80, fit_to=True)
     assert max(len(line) for line in narrow.splitlines()) <= 80
     assert "capacity @ P99 ≤ 20 ms, closed loop: 1,000.0 [950.0, 1,050.0]/s" in narrow
 

@@ -1,7 +1,8 @@
 """Renderers of the stacked-gains table: markdown, CSV, JSON and HTML.
 
-The frame is built by hand from the column contract of `reports.table.stacked_table`, so the
-golden files change only when a renderer does. Regenerate them with OPTLAB_UPDATE_GOLDEN=1.
+The table is built by hand from the column contract (tests/support/frames.py), not by
+`reports.table.stacked_table`, so the golden files change only when a renderer does.
+Regenerate them with OPTLAB_UPDATE_GOLDEN=1.
 """
 
 from __future__ import annotations
@@ -18,161 +19,49 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from optlab.reports.data import CDF_PERCENTILES, ReportData, StepData, collect_report
-from optlab.reports.export import present, render_csv, render_json
+from optlab.reports.data import ReportData, collect_report
+from optlab.reports.export import render_csv, render_json
 from optlab.reports.format import bound, interval
 from optlab.reports.html import render_html
 from optlab.reports.markdown import PROVISIONAL_NOTE as PROVISIONAL
 from optlab.reports.markdown import render_markdown
-from optlab.reports.table import COLUMNS
-from optlab.store.records import ResourceSample, WindowStats
+from optlab.reports.stacked import COLUMNS, StackedTable, TableHeader
+from optlab.reports.table_json import EnvironmentInfo
 from tests.conftest import REPO
+from tests.support.frames import (
+    HOSTILE,
+    STAGE_COLUMNS,
+    capacity_table,
+    golden_table,
+    report_data,
+    table_row,
+)
 from tests.support.golden import check_golden
 
-HOSTILE = "<script>alert(1)</script>"
-NAN = float("nan")
 
-
-# The stage columns the table adds after COLUMNS, one per stage the runs recorded; the last one
-# holds no value in any row (a renderer shows no column for it).
-STAGES = ("queue_p50_ms", "preprocess_p50_ms", "infer_p50_ms", "postprocess_p50_ms",
-          "service_p50_ms")  # fmt: skip
-LISTS = ("decided_by", "flags", "slo_failures", "reasons")
-
-
-def _row(**values: Any) -> dict[str, Any]:
-    """A row with every column of the table's contract (`COLUMNS`), then the stage columns:
-    a column the table gains is in the golden frames without anyone adding it here."""
-    row: dict[str, Any] = dict.fromkeys((*COLUMNS, *STAGES), NAN)
-    row |= {column: [] for column in LISTS}
-    row |= {
-        "experiment": None, "variable": None, "change": None, "hypothesis": None,
-        "run_id": None, "runs": 0, "status": None, "valid": None, "provisional": None,
-        "missing": None, "significant": None, "verdict": None, "slo_pass": None,
-        "git_commit": "4ecc9ac", "started_at": None, "who": "ana@bench1",
-    }  # fmt: skip
-    unknown = set(values) - set(row)
-    assert not unknown, f"not a column of the table: {unknown}"
-    row |= values
-    return row
-
-
-def _measured(run_id: int, p50: float, p99: float, qps: float, **values: Any) -> dict[str, Any]:
-    measured: dict[str, Any] = dict(
-        run_id=run_id, runs=1, status="FINISHED", valid=True, provisional=True,
-        p50_ms=p50, p95_ms=p50 * 1.8, p99_ms=p99, p999_ms=p99 * 1.5, qps=qps,
-        error_rate=0.0, cpu_pct=92.5, service_cpu_pct=40.0 + 10 * run_id,
-        gpu_util_pct=50.0 + run_id, gpu_mem_peak_mib=800.0 + 16 * run_id,
-        infer_ms_per_request=p50 * 0.45, cache_hit_rate=0.25 * (run_id - 1),
-        queue_p50_ms=p50 * 0.1, preprocess_p50_ms=p50 * 0.3,
-        infer_p50_ms=p50 * 0.5, postprocess_p50_ms=p50 * 0.05,
-        started_at=f"2026-11-30T10:0{run_id}:00+00:00",
-    )  # fmt: skip
-    return _row(**(measured | values))
-
-
-def stacked_frame(hostile: bool = False) -> pd.DataFrame:
-    """Baseline, a gain, a trade-off step that is INVALID and fails its SLO, a missing step."""
-    name = HOSTILE if hostile else "fewer-copies"
-    rows = [
-        _measured(
-            1, 4.0, 9.0, 1000.0, experiment="baseline", verdict="baseline", slo_pass=True,
-            hypothesis="reference config", accuracy_top1=0.761,
-        ),
-        _measured(
-            2, 2.5, 6.0, 1500.0, experiment="dynamic-batch", variable="batching",
-            change="off -> dynamic (max_batch_size 8)", hypothesis="amortise | overhead\nper call",
-            qps_step_pct=50.0, qps_step_low_pct=44.0, qps_step_high_pct=56.0,
-            qps_cumulative_pct=50.0, p50_step_pct=-37.5, p50_step_low_pct=-40.0,
-            p50_step_high_pct=-35.0, p50_cumulative_pct=-37.5, p99_step_pct=-33.3,
-            p99_step_low_pct=-38.0, p99_step_high_pct=-29.0, p99_cumulative_pct=-33.3,
-            significant=True, verdict="gain", decided_by=["QPS", "P50", "P99"], slo_pass=True,
-            accuracy_top1=0.761, mean_batch_size=5.5,
-            qps_cumulative_low_pct=44.0, qps_cumulative_high_pct=56.0,
-            p50_cumulative_low_pct=-40.0, p50_cumulative_high_pct=-35.0,
-            p99_cumulative_low_pct=-38.0, p99_cumulative_high_pct=-29.0,
-            step_confidence=0.99, cumulative_confidence=0.99,
-            step_method="Welch t on log within-run spread",
-        ),
-        _measured(
-            3, 2.2, 12.0, 1800.0, experiment=name, variable="copies",
-            change=f"2 -> 1 | {name}", hypothesis=name, valid=False,
-            reasons=["error rate 2.0% > 1%", f"bad {name}"],
-            qps_step_pct=20.0, qps_step_low_pct=15.0, qps_step_high_pct=25.0,
-            qps_cumulative_pct=80.0, p50_step_pct=-12.0, p50_step_low_pct=-15.0,
-            p50_step_high_pct=-9.0, p50_cumulative_pct=-45.0, p99_step_pct=100.0,
-            p99_step_low_pct=80.0, p99_step_high_pct=120.0, p99_cumulative_pct=33.3,
-            significant=True, verdict="regressed", decided_by=["P99"],
-            flags=["optimised QPS (+20%), broke P99 (+100%)"], slo_pass=False,
-            slo_failures=["p99 12.0 ms > 10 ms"], accuracy_top1=0.760,
-            error_rate=0.02, qps_cumulative_low_pct=70.0, qps_cumulative_high_pct=90.0,
-            p50_cumulative_low_pct=-50.0, p50_cumulative_high_pct=-40.0,
-            p99_cumulative_low_pct=20.0, p99_cumulative_high_pct=46.0,
-            step_confidence=1 - 0.01 / 3, cumulative_confidence=0.99,
-            step_method="paired t on log-ratios, 3 pairs",
-        ),
-        _row(
-            experiment="int8", variable="precision", change="fp32 -> int8",
-            missing="environment differs materially from the baseline run's: cpu model",
-            verdict="missing",
-        ),
-    ]  # fmt: skip
-    frame = pd.DataFrame(rows)
-    frame.attrs = {
-        "schema_version": 1,
-        "head": "int8",
-        "protocol": {"name": "quick", "warmup_s": 1.0, "duration_s": 5.0, "provisional": True},
-        "protocol_label": "quick (5 s measured, PROVISIONAL)",
-        "environment": {
-            "summary": f"AMD EPYC x2, 24 GiB, Linux 6.18, Python 3.11.7, torch 2.13.0+cpu {name}",
-            "material_hash": "abc123",
-            "fingerprint": {"hardware": {"cpu": {"model": f"AMD EPYC {name}"}}},
-        },
-        "confidence": 0.99,
-    }
-    return frame
-
-
-def capacity_frame() -> pd.DataFrame:
-    """`stacked_frame()` with the capacity columns under P99 ≤ 10 ms: the baseline's capacity,
-    a gain beyond noise, a step whose sweep found none, and the missing step (no sweep)."""
-    frame = stacked_frame()
-    columns: dict[str, list[Any]] = {
-        "capacity_qps": [1000.0, 1500.0, None, None],
-        "capacity_low_qps": [950.0, 1420.0, None, None],
-        "capacity_high_qps": [1050.0, 1580.0, None, None],
-        "capacity_knee_qps": [800.0, 1300.0, None, None],
-        "capacity_sweep_id": [11, 12, 13, None],
-        "capacity_step_pct": [None, 50.0, None, None],
-        "capacity_step_low_pct": [None, 38.5, None, None],
-        "capacity_step_high_pct": [None, 62.4, None, None],
-        "capacity_cumulative_pct": [None, 50.0, None, None],
-        "capacity_cumulative_low_pct": [None, 38.5, None, None],
-        "capacity_cumulative_high_pct": [None, 62.4, None, None],
-        "capacity_significant": [None, True, None, None],
-        "capacity_cumulative_significant": [None, True, None, None],
-        "capacity_reason": [
-            None, None, "sweep 13 found no capacity: P99 above 10 ms at 1 client",
-            "no sweep under P99 ≤ 10 ms: run `optlab sweep int8 --slo p99=10ms`",
-        ],
-        "capacity_verdict": [None, "gain", None, None],
-        "capacity_loop": ["closed", "closed", "closed", None],
-    }  # fmt: skip
-    for column, values in columns.items():
-        frame[column] = values
-    frame.attrs["capacity_slo"] = {
-        "percentile": "p99", "ms": 10.0, "label": "P99 ≤ 10 ms", "key": "p99=10ms",
-        "protocol_label": "quick (5 s measured, PROVISIONAL)", "loop": "closed",
-    }  # fmt: skip
-    return frame
-
-
-def test_golden_frame_exercises_every_column() -> None:
+def test_golden_table_exercises_every_column() -> None:
     """Every column of the table's contract holds a value in some golden row, so each
     renderer's handling of it is in a golden file (only the stage with no value is empty)."""
-    frame = stacked_frame()
-    assert list(frame.columns) == [*COLUMNS, *STAGES]
-    assert [c for c in frame.columns if not frame[c].map(present).any()] == ["service_p50_ms"]
+    table = golden_table()
+    assert table.columns() == [*COLUMNS, *STAGE_COLUMNS]
+    assert [c for c in table.columns() if not table.any_value(c)] == ["service_p50_ms"]
+
+
+def test_capacity_table_exercises_every_capacity_column() -> None:
+    table = capacity_table()
+    capacity = [c for c in table.columns() if c.startswith("capacity_")]
+    assert capacity and all(table.any_value(c) for c in capacity)
+
+
+def _bare(**rows: Any) -> StackedTable:
+    """A table with no run and nothing recorded of how it was measured."""
+    header = TableHeader(
+        head="int8",
+        protocol_label="",
+        environment=EnvironmentInfo(summary="", material_hash=None, fingerprint={}),
+        confidence=0.99,
+    )
+    return StackedTable(header=header, rows=tuple(rows.values()))
 
 
 def _table_lines(text: str) -> list[str]:
@@ -185,11 +74,11 @@ def _cells(line: str) -> int:
 
 
 def test_markdown_golden() -> None:
-    check_golden("stacked.md", render_markdown(stacked_frame()))
+    check_golden("stacked.md", render_markdown(golden_table()))
 
 
 def test_markdown_contents() -> None:
-    text = render_markdown(stacked_frame())
+    text = render_markdown(golden_table())
     assert text.startswith("### optlab stacked gains: int8\n")
     assert "**Protocol:** quick (5 s measured, PROVISIONAL)" in text
     assert "**Environment:** AMD EPYC x2" in text
@@ -205,7 +94,7 @@ def test_markdown_contents() -> None:
 
 
 def test_markdown_hostile_name_keeps_the_table() -> None:
-    text = render_markdown(stacked_frame(hostile=True))
+    text = render_markdown(golden_table(hostile=True))
     assert HOSTILE not in text
     assert "&lt;script>" in text
     lines = _table_lines(text)
@@ -213,20 +102,26 @@ def test_markdown_hostile_name_keeps_the_table() -> None:
     assert len({_cells(line) for line in lines}) == 1, lines
 
 
-def test_markdown_without_optional_columns() -> None:
-    """The lead's table may lack the statistics columns: the renderer copes."""
-    frame = stacked_frame()[["experiment", "variable", "change", "run_id", "qps", "p50_ms"]]
-    frame.attrs = {}
-    text = render_markdown(frame)
-    assert "**Protocol:** not recorded" in text
+def test_markdown_without_figures_or_protocol() -> None:
+    """A table whose steps hold no figure and no statistic, measured under no recorded
+    protocol: the renderer copes."""
+    text = render_markdown(
+        _bare(
+            base=table_row(experiment="base"),
+            step=table_row(
+                experiment="step", variable="copies", change="2 -> 1", run_id=7, qps=10.0
+            ),
+        )
+    )
+    assert "**Protocol:** not recorded" in text and "**Environment:** not recorded" in text
     assert len({_cells(line) for line in _table_lines(text)}) == 1
 
 
 def test_csv_parses_back() -> None:
-    frame = stacked_frame(hostile=True)
-    back = pd.read_csv(io.StringIO(render_csv(frame)))
-    assert list(back.columns) == list(frame.columns)
-    assert len(back) == len(frame)
+    table = golden_table(hostile=True)
+    back = pd.read_csv(io.StringIO(render_csv(table)))
+    assert list(back.columns) == table.columns()
+    assert len(back) == len(table.rows)
     assert back.loc[2, "experiment"] == HOSTILE
     assert back.loc[2, "flags"] == "optimised QPS (+20%), broke P99 (+100%)"
     assert back.loc[2, "reasons"] == f"error rate 2.0% > 1%; bad {HOSTILE}"
@@ -236,8 +131,8 @@ def test_csv_parses_back() -> None:
 
 
 def test_json_follows_the_contract() -> None:
-    frame = stacked_frame()
-    doc = json.loads(render_json(frame))
+    table = golden_table()
+    doc = json.loads(render_json(table))
     assert list(doc)[:1] == ["schema_version"] and doc["schema_version"] == 1
     assert doc["protocol"]["name"] == "quick"
     assert doc["environment"]["summary"].startswith("AMD EPYC")
@@ -256,69 +151,50 @@ def test_json_follows_the_contract() -> None:
     assert chain[2]["flags"] == ["optimised QPS (+20%), broke P99 (+100%)"]
     assert "qps_step_pct" not in chain[1]  # moved into step_delta
     assert "cpu_pct" in chain[1] and "who" in chain[1]  # every other column follows
-    assert render_json(frame) == render_json(frame)  # stable
+    assert chain[0]["run_id"] == 1 and isinstance(chain[0]["run_id"], int)  # the schema's
+    assert render_json(table) == render_json(table)  # stable
 
 
 def test_json_golden() -> None:
-    check_golden("stacked.json", render_json(stacked_frame()))
-    check_golden("stacked-capacity.json", render_json(capacity_frame()))
+    check_golden("stacked.json", render_json(golden_table()))
+    check_golden("stacked-capacity.json", render_json(capacity_table()))
 
 
 def test_csv_golden() -> None:
-    check_golden("stacked.csv", render_csv(stacked_frame()))
-    check_golden("stacked-capacity.csv", render_csv(capacity_frame()))
+    check_golden("stacked.csv", render_csv(golden_table()))
+    check_golden("stacked-capacity.csv", render_csv(capacity_table()))
 
 
 def test_capacity_renderings_golden() -> None:
-    frame = capacity_frame()
-    check_golden("stacked-capacity.md", render_markdown(frame))
-    check_golden("stacked-capacity.html", render_html(frame, report_data()))
+    table = capacity_table()
+    check_golden("stacked-capacity.md", render_markdown(table))
+    check_golden("stacked-capacity.html", render_html(table, report_data()))
+
+
+def test_the_frame_at_the_edge_keeps_columns_and_header() -> None:
+    """`to_frame()` (what `optlab.api.chain_table` returns): every column in order, lists as
+    lists, the header in `attrs` as notebooks read it."""
+    frame = capacity_table().to_frame()
+    assert list(frame.columns) == capacity_table().columns()
+    assert frame.loc[1, "decided_by"] == ["QPS", "P50", "P99"]
+    assert frame.attrs["head"] == "int8" and frame.attrs["confidence"] == 0.99
+    assert frame.attrs["capacity_slo"]["key"] == "p99=10ms"
+    assert "service" not in frame.attrs["environment"]
 
 
 def test_json_round_trips_into_a_frame() -> None:
-    doc = json.loads(render_json(stacked_frame()))
+    doc = json.loads(render_json(golden_table()))
     back = pd.json_normalize(doc["chain"])
     assert back["step_delta.qps_pct"].iloc[1] == 50.0
     assert back["verdict"].tolist() == ["baseline", "gain", "regressed", "missing"]
 
 
-def report_data(hostile: bool = False) -> ReportData:
-    """Deterministic charts data for the frame's three measured steps (the fourth has none)."""
-    name = HOSTILE if hostile else "fewer-copies"
-    steps = []
-    for run_id, (experiment, p50, qps) in enumerate(
-        (("baseline", 4.0, 1000.0), ("dynamic-batch", 2.5, 1500.0), (name, 2.2, 1800.0)), 1
-    ):
-        cdf = [(p, p50 * (1 + 3 * (p / 100) ** 8)) for p in CDF_PERCENTILES]
-        windows = [
-            WindowStats("measure", t, int(qps), 0, qps + 20 * ((t * 7 + run_id) % 5 - 2),
-                        p50, p50 * (2.2 + 0.1 * (t % 3)))
-            for t in range(5)
-        ]  # fmt: skip
-        resources = [
-            ResourceSample("measure", 1.0 + 0.5 * i, cpu_process_pct=150.0 + 10 * run_id + i,
-                           rss_bytes=(300 + 20 * run_id) * 2**20)
-            for i in range(10)
-        ]  # fmt: skip
-        stages = {"queue": p50 * 0.1, "preprocess": p50 * 0.3, "infer": p50 * 0.5,
-                  "postprocess": p50 * 0.05}  # fmt: skip
-        steps.append(StepData(experiment, run_id, cdf, stages, windows, resources, 1))
-    steps.append(StepData("int8", None))
-    fingerprint = {
-        "hardware": {"cpu": {"model": f"AMD EPYC {name}", "logical_cores": 2},
-                     "gpus": [], "memory": {"total_bytes": 25276510208}},
-        "software": {"python": {"version": "3.11.7"}, "packages": {"torch": "2.13.0+cpu"}},
-        "runtime": {"load_avg": [0.5, 1.0, 1.25]},
-    }  # fmt: skip
-    return ReportData(steps=steps, environments={1: fingerprint})
-
-
 def test_html_golden() -> None:
-    check_golden("stacked.html", render_html(stacked_frame(), report_data()))
+    check_golden("stacked.html", render_html(golden_table(), report_data()))
 
 
 def test_html_is_self_contained() -> None:
-    text = render_html(stacked_frame(), report_data())
+    text = render_html(golden_table(), report_data())
     assert text.startswith("<!DOCTYPE html>")
     assert "<script" not in text.lower()
     # The only URL is the SVG namespace, which no browser fetches.
@@ -332,17 +208,15 @@ def test_html_is_self_contained() -> None:
 
 
 def test_html_escapes_every_user_string() -> None:
-    text = render_html(stacked_frame(hostile=True), report_data(hostile=True))
+    text = render_html(golden_table(hostile=True), report_data(hostile=True))
     assert HOSTILE not in text
     assert "<script" not in text.lower()
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
 
 
 def test_html_without_report_data() -> None:
-    """A frame alone (no runs read) still renders: the charts say there is no data."""
-    frame = stacked_frame()
-    frame.attrs = {}
-    text = render_html(frame, ReportData(steps=[]))
+    """A table alone (no runs read) still renders: the charts say there is no data."""
+    text = render_html(_bare(base=table_row(experiment="base")), ReportData(steps=[]))
     assert "no data" in text and "not recorded" in text
 
 
@@ -361,19 +235,20 @@ def test_end_to_end_over_a_quick_synthetic_chain(
     result = invoke("run", step, "--quick", "--duration", "1.5", "--warmup", "0.3", "--chain")
     assert result.exit_code == 0, result.output
     store = Store.open(sqlite_url)
-    frame = stacked_table(store, "synthetic-faster-service")
-    assert frame["experiment"].tolist() == ["synthetic-baseline", "synthetic-faster-service"]
+    table = stacked_table(store, "synthetic-faster-service")
+    names = [row.experiment for row in table.rows]
+    assert names == ["synthetic-baseline", "synthetic-faster-service"]
 
-    markdown = render_markdown(frame)
+    markdown = render_markdown(table)
     assert "synthetic-faster-service" in markdown
     assert len({_cells(line) for line in _table_lines(markdown)}) == 1
-    doc = json.loads(render_json(frame))
-    assert [c["experiment"] for c in doc["chain"]] == frame["experiment"].tolist()
+    doc = json.loads(render_json(table))
+    assert [c["experiment"] for c in doc["chain"]] == names
     assert doc["chain"][1]["step_delta"]["qps_pct"] > 25  # 2 ms -> 1 ms service time
-    assert len(pd.read_csv(io.StringIO(render_csv(frame)))) == 2
+    assert len(pd.read_csv(io.StringIO(render_csv(table)))) == 2
 
-    data = collect_report(store, frame)
-    assert [s.run_id for s in data.steps] == frame["run_id"].tolist()
+    data = collect_report(store, table)
+    assert [s.run_id for s in data.steps] == [row.run_id for row in table.rows]
     for measured in data.steps:
         assert measured.cdf and measured.windows and measured.resources
         percentiles = [p for p, _ in measured.cdf]
@@ -381,7 +256,7 @@ def test_end_to_end_over_a_quick_synthetic_chain(
         assert percentiles == sorted(percentiles) and latencies == sorted(latencies)
         assert 0.5 < dict(measured.cdf)[50.0] < 5.0
     assert data.environments
-    page = render_html(frame, data)
+    page = render_html(table, data)
     assert "synthetic-faster-service" in page and "no data" not in page
     if os.environ.get("OPTLAB_REPORT_OUT"):  # for a look in a browser
         Path(os.environ["OPTLAB_REPORT_OUT"]).write_text(page, encoding="utf-8")

@@ -13,18 +13,17 @@ from optlab.cli.common import open_store
 from optlab.errors import ConfigError
 
 if TYPE_CHECKING:
-    import pandas as pd
-
+    from optlab.reports.stacked import StackedTable
     from optlab.store import Store
 
 EXIT_GATE_FAILED = 3
 FC = TypeVar("FC", bound=Callable[..., object])
 
 
-def _frame(store: Store, head: str | None, slo: str | None = None) -> pd.DataFrame:
+def _table(store: Store, head: str | None, slo: str | None = None) -> StackedTable:
+    from optlab.config.slo import parse_slo
     from optlab.reports.chain import default_head_note, resolve_head
     from optlab.reports.table import stacked_table
-    from optlab.sweep.slo import parse_slo
 
     name = resolve_head(store, head)
     if head is None:
@@ -71,31 +70,30 @@ def table(ctx: click.Context, head: str | None, fmt: str, wide: bool, slo: str |
     its change per step and against the baseline, and why a step has none.
     """
     store = open_store(ctx, read_only=True)
-    frame = _frame(store, head, slo)
+    stacked = _table(store, head, slo)
     if fmt == "rich":
         from optlab.reports.terminal import print_table
 
+        header = stacked.header
         print_table(
-            frame,
-            title=f"stacked gains: {frame.attrs['head']} ({frame.attrs['protocol_label']})",
-            wide=wide,
+            stacked, title=f"stacked gains: {header.head} ({header.protocol_label})", wide=wide
         )
     elif fmt == "markdown":
         from optlab.reports.markdown import render_markdown
 
-        click.echo(render_markdown(frame), nl=False)
+        click.echo(render_markdown(stacked), nl=False)
     elif fmt == "csv":
         from optlab.reports.export import render_csv
 
-        click.echo(render_csv(frame), nl=False)
+        click.echo(render_csv(stacked), nl=False)
     elif fmt == "json":
         from optlab.reports.export import render_json
 
-        click.echo(render_json(frame))
+        click.echo(render_json(stacked))
     else:
         from optlab.reports.html import collect_report, render_html
 
-        click.echo(render_html(frame, collect_report(store, frame)), nl=False)
+        click.echo(render_html(stacked, collect_report(store, stacked)), nl=False)
 
 
 @click.command()
@@ -122,8 +120,8 @@ def report(ctx: click.Context, head: str | None, path: Path, slo: str | None) ->
     # Refused before the work of a report: a symlink, a device, a FIFO or a folder there.
     refuse_unsafe_target(path, "a report")
     store = open_store(ctx, read_only=True)
-    frame = _frame(store, head, slo)
-    text = render_html(frame, collect_report(store, frame))
+    stacked = _table(store, head, slo)
+    text = render_html(stacked, collect_report(store, stacked))
     write_atomic(path, text, "a report")  # never a half-written report under the real name
     click.echo(f"wrote {path} ({len(text.encode()) / 1024:.0f} KiB)")
 
@@ -143,7 +141,7 @@ def audit(ctx: click.Context, head: str | None, as_json: bool, slo: str | None) 
     from optlab.reports.audit import build_audit, render_audit
 
     store = open_store(ctx, read_only=True)
-    result = build_audit(store, _frame(store, head, slo))
+    result = build_audit(store, _table(store, head, slo))
     if as_json:
         click.echo(json.dumps(result.as_dict(), default=str))
     else:
@@ -200,8 +198,8 @@ def check(
             hint="for example: optlab check [HEAD] --max-regression p99=5% --min-gain qps=10%",
         )
     store = open_store(ctx, read_only=True)
-    frame = _frame(store, head, slo)
-    result = evaluate(frame, thresholds, against)
-    click.echo(render_gate(result, str(frame.attrs.get("protocol_label"))), nl=False)
+    stacked = _table(store, head, slo)
+    result = evaluate(stacked, thresholds, against)
+    click.echo(render_gate(result, stacked.header.protocol_label), nl=False)
     if not result.passed:
         ctx.exit(EXIT_GATE_FAILED)

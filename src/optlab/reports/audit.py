@@ -10,11 +10,10 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from optlab.metrics.stats import MIN_EFFECT_PCT, beyond_noise
-from optlab.reports.capacity import has_capacity, most_headroom
+from optlab.reports.capacity import most_headroom
 from optlab.reports.export import as_list, plain
 from optlab.reports.format import (
     bound,
-    capacity_label,
     capacity_value,
     cumulative_delta,
     percent,
@@ -22,8 +21,7 @@ from optlab.reports.format import (
 )
 
 if TYPE_CHECKING:
-    import pandas as pd
-
+    from optlab.reports.stacked import CapacitySlo, StackedTable
     from optlab.store import Store
 
 
@@ -129,8 +127,9 @@ def _noise_note(label: str, total: float | None, interval: list[float] | None) -
     )
 
 
-def build_audit(store: Store, frame: pd.DataFrame) -> Audit:
-    rows = [row for _, row in frame.iterrows()]
+def build_audit(store: Store, table: StackedTable) -> Audit:
+    rows = list(table.rows)
+    header = table.header
     measured = [r for r in rows if _num(r.get("qps")) is not None]
     last = measured[-1] if measured else None
     total_qps, total_p99 = _chain_totals(measured)
@@ -143,20 +142,20 @@ def build_audit(store: Store, frame: pd.DataFrame) -> Audit:
     if p99_note:
         total_p99 = None
     audit = Audit(
-        head=str(frame.attrs.get("head")),
-        protocol=str(frame.attrs.get("protocol_label")),
-        environment=str((frame.attrs.get("environment") or {}).get("summary")),
+        head=header.head,
+        protocol=header.protocol_label,
+        environment=header.environment.summary,
         total_qps_pct=last_qps,
         total_p99_pct=last_p99,
         steps=_audit_steps(rows, total_qps, total_p99),
-        questionable_runs=_questionable_runs(store, frame["experiment"]),
-        confidence=_num(frame.attrs.get("confidence")),
+        questionable_runs=_questionable_runs(store, [row.experiment for row in rows]),
+        confidence=header.confidence,
         total_qps_interval=qps_interval,
         total_p99_interval=p99_interval,
         notes=[note for note in (qps_note, p99_note) if note],
     )
-    if has_capacity(frame):
-        _add_capacity(audit, rows, frame.attrs)
+    if header.capacity is not None:
+        _add_capacity(audit, rows, header.capacity)
     return audit
 
 
@@ -176,12 +175,12 @@ def _noise(significant: bool | None) -> str:
     return "beyond noise" if significant else "within noise"
 
 
-def _add_capacity(audit: Audit, rows: list[Any], attrs: Any) -> None:
+def _add_capacity(audit: Audit, rows: list[Any], capacity: CapacitySlo) -> None:
     """Each step's capacity and its own Δ, the chain's total, and which step bought most."""
     confidence = audit.confidence
     level = f" at {confidence * 100:g}%" if confidence else ""
-    audit.capacity_slo = capacity_label(attrs)
-    audit.capacity_loop = (attrs.get("capacity_slo") or {}).get("loop")
+    audit.capacity_slo = capacity.label
+    audit.capacity_loop = capacity.loop
     for step, row in zip(audit.steps, rows, strict=True):
         step.capacity_qps = _num(row.get("capacity_qps"))
         step.capacity_interval = _pair(row, "capacity_low_qps", "capacity_high_qps")

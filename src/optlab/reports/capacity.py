@@ -24,7 +24,7 @@ QPS at one load, or the other way round.
 
 The loop. An open loop's capacity (a rate it sustains) and a closed loop's (the throughput
 of N clients) are different quantities; every sweep of the column shares the reference
-sweep's loop, named in `attrs["capacity_slo"]["loop"]` and each row's `capacity_loop`.
+sweep's loop, named in the table header's `capacity.loop` and each row's `capacity_loop`.
 
 Δ step is against the parent (the row before), Δ cum against the baseline (the first row):
 never against a step further up, whose sweep measured a different change.
@@ -39,14 +39,14 @@ from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
 from optlab.config.protocol import protocol_label
+from optlab.config.slo import Slo
 from optlab.env.compare import compare_fingerprints
 from optlab.metrics.change import percent_change
 from optlab.metrics.stats import beyond_noise, ratio_interval
-from optlab.sweep.slo import Slo
+from optlab.reports.stacked import CAPACITY_COLUMNS, CapacitySlo, StepCapacityRow
 
 if TYPE_CHECKING:
-    import pandas as pd
-
+    from optlab.reports.stacked import StackedTable
     from optlab.store import EnvironmentRecord, Store, SweepRecord
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "SweepChoice",
     "add_capacity",
     "capacity_of",
+    "capacity_row",
     "capacity_verdict",
     "change",
     "choose_sweeps",
@@ -71,16 +72,6 @@ __all__ = [
 FINISHED = "FINISHED"
 SWEEP_CONFIDENCE = 0.95  # the level of a sweep's stored capacity interval
 _SWEEP_Z = NormalDist().inv_cdf(0.5 + SWEEP_CONFIDENCE / 2)
-
-# The frame's capacity columns, after the table's own (`reports.table.COLUMNS`); only a table
-# with an SLO to judge capacity by has them, so one without any sweep is unchanged.
-CAPACITY_COLUMNS = (
-    "capacity_qps", "capacity_low_qps", "capacity_high_qps", "capacity_knee_qps",
-    "capacity_sweep_id", "capacity_step_pct", "capacity_step_low_pct", "capacity_step_high_pct",
-    "capacity_cumulative_pct", "capacity_cumulative_low_pct", "capacity_cumulative_high_pct",
-    "capacity_significant", "capacity_cumulative_significant", "capacity_reason",
-    "capacity_verdict", "capacity_loop",
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -378,10 +369,11 @@ def stack_capacity(
     return steps
 
 
-def _columns(step: StepCapacity) -> dict[str, Any]:
+def capacity_row(step: StepCapacity) -> StepCapacityRow:
+    """A step's capacity cells of the table."""
     cap = step.capacity
     interval = cap.interval if cap is not None else None
-    row: dict[str, Any] = {
+    cells: dict[str, Any] = {
         "capacity_qps": cap.qps if cap is not None else None,
         "capacity_low_qps": interval[0] if interval else None,
         "capacity_high_qps": interval[1] if interval else None,
@@ -390,59 +382,57 @@ def _columns(step: StepCapacity) -> dict[str, Any]:
         "capacity_reason": step.reason,
     }
     for kind, found in (("step", step.step), ("cumulative", step.cumulative)):
-        row[f"capacity_{kind}_pct"] = found.pct if found else None
-        row[f"capacity_{kind}_low_pct"] = found.low_pct if found else None
-        row[f"capacity_{kind}_high_pct"] = found.high_pct if found else None
-    row["capacity_significant"] = step.step.significant if step.step else None
-    row["capacity_cumulative_significant"] = (
+        cells[f"capacity_{kind}_pct"] = found.pct if found else None
+        cells[f"capacity_{kind}_low_pct"] = found.low_pct if found else None
+        cells[f"capacity_{kind}_high_pct"] = found.high_pct if found else None
+    cells["capacity_significant"] = step.step.significant if step.step else None
+    cells["capacity_cumulative_significant"] = (
         step.cumulative.significant if step.cumulative else None
     )
-    row["capacity_verdict"] = capacity_verdict(step.step)
-    row["capacity_loop"] = step.loop
-    return row
+    cells["capacity_verdict"] = capacity_verdict(step.step)
+    cells["capacity_loop"] = step.loop
+    return StepCapacityRow(**cells)
 
 
 def add_capacity(
-    frame: pd.DataFrame, store: Store, slo: Slo | None, confidence: float
-) -> pd.DataFrame:
-    """The frame with the capacity columns and `attrs["capacity_slo"]`, the steps in its
-    `experiment` column taken as the chain; unchanged when there is no SLO (`slo` None and
-    nothing in the chain was swept)."""
-    names = [str(name) for name in frame["experiment"]]
+    table: StackedTable, store: Store, slo: Slo | None, confidence: float
+) -> StackedTable:
+    """The table with each step's capacity and the header's `capacity` SLO, its rows'
+    experiments taken as the chain; unchanged when there is no SLO (`slo` None and nothing in
+    the chain was swept)."""
+    names = [row.experiment for row in table.rows]
     slo = slo or default_slo(store, names)
     if slo is None:
-        return frame
+        return table
     choices = choose_sweeps(store, names, slo)
     steps = stack_capacity(choices, slo, confidence)
-    rows = [_columns(step) for step in steps]
-    out = frame.copy()
-    out.attrs = dict(frame.attrs)
-    for column in CAPACITY_COLUMNS:
-        out[column] = [row[column] for row in rows]
     protocols = [c.sweep.protocol for c in choices if c.sweep is not None]
     loops = [c.sweep.mode for c in choices if c.sweep is not None]
-    out.attrs["capacity_slo"] = {
-        "percentile": slo.percentile,
-        "ms": slo.ms,
-        "label": slo.label,
-        "key": slo.key,
+    capacity = CapacitySlo(
+        slo=slo,
         # The chosen sweeps' base protocol (they share it), which may differ from the runs'.
-        "protocol_label": protocol_label(protocols[0]) if protocols else None,
+        protocol_label=protocol_label(protocols[0]) if protocols else None,
         # The chosen sweeps' loop (they share it): an open loop's capacity is a rate it
         # sustains, a closed loop's the throughput of N clients.
-        "loop": loops[0] if loops else None,
-    }
-    return out
+        loop=loops[0] if loops else None,  # a SweepRecord's mode: open or closed
+    )
+    rows = tuple(
+        row.model_copy(update={"capacity": capacity_row(step)})
+        for row, step in zip(table.rows, steps, strict=True)
+    )
+    return table.model_copy(
+        update={"header": table.header.model_copy(update={"capacity": capacity}), "rows": rows}
+    )
 
 
-def has_capacity(frame: pd.DataFrame) -> bool:
-    """Whether the table judges capacity (it has an SLO and the capacity columns)."""
-    return "capacity_qps" in frame.columns and bool(frame.attrs.get("capacity_slo"))
+def has_capacity(table: StackedTable) -> bool:
+    """Whether the table judges capacity (it has an SLO to judge it by)."""
+    return table.has_capacity
 
 
 def most_headroom(rows: Sequence[Any]) -> tuple[int, float] | None:
     """(index, requests/s) of the step whose own capacity gain, against its parent, is the
-    largest; None when no step has a positive one. `rows`: the frame's rows (dict-like)."""
+    largest; None when no step has a positive one. `rows`: the table's rows."""
     best: tuple[int, float] | None = None
     for index in range(1, len(rows)):
         before, after = rows[index - 1].get("capacity_qps"), rows[index].get("capacity_qps")

@@ -7,18 +7,15 @@ per-second windows, its resource samples and its environment fingerprint. Render
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from optlab.diagnose import Diagnosis, diagnose_run
 from optlab.metrics.histogram import LatencyHistogram
 from optlab.metrics.stages import HARNESS_SERIES
-from optlab.reports.export import plain
 
 if TYPE_CHECKING:
-    import pandas as pd
-
+    from optlab.reports.stacked import StackedTable
     from optlab.store import Store
     from optlab.store.records import ResourceSample, StageStatsRow, WindowStats
 
@@ -105,13 +102,6 @@ def stage_p50s(rows: list[StageStatsRow]) -> dict[str, float]:
     }
 
 
-def _run_id(value: Any) -> int | None:
-    value = plain(value)
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return None
-    return int(value)
-
-
 def sweep_curve(store: Store, experiment: str, sweep_id: int) -> SweepCurve:
     """A stored sweep's levels that measured a throughput, read back as `optlab sweep` shows
     them (`reports.sweep.load_sweep`)."""
@@ -139,14 +129,13 @@ def sweep_curve(store: Store, experiment: str, sweep_id: int) -> SweepCurve:
     )
 
 
-def collect_report(store: Store, frame: pd.DataFrame) -> ReportData:
+def collect_report(store: Store, table: StackedTable) -> ReportData:
     """Read, for each row of the stacked table that has a run, what the HTML charts draw."""
     steps: list[StepData] = []
     environments: dict[int, dict[str, Any]] = {}
     diagnoses: list[tuple[str, Diagnosis]] = []
-    run_ids = frame["run_id"] if "run_id" in frame else [None] * len(frame)
-    for experiment, raw_id in zip(frame["experiment"], run_ids, strict=True):
-        run_id = _run_id(raw_id)
+    for row in table.rows:
+        experiment, run_id = row.experiment, row.run_id
         if run_id is None:
             steps.append(StepData(experiment=str(experiment), run_id=None))
             continue
@@ -167,10 +156,9 @@ def collect_report(store: Store, frame: pd.DataFrame) -> ReportData:
                 environment_id=run.environment_id,
             )
         )
-    sweeps = []
-    if "capacity_sweep_id" in frame:
-        for experiment, raw_id in zip(frame["experiment"], frame["capacity_sweep_id"], strict=True):
-            sweep_id = _run_id(raw_id)
-            if sweep_id is not None:
-                sweeps.append(sweep_curve(store, str(experiment), sweep_id))
+    sweeps = [
+        sweep_curve(store, row.experiment, row.capacity.capacity_sweep_id)
+        for row in table.rows
+        if row.capacity is not None and row.capacity.capacity_sweep_id is not None
+    ]
     return ReportData(steps=steps, environments=environments, sweeps=sweeps, diagnoses=diagnoses)

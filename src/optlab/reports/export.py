@@ -1,7 +1,9 @@
-"""The stacked-gains table as CSV and as JSON (docs/table-json.md), for scripts and CI.
+"""The stacked-gains table as CSV and as JSON (docs/table-json.md), for scripts and CI; and
+the reports' shared cell helpers (`plain`, `present`, `as_list`).
 
-Both take the DataFrame of `reports.table.stacked_table` and nothing else: every number was
-computed there. A column the frame lacks is simply absent (CSV) or null (JSON's fixed keys).
+Both renderers take the `reports.stacked.StackedTable` of `reports.table.stacked_table` and
+nothing else: every number was computed there. The JSON is its `to_document()`; the CSV is
+written by pandas from its `to_frame()`, as it always was.
 """
 
 from __future__ import annotations
@@ -11,14 +13,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    import pandas as pd
-
-TABLE_SCHEMA_VERSION = 1
-
-# Metric name in the JSON `*_delta` objects -> its column prefix in the frame.
-_DELTA_METRICS = (("qps", "qps"), ("p50", "p50"), ("p99", "p99"))
-_LEADING = ("experiment", "variable", "change", "p50_ms", "p95_ms", "p99_ms", "qps")
-_TRAILING = ("significant", "verdict", "decided_by")
+    from optlab.reports.stacked import StackedTable
 
 
 def plain(value: Any) -> Any:
@@ -64,18 +59,10 @@ def as_list(value: Any) -> list[str]:
     return [part for part in str(value).split("; ") if part]
 
 
-def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """The frame's rows as plain dicts (column order kept)."""
-    columns = list(frame.columns)
-    return [
-        {column: plain(value) for column, value in zip(columns, row, strict=True)}
-        for row in frame.itertuples(index=False, name=None)
-    ]
-
-
-def render_csv(frame: pd.DataFrame) -> str:
-    """One row per step, every column; list cells joined by "; ", missing values empty."""
-    out = frame.copy()
+def render_csv(table: StackedTable) -> str:
+    """One row per step, every column (`StackedTable.columns()`); list cells joined by "; ",
+    missing values empty. Written by pandas from `to_frame()`, as it always was."""
+    out = table.to_frame()
     for column in out.columns:
         if out[column].map(lambda v: isinstance(v, (list, tuple))).any():
             out[column] = out[column].map(
@@ -85,92 +72,14 @@ def render_csv(frame: pd.DataFrame) -> str:
     return text
 
 
-def _delta(row: dict[str, Any], kind: str) -> dict[str, Any]:
-    delta: dict[str, Any] = {}
-    for name, prefix in _DELTA_METRICS:
-        delta[f"{name}_pct"] = row.get(f"{prefix}_{kind}_pct")
-        delta[f"{name}_low_pct"] = row.get(f"{prefix}_{kind}_low_pct")
-        delta[f"{name}_high_pct"] = row.get(f"{prefix}_{kind}_high_pct")
-    return delta
+def document(table: StackedTable) -> dict[str, Any]:
+    """The JSON document as a dict: the dump of `StackedTable.to_document()`, the
+    `reports.table_json` models (docs/schemas/table.schema.json is generated from them)."""
+    dumped: dict[str, Any] = table.to_document().model_dump(mode="json")
+    return dumped
 
 
-def _capacity(row: dict[str, Any], slo: dict[str, Any]) -> dict[str, Any]:
-    """A step's `capacity` object: the capacity under the table's SLO, or why it has none."""
-
-    def delta(kind: str) -> dict[str, Any]:
-        return {
-            "pct": row.get(f"capacity_{kind}_pct"),
-            "low_pct": row.get(f"capacity_{kind}_low_pct"),
-            "high_pct": row.get(f"capacity_{kind}_high_pct"),
-        }
-
-    low, high = row.get("capacity_low_qps"), row.get("capacity_high_qps")
-    sweep_id = row.get("capacity_sweep_id")
-    return {
-        "qps": row.get("capacity_qps"),
-        "interval": [low, high] if low is not None and high is not None else None,
-        "knee_qps": row.get("capacity_knee_qps"),
-        "slo": {"percentile": slo.get("percentile"), "ms": slo.get("ms")},
-        "sweep_id": None if sweep_id is None else int(sweep_id),
-        "step_delta": delta("step"),
-        "cumulative_delta": delta("cumulative"),
-        "significant": row.get("capacity_significant"),
-        "cumulative_significant": row.get("capacity_cumulative_significant"),
-        "verdict": row.get("capacity_verdict"),
-        "loop": row.get("capacity_loop"),
-        "reason": row.get("capacity_reason"),
-    }
-
-
-def chain_entries(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """The `chain` list of the JSON document (docs/table-json.md): its headline keys first, then
-    a `capacity` object where the table judges capacity, then every other column."""
-    slo = frame.attrs.get("capacity_slo")
-    with_capacity = bool(slo) and "capacity_qps" in frame.columns
-    consumed = set(_LEADING) | set(_TRAILING)
-    consumed |= {
-        str(c)
-        for c in frame.columns
-        if str(c).startswith("capacity_") and not str(c).endswith("_p50_ms")  # not a stage's
-    }
-    for _, prefix in _DELTA_METRICS:
-        consumed |= {
-            f"{prefix}_{kind}_{part}"
-            for kind in ("step", "cumulative")
-            for part in ("pct", "low_pct", "high_pct")
-        }
-    entries = []
-    for row in records(frame):
-        entry: dict[str, Any] = {key: row.get(key) for key in _LEADING}
-        entry["step_delta"] = _delta(row, "step")
-        entry["cumulative_delta"] = _delta(row, "cumulative")
-        for key in _TRAILING:
-            entry[key] = row.get(key)
-        if with_capacity:
-            entry["capacity"] = _capacity(row, slo)
-        for key, value in row.items():
-            if key not in consumed:
-                entry[key] = value
-        entries.append(entry)
-    return entries
-
-
-def document(frame: pd.DataFrame) -> dict[str, Any]:
-    """The JSON document as a dict (what `render_json` serialises); `reports.table_json`
-    describes it, and docs/schemas/table.schema.json is generated from that."""
-    attrs = frame.attrs
-    return {
-        "schema_version": plain(attrs.get("schema_version", TABLE_SCHEMA_VERSION)),
-        "head": plain(attrs.get("head")),
-        "protocol": plain(attrs.get("protocol")),
-        "protocol_label": plain(attrs.get("protocol_label")),
-        "environment": plain(attrs.get("environment")),
-        "confidence": plain(attrs.get("confidence")),
-        "chain": chain_entries(frame),
-    }
-
-
-def render_json(frame: pd.DataFrame) -> str:
+def render_json(table: StackedTable) -> str:
     """docs/table-json.md: `{"schema_version", "protocol", "environment", "chain": [...]}`;
-    NaN is null, keys keep a stable order."""
-    return json.dumps(document(frame), indent=2, allow_nan=False, ensure_ascii=False) + "\n"
+    a missing figure is null, keys keep a stable order."""
+    return json.dumps(document(table), indent=2, allow_nan=False, ensure_ascii=False) + "\n"

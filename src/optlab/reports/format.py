@@ -7,10 +7,13 @@ percents, markdown's en dash for a missing value), it says so by an argument, no
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from optlab.metrics.change import signed_pct
 from optlab.reports.export import as_list, present
+
+if TYPE_CHECKING:
+    from optlab.reports.stacked import TableHeader
 
 MISSING = "–"  # a value not measured, in markdown and HTML; the terminal writes "-"
 # The table's metric labels (`decided_by`) -> their column prefix.
@@ -159,13 +162,8 @@ def cumulative_delta(row: Any, prefix: str, *, digits: int = 1, tight: bool = Fa
     )
 
 
-def capacity_label(attrs: Any) -> str | None:
+def capacity_label(header: TableHeader) -> str | None:
     """`P99 ≤ 60 ms, open loop`: the SLO the table judges capacity by, and the loop of the
     sweeps it was found by (an open loop's capacity is a rate it sustains, a closed loop's the
     throughput of N clients); None when the table judges none."""
-    slo = attrs.get("capacity_slo") or {}
-    label = slo.get("label")
-    if not label:
-        return None
-    loop = slo.get("loop")
-    return f"{label}, {loop} loop" if loop else str(label)
+    return header.capacity.label if header.capacity is not None else None

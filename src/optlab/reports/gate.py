@@ -29,7 +29,7 @@ from optlab.metrics.change import percent_change
 from optlab.metrics.stats import beyond_noise
 
 if TYPE_CHECKING:
-    import pandas as pd
+    from optlab.reports.stacked import StackedTable
 
 # metric -> (table column, higher is better)
 METRICS: dict[str, tuple[str, bool]] = {
@@ -112,74 +112,66 @@ def _judge(threshold: Threshold, change: float | None, noise: bool | None = None
     return change >= threshold.percent and noise is not False
 
 
-def _capacity_lines(frame: pd.DataFrame, thresholds: list[Threshold]) -> list[GateLine]:
+def _capacity_lines(table: StackedTable, thresholds: list[Threshold]) -> list[GateLine]:
     """The capacity thresholds, head against baseline; exit 2 (OptlabError) when the chain
     has no comparable sweeps to judge by."""
-    rows = [row for _, row in frame.iterrows()]
+    rows = table.rows
     head, base = rows[-1], rows[0]
-    slo = (frame.attrs.get("capacity_slo") or {}).get("label")
-    if not slo or "capacity_qps" not in frame:
+    capacity = table.header.capacity
+    if capacity is None:
         raise OptlabError(
-            f"the chain of {head['experiment']!r} has no finished sweep to judge capacity by",
+            f"the chain of {head.experiment!r} has no finished sweep to judge capacity by",
             hint="sweep the chain first: `optlab sweep HEAD_FILE --chain --slo p99=60ms`",
         )
     if len(rows) < 2:
         raise OptlabError(
-            f"{head['experiment']!r} is its chain's baseline: no capacity to judge it against",
+            f"{head.experiment!r} is its chain's baseline: no capacity to judge it against",
             hint="check a step of the chain, not its baseline",
         )
     before, after = _value(base, "capacity_qps"), _value(head, "capacity_qps")
     if before is None or after is None:
         why = [
-            f"{row['experiment']}: {row.get('capacity_reason') or 'no capacity'}"
+            f"{row.experiment}: {row.get('capacity_reason') or 'no capacity'}"
             for row in (base, head)
             if _value(row, "capacity_qps") is None
         ]
         raise OptlabError(
-            f"the chain has no comparable sweeps under {slo} to judge capacity by (the "
-            "baseline's and the head's): " + "; ".join(why),
+            f"the chain has no comparable sweeps under {capacity.slo.label} to judge capacity "
+            "by (the baseline's and the head's): " + "; ".join(why),
             hint="sweep both under the same SLO and protocol, on this machine: "
             "`optlab sweep HEAD_FILE --chain --slo ...`, or pick the SLO with --slo",
         )
     change = _value(head, "capacity_cumulative_pct")
     if change is None:
         change = percent_change(before, after)
-    significant = head.get("capacity_cumulative_significant")
-    noise = significant if isinstance(significant, bool) else None
-    loop = (frame.attrs.get("capacity_slo") or {}).get("loop")
-    versus = f"`{base['experiment']}` ({slo}{f', {loop} loop' if loop else ''})"
+    noise = head.capacity.capacity_cumulative_significant if head.capacity else None
+    versus = f"`{base.experiment}` ({capacity.label})"
     return [
         GateLine(t, before, after, change, _judge(t, change, noise), noise, versus)
         for t in thresholds
     ]
 
 
-def evaluate(frame: pd.DataFrame, thresholds: list[Threshold], against: str) -> GateResult:
+def evaluate(table: StackedTable, thresholds: list[Threshold], against: str) -> GateResult:
     """Judge the head (last row) against its parent step (`against="parent"`) or the
     baseline (`against="baseline"`); capacity always against the baseline."""
-    if frame.empty:
+    if not table.rows:
         raise OptlabError("the chain has no steps", hint="measure it first")
     capacity = [t for t in thresholds if t.metric == CAPACITY]
     thresholds = [t for t in thresholds if t.metric != CAPACITY]
-    capacity_lines = _capacity_lines(frame, capacity) if capacity else []
-    rows = [row for _, row in frame.iterrows()]
+    capacity_lines = _capacity_lines(table, capacity) if capacity else []
+    rows = table.rows
     head = rows[-1]
     if not thresholds:
-        base = str(rows[0]["experiment"])
-        return GateResult(str(head["experiment"]), base, capacity_lines, [])
+        return GateResult(head.experiment, rows[0].experiment, capacity_lines, [])
     problems: list[str] = []
-    if head.get("run_id") is None or (
-        isinstance(head.get("run_id"), float) and math.isnan(head["run_id"])
-    ):
+    if head.run_id is None:
         raise OptlabError(
-            f"the head {head['experiment']!r} has no run to judge: {head.get('missing')}",
+            f"the head {head.experiment!r} has no run to judge: {head.missing}",
             hint="measure it (`optlab run FILE`) under the same protocol as its parent",
         )
     if not head.get("valid"):
-        problems.append(
-            f"the head's run {int(head['run_id'])} is INVALID: "
-            + "; ".join(head.get("reasons") or [])
-        )
+        problems.append(f"the head's run {head.run_id} is INVALID: " + "; ".join(head.reasons))
     measured = [r for r in rows[:-1] if _value(r, "qps") is not None]
     if not measured:
         raise OptlabError(

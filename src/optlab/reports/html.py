@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from optlab.reports.charts import Series, latency_throughput_chart, line_chart, stage_waterfall
 from optlab.reports.data import ReportData, StepData, collect_report
 from optlab.reports.diagnose import render_diagnosis_html
-from optlab.reports.export import plain, present, records
+from optlab.reports.export import plain, present
 from optlab.reports.format import (
     capacity_label,
     capacity_value,
@@ -35,7 +35,7 @@ from optlab.reports.markdown import (
 )
 
 if TYPE_CHECKING:
-    import pandas as pd
+    from optlab.reports.stacked import StackedTable, TableRow
 
 __all__ = ["ReportData", "collect_report", "render_html"]
 
@@ -83,24 +83,22 @@ _EXTRAS = (
 _RATES = ("error_rate", "cache_hit_rate", "accuracy_top1")
 
 
-def _shown(frame: pd.DataFrame, column: str) -> bool:
+def _shown(table: StackedTable, column: str) -> bool:
     """Whether an optional column holds a value worth a column in some row."""
-    if column not in frame:
-        return False
-    values = frame[column].map(plain)
+    values = [row.get(column) for row in table.rows]
     if column == "error_rate":  # a column of zeros says nothing a reviewer needs
-        return bool(values.map(lambda v: present(v) and v != 0).any())
-    return bool(values.map(present).any())
+        return any(present(v) and v != 0 for v in values)
+    return any(present(v) for v in values)
 
 
-def _table(frame: pd.DataFrame) -> tuple[str, list[str]]:
+def _table(table: StackedTable) -> tuple[str, list[str]]:
     """The stacked table and its numbered notes (already escaped)."""
-    stages = stage_columns(frame)
-    extras = [(c, h) for c, h in _EXTRAS if _shown(frame, c)]
-    slo = capacity_label(frame.attrs) if "capacity_qps" in frame else None
+    stages = stage_columns(table)
+    extras = [(c, h) for c, h in _EXTRAS if _shown(table, c)]
+    slo = capacity_label(table.header)
     out = _table_head(stages, [h for _, h in extras], slo)
     notes: dict[str, int] = {}
-    for row in records(frame):
+    for row in table.rows:
         verdict = verdict_of(row)
         cells = _figure_cells(row, stages, [c for c, _ in extras], slo is not None)
         cells.insert(2, _verdict_cell(row, note_marks(row, notes, _note_html)))
@@ -130,7 +128,7 @@ def _table_head(stages: list[str], extras: list[str], slo: str | None = None) ->
 
 
 def _figure_cells(
-    row: dict[str, Any], stages: list[str], extras: list[str], capacity: bool = False
+    row: TableRow, stages: list[str], extras: list[str], capacity: bool = False
 ) -> list[str]:
     """A row's cells but its verdict: the step, its change, its figures and its SLO."""
     cells = [
@@ -159,7 +157,7 @@ def _note_html(step: Any, note: str) -> str:
     return _e(note) if step is None else f"<b>{_e(step)}</b>: {_e(note)}"
 
 
-def _verdict_cell(row: dict[str, Any], marks: list[int]) -> str:
+def _verdict_cell(row: TableRow, marks: list[int]) -> str:
     words = [_e(verdict_label(row))]
     if row.get("valid") is False:
         words.append('<span class="bad">INVALID</span>')
@@ -169,7 +167,7 @@ def _verdict_cell(row: dict[str, Any], marks: list[int]) -> str:
     return _cell(" ".join(words) + refs, cls="v")
 
 
-def _delta(row: dict[str, Any], prefix: str) -> str:
+def _delta(row: TableRow, prefix: str) -> str:
     """Under a value: its step change with the interval, and its cumulative change."""
     lines = []
     step = step_delta(row, prefix)
@@ -181,7 +179,7 @@ def _delta(row: dict[str, Any], prefix: str) -> str:
     return "".join(f"<br><small>{_e(line)}</small>" for line in lines)
 
 
-def _capacity_delta(row: dict[str, Any]) -> str:
+def _capacity_delta(row: TableRow) -> str:
     """Under a capacity: its change against the parent (beyond noise or not) and the baseline."""
     lines = []
     step = step_delta(row, "capacity")
@@ -197,25 +195,24 @@ def _capacity_delta(row: dict[str, Any]) -> str:
     return "".join(f"<br><small>{_e(line)}</small>" for line in lines)
 
 
-def _steps_detail(frame: pd.DataFrame) -> str:
+def _steps_detail(table: StackedTable) -> str:
     """Who ran each step, when, from which commit, and what its hypothesis was."""
     out = ["<table><thead><tr>"]
     out += [f"<th>{h}</th>" for h in ("step", "hypothesis", "run", "runs", "who", "when", "commit")]
     out.append("</tr></thead><tbody>")
-    for row in records(frame):
-        run: Any = row.get("run_id")
+    for row in table.rows:
         out.append(
             "<tr>"
             + "".join(
                 f"<td>{_e(v) if present(v) else '–'}</td>"
                 for v in (
-                    row.get("experiment"),
-                    row.get("hypothesis"),
-                    f"#{int(run)}" if present(run) else None,
-                    row.get("runs"),
-                    row.get("who"),
-                    row.get("started_at"),
-                    (str(row.get("git_commit"))[:10] if present(row.get("git_commit")) else None),
+                    row.experiment,
+                    row.hypothesis,
+                    f"#{row.run_id}" if row.run_id is not None else None,
+                    row.runs,
+                    row.who,
+                    row.started_at,
+                    row.git_commit[:10] if row.git_commit else None,
                 )
             )
             + "</tr>"
@@ -273,7 +270,7 @@ def _mib(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return [(t, v / 2**20) for t, v in points]
 
 
-def _charts(frame: pd.DataFrame, data: ReportData) -> str:
+def _charts(table: StackedTable, data: ReportData) -> str:
     steps = data.steps
     cdf = line_chart(
         "Total latency by percentile (log tail)",
@@ -286,13 +283,13 @@ def _charts(frame: pd.DataFrame, data: ReportData) -> str:
     )
     by_name = {s.experiment: s for s in steps}
     stage_rows = []
-    frame_stages = stage_columns(frame)
-    for row in records(frame):
-        name = str(row.get("experiment"))
+    table_stages = stage_columns(table)
+    for row in table.rows:
+        name = row.experiment
         step = by_name.get(name)
         stages = dict(step.stages) if step and step.stages else {}
-        if not stages and present(row.get("run_id")):
-            stages = {stage_name(c): float(row[c]) for c in frame_stages if present(row.get(c))}
+        if not stages and row.measured:
+            stages = {stage_name(c): float(row[c]) for c in table_stages if present(row.get(c))}
         stage_rows.append((name, stages))
     waterfall = stage_waterfall("Stage P50s per step (ms), and the stage each change moved",
                                 stage_rows)  # fmt: skip
@@ -324,7 +321,7 @@ def _charts(frame: pd.DataFrame, data: ReportData) -> str:
     gpu = _series(steps, lambda s: _resource(s, "gpu_util_pct"))
     if gpu:
         series.append(line_chart("GPU utilisation", gpu, x_label="seconds", y_label="%"))
-    capacity = _capacity_chart(frame, data)
+    capacity = _capacity_chart(table, data)
     return (
         capacity + f'<h2>Latency distribution</h2><div class="charts">{cdf}</div>'
         f'<h2>Stage waterfall</h2><div class="charts">{waterfall}</div>'
@@ -332,21 +329,20 @@ def _charts(frame: pd.DataFrame, data: ReportData) -> str:
     )
 
 
-def _capacity_chart(frame: pd.DataFrame, data: ReportData) -> str:
+def _capacity_chart(table: StackedTable, data: ReportData) -> str:
     """Latency against throughput of the swept steps' sweeps; "" when the table judges no
     capacity (a report without sweeps is unchanged)."""
-    slo = frame.attrs.get("capacity_slo") or {}
-    if not slo.get("label") or "capacity_qps" not in frame:
+    if table.header.capacity is None:
         return ""
-    percentile = str(slo.get("percentile", "p99")).upper()
+    slo = table.header.capacity.slo
     chart = latency_throughput_chart(
-        f"Latency against throughput, per step's sweep ({slo['label']})",
+        f"Latency against throughput, per step's sweep ({slo.label})",
         data.sweeps,
-        slo_ms=float(slo["ms"]),
-        slo_label=str(slo["label"]),
-        percentile_label=percentile,
+        slo_ms=slo.ms,
+        slo_label=slo.label,
+        percentile_label=slo.percentile.upper(),
     )
-    return f'<h2>Capacity under {_e(slo["label"])}</h2><div class="charts">{chart}</div>'
+    return f'<h2>Capacity under {_e(slo.label)}</h2><div class="charts">{chart}</div>'
 
 
 def _flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
@@ -365,14 +361,14 @@ def _flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
     return [(prefix, "–" if value is None else str(value))]
 
 
-def _environment(frame: pd.DataFrame, data: ReportData) -> str:
+def _environment(table: StackedTable, data: ReportData) -> str:
     """One column per distinct environment the chain's runs used; differing rows highlighted."""
     columns: list[tuple[str, dict[str, Any]]] = []
     for env_id, fingerprint in data.environments.items():
         users = [s.experiment for s in data.steps if s.environment_id == env_id]
         columns.append((f"env #{env_id}: " + ", ".join(users), fingerprint))
     if not columns:
-        head_fp: Any = (frame.attrs.get("environment") or {}).get("fingerprint")
+        head_fp = table.header.environment.fingerprint
         if head_fp:
             columns.append(("head's environment", head_fp))
     if not columns:
@@ -393,14 +389,14 @@ def _environment(frame: pd.DataFrame, data: ReportData) -> str:
     return "".join(out)
 
 
-def render_html(frame: pd.DataFrame, data: ReportData) -> str:
+def render_html(stacked: StackedTable, data: ReportData) -> str:
     """The whole report as one HTML document (inline CSS and SVG, no script, no URL)."""
-    attrs = frame.attrs
-    head = head_name(frame)
-    table, notes = _table(frame)
-    protocol = attrs.get("protocol_label") or (attrs.get("protocol") or {}).get("name")
-    environment = (attrs.get("environment") or {}).get("summary")
-    confidence = attrs.get("confidence")
+    header = stacked.header
+    head = head_name(stacked)
+    table, notes = _table(stacked)
+    protocol = header.protocol_label or (header.protocol or {}).get("name")
+    environment = header.environment.summary
+    confidence = header.confidence
     meta = [
         f"<b>Protocol:</b> {_e(protocol or 'not recorded')}",
         f"<b>Environment:</b> {_e(environment or 'not recorded')}",
@@ -425,11 +421,11 @@ def render_html(frame: pd.DataFrame, data: ReportData) -> str:
         parts.append('<ol class="notes">' + "".join(f"<li>{n}</li>" for n in notes) + "</ol>")
     parts += [
         "<h2>Steps</h2>",
-        _steps_detail(frame),
+        _steps_detail(stacked),
         *([diagnosed] if (diagnosed := render_diagnosis_html(data.diagnoses)) else []),
-        _charts(frame, data),
+        _charts(stacked, data),
         "<h2>Environment</h2>",
-        _environment(frame, data),
+        _environment(stacked, data),
         "</body></html>",
     ]
     return "\n".join(parts) + "\n"

@@ -7,10 +7,10 @@ why a step has no row. Every user-supplied string is escaped so that it cannot b
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from optlab.reports.export import as_list, present, records
+from optlab.reports.export import as_list, present
 from optlab.reports.format import (
     capacity_label,
     capacity_value,
@@ -24,10 +24,9 @@ from optlab.reports.format import (
     step_delta,
     verdict_label,
 )
-from optlab.reports.table import stage_columns as ordered_stages
 
 if TYPE_CHECKING:
-    import pandas as pd
+    from optlab.reports.stacked import CapacitySlo, StackedTable, TableHeader, TableRow
 
 PROVISIONAL_NOTE = "PROVISIONAL: measured under a short protocol; confirm with a full run"
 
@@ -39,19 +38,18 @@ def escape(text: Any) -> str:
     return value.replace("<", "&lt;").replace("|", "\\|")
 
 
-def stage_columns(frame: pd.DataFrame) -> list[str]:
-    """`<stage>_p50_ms` columns that hold a value, known stages first in request order."""
-    return ordered_stages(frame, with_values=True)
+def stage_columns(table: StackedTable) -> list[str]:
+    """`<stage>_p50_ms` columns that hold a value, in the table's order."""
+    return table.stage_columns(with_values=True)
 
 
-def head_name(frame: pd.DataFrame) -> str:
-    head = frame.attrs.get("head")
-    if head:
-        return str(head)
-    return str(frame["experiment"].iloc[-1]) if len(frame) else "(empty chain)"
+def head_name(table: StackedTable) -> str:
+    if table.header.head:
+        return table.header.head
+    return table.rows[-1].experiment if table.rows else "(empty chain)"
 
 
-def row_notes(row: dict[str, Any]) -> list[str]:
+def row_notes(row: TableRow) -> list[str]:
     """What this step's footnotes say, in a fixed order."""
     notes = []
     if not present(row.get("run_id")):
@@ -75,37 +73,37 @@ def row_notes(row: dict[str, Any]) -> list[str]:
     return notes
 
 
-def capacity_note(row: dict[str, Any]) -> str | None:
+def capacity_note(row: TableRow) -> str | None:
     """Why a step has no capacity, or no capacity Δ (a swept chain's table only)."""
     reason = row.get("capacity_reason")
     return f"capacity: {reason}" if present(reason) else None
 
 
-def render_markdown(frame: pd.DataFrame) -> str:
+def render_markdown(table: StackedTable) -> str:
     """The table for a PR comment (title, table, **Protocol**, **Environment**, notes)."""
-    stages = stage_columns(frame)
-    show_accuracy = "accuracy_top1" in frame and frame["accuracy_top1"].map(present).any()
-    slo = capacity_label(frame.attrs) if "capacity_qps" in frame else None
+    stages = stage_columns(table)
+    show_accuracy = table.any_value("accuracy_top1")
+    slo = capacity_label(table.header)
     headers = _headers(stages, show_accuracy, slo)
     align = ["---", "---"] + ["---:"] * (len(headers) - 3) + ["---"]
 
-    lines = [f"### optlab stacked gains: {escape(head_name(frame))}", ""]
+    lines = [f"### optlab stacked gains: {escape(head_name(table))}", ""]
     lines.append("| " + " | ".join(escape(h) for h in headers) + " |")
     lines.append("|" + "|".join(align) + "|")
     notes: dict[str, int] = {}  # note text -> its number; a shared note is listed once
-    for row in records(frame):
+    for row in table.rows:
         cells = _figure_cells(row, stages, show_accuracy, slo is not None)
         cells.append(_verdict_cell(row, note_marks(row, notes, _note_text)))
         lines.append("| " + " | ".join(cells) + " |")
 
     lines.append("")
     levels = {
-        float(row[key])
-        for row in records(frame)
-        for key in ("step_confidence", "cumulative_confidence")
-        if present(row.get(key))
+        level
+        for row in table.rows
+        for level in (row.step_confidence, row.cumulative_confidence)
+        if level is not None
     }
-    lines += _context(frame.attrs, levels)
+    lines += _context(table.header, levels)
     if notes:
         lines.append("")
         lines += [f"{i}. {note}" for note, i in notes.items()]
@@ -125,7 +123,7 @@ def _headers(stages: list[str], show_accuracy: bool, slo: str | None) -> list[st
 
 
 def _figure_cells(
-    row: dict[str, Any], stages: list[str], show_accuracy: bool, capacity: bool = False
+    row: TableRow, stages: list[str], show_accuracy: bool, capacity: bool = False
 ) -> list[str]:
     """A row's cells but its verdict: the step, its change and its figures."""
     cells = [
@@ -152,15 +150,13 @@ def _figure_cells(
     return cells
 
 
-def _significance(row: dict[str, Any]) -> str:
+def _significance(row: TableRow) -> str:
     """` ✓` after a capacity Δ beyond noise: the table's Δ columns say it by their interval,
     a capacity Δ's interval is the sweeps' and reads the same way."""
     return " ✓" if row.get("capacity_significant") is True else ""
 
 
-def note_marks(
-    row: dict[str, Any], notes: dict[str, int], text: Callable[[Any, str], str]
-) -> list[int]:
+def note_marks(row: TableRow, notes: dict[str, int], text: Callable[[Any, str], str]) -> list[int]:
     """The numbers of the row's notes, numbering each note not yet in `notes` (its text ->
     number). The PROVISIONAL note is one for every row; the others name their step:
     `text(step or None, note)` writes a note in the renderer's markup."""
@@ -175,7 +171,7 @@ def _note_text(step: Any, note: str) -> str:
     return escape(note) if step is None else f"{escape(step)}: {escape(note)}"
 
 
-def _verdict_cell(row: dict[str, Any], marks: list[int]) -> str:
+def _verdict_cell(row: TableRow, marks: list[int]) -> str:
     verdict = verdict_label(row)
     if row.get("valid") is False:
         verdict += ", INVALID"
@@ -187,9 +183,8 @@ def _verdict_cell(row: dict[str, Any], marks: list[int]) -> str:
     return escape(verdict) + (" " + refs if refs else "")
 
 
-def _loop(slo: Mapping[str, Any]) -> str:
-    loop = slo.get("loop")
-    return f"{loop}-loop " if loop else ""
+def _loop(capacity: CapacitySlo) -> str:
+    return f"{capacity.loop}-loop " if capacity.loop else ""
 
 
 def _repeated(levels: set[float], confidence: Any) -> str:
@@ -203,20 +198,20 @@ def _repeated(levels: set[float], confidence: Any) -> str:
     )
 
 
-def _context(attrs: Mapping[str, Any], levels: set[float] | None = None) -> list[str]:
+def _context(header: TableHeader, levels: set[float] | None = None) -> list[str]:
     """Under the table: the protocol, the environment (and the service's), what Δ means
     (`levels`: the levels the steps' intervals were built at)."""
     levels = levels or set()
-    protocol = attrs.get("protocol_label") or (attrs.get("protocol") or {}).get("name")
+    protocol = header.protocol_label or (header.protocol or {}).get("name")
     lines = [f"**Protocol:** {escape(protocol or 'not recorded')}"]
-    environment = (attrs.get("environment") or {}).get("summary")
+    environment = header.environment.summary
     lines.append("")
     lines.append(f"**Environment:** {escape(environment or 'not recorded')}")
-    service = (attrs.get("environment") or {}).get("service")
+    service = header.environment.service
     if service:
         lines.append("")
         lines.append(f"**Service environment:** {escape(service)}")
-    confidence: Any = attrs.get("confidence")
+    confidence = header.confidence
     if present(confidence):
         lines.append("")
         lines.append(
@@ -224,13 +219,13 @@ def _context(attrs: Mapping[str, Any], levels: set[float] | None = None) -> list
             f"{level(confidence)} confidence{_repeated(levels, confidence)}; Δ cum: change "
             "against the baseline."
         )
-    slo = attrs.get("capacity_slo") or {}
-    if slo.get("label"):
+    slo = header.capacity
+    if slo is not None:
         lines.append("")
         lines.append(
-            f"**Capacity:** requests/s that meet {escape(slo['label'])} [the sweep's 95% "
+            f"**Capacity:** requests/s that meet {escape(slo.slo.label)} [the sweep's 95% "
             f"interval], from each step's newest comparable {escape(_loop(slo))}sweep "
-            f"({escape(slo.get('protocol_label') or 'no sweep')}); its Δ step is against the "
+            f"({escape(slo.protocol_label or 'no sweep')}); its Δ step is against the "
             "parent, ✓ beyond noise (a z-test on the log ratio of the two sweeps' "
             "capacities); its verdict (`capacity gain`) is its own, not the runs'."
         )

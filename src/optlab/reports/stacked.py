@@ -46,7 +46,7 @@ __all__ = [
     "stage_column",
 ]
 
-TABLE_SCHEMA_VERSION = 1
+TABLE_SCHEMA_VERSION: Literal[1] = 1
 
 # The table's columns in order (docs/table-json.md); the stage columns follow them, then, in a
 # table that judges capacity, `CAPACITY_COLUMNS`.
@@ -396,7 +396,7 @@ class StackedTable(_Frozen):
         return TableDocument(
             schema_version=header.schema_version,
             head=header.head,
-            protocol=header.protocol,  # type: ignore[arg-type]  # validated as ProtocolInfo
+            protocol=header.protocol,  # validated as ProtocolInfo, written as stored
             protocol_label=header.protocol_label,
             environment=header.environment,
             confidence=header.confidence,

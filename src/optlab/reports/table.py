@@ -1,10 +1,11 @@
-"""The stacked-gains table: one row per step of a chain, baseline first, as a pandas DataFrame.
+"""The stacked-gains table: one row per step of a chain, baseline first, as a typed
+`reports.stacked.StackedTable`.
 
 Computed here, rendered elsewhere (`reports.terminal`, `reports.markdown`, `reports.export`,
 `reports.html`). Which runs stand for each step is `reports.chain`'s job; this module turns them
 into figures, each step's change against the previous measured step and against the baseline,
 with its confidence interval and significance (`metrics.stats`), SLO checks and a verdict.
-The columns are listed in `COLUMNS`; renderers rely on them.
+The columns are listed in `COLUMNS` (`reports.stacked`); renderers rely on them.
 
 One statistic per question: `judge` compares two steps (their newest shared `--paired` session
 pair by pair, else every valid run of each), and its estimate, interval and level are what the
@@ -27,14 +28,19 @@ from optlab.metrics.stats import REPEATED_CONFIDENCE, Comparison
 from optlab.metrics.stats import VERDICT_CONFIDENCE as CONFIDENCE
 from optlab.reports.capacity import add_capacity
 from optlab.reports.chain import ChainStep, chain_steps
-from optlab.reports.export import TABLE_SCHEMA_VERSION, present
+from optlab.reports.stacked import (
+    COLUMNS,
+    TABLE_SCHEMA_VERSION,
+    StackedTable,
+    TableHeader,
+    TableRow,
+)
+from optlab.reports.table_json import EnvironmentInfo
 from optlab.targets.service_env import describe_service
 
 if TYPE_CHECKING:
-    import pandas as pd
-
+    from optlab.config.slo import Slo
     from optlab.store import EnvironmentRecord, RunRecord, RunSummary, Store
-    from optlab.sweep.slo import Slo
 
 # The reference pipeline's stages, in request order; a user target's own stages follow them.
 KNOWN_STAGES = ("queue", "preprocess", "infer", "postprocess")
@@ -45,21 +51,6 @@ HEADLINE = (
     ("p99_ms", "p99_ms", False, "P99"),
 )
 SLO_FIELDS = {"p50_ms": "p50_ms", "p95_ms": "p95_ms", "p99_ms": "p99_ms", "p999_ms": "p999_ms"}
-
-COLUMNS = (
-    "experiment", "variable", "change", "hypothesis", "run_id", "runs", "status", "valid",
-    "provisional", "missing", "p50_ms", "p95_ms", "p99_ms", "p999_ms", "qps", "error_rate",
-    "cpu_pct", "service_cpu_pct", "gpu_util_pct", "gpu_mem_peak_mib", "accuracy_top1",
-    "infer_ms_per_request",
-    "mean_batch_size", "cache_hit_rate", "qps_step_pct", "qps_step_low_pct",
-    "qps_step_high_pct", "qps_cumulative_pct", "p50_step_pct", "p50_step_low_pct",
-    "p50_step_high_pct", "p50_cumulative_pct", "p99_step_pct", "p99_step_low_pct",
-    "p99_step_high_pct", "p99_cumulative_pct", "significant", "verdict", "decided_by", "flags",
-    "slo_pass", "slo_failures", "reasons", "git_commit", "started_at", "who",
-    "qps_cumulative_low_pct", "qps_cumulative_high_pct", "p50_cumulative_low_pct",
-    "p50_cumulative_high_pct", "p99_cumulative_low_pct", "p99_cumulative_high_pct",
-    "step_confidence", "cumulative_confidence", "step_method",
-)  # fmt: skip
 
 
 def _figures(step: ChainStep) -> dict[str, Any]:
@@ -299,12 +290,31 @@ def _service_note(store: Store, baseline: str, fingerprint: dict[str, Any]) -> s
     return describe_service(fingerprint.get("service"), kind)
 
 
-def stacked_table(store: Store, head: str, slo: Slo | None = None) -> pd.DataFrame:
+def _headline_changes(rows: list[dict[str, Any]]) -> None:
+    """Each headline metric's step and cumulative change in each row: the judged change (the
+    statistic's own estimate, over every pair or repeat) where the step was judged, else the
+    change of the runs' figures against the previous measured step and the baseline."""
+    for column, _, _, _ in HEADLINE:
+        name = column.removesuffix("_ms")
+        base = last = None
+        for row in rows:
+            value = row[column]
+            measured = value is not None and not (isinstance(value, float) and math.isnan(value))
+            judged_step, judged_cum = row[f"{name}_step_pct"], row[f"{name}_cumulative_pct"]
+            figure_step = percent_change(last, value) if measured else None
+            row[f"{name}_step_pct"] = judged_step if judged_step is not None else figure_step
+            if measured and base is None:
+                base = value
+            figure_cum = percent_change(base, value) if measured else None
+            row[f"{name}_cumulative_pct"] = judged_cum if judged_cum is not None else figure_cum
+            if measured:
+                last = value
+
+
+def stacked_table(store: Store, head: str, slo: Slo | None = None) -> StackedTable:
     """One row per step: figures, step and cumulative change in %, significance, verdict;
     and, where the chain was swept, capacity under `slo` (default: the SLO of the head's
-    newest finished sweep) in the `reports.capacity` columns."""
-    import pandas as pd  # lazy: slow to import, and only building the frame needs it
-
+    newest finished sweep) in each row's `capacity` (`reports.capacity`)."""
     steps, reference, reference_env = chain_steps(store, head)
     windows = _Windows(store, [r for step in steps for r in step.runs if r.valid])
     rows = [_figures(step) for step in steps]
@@ -329,59 +339,36 @@ def stacked_table(store: Store, head: str, slo: Slo | None = None) -> pd.DataFra
                 step_change if same else judge(steps[first], steps[index], windows),
             )
         previous = index
-    frame = pd.DataFrame(rows)
-    for column, _, _, _ in HEADLINE:
-        name = column.removesuffix("_ms")
-        base = last = None
-        steps_pct: list[float | None] = []
-        cumulative: list[float | None] = []
-        for row, value in zip(rows, frame[column], strict=True):
-            measured = value is not None and not (isinstance(value, float) and math.isnan(value))
-            # A judged change is the statistic's own estimate (over every pair or repeat);
-            # the runs' figures give the change only where it was not judged.
-            judged_step, judged_cum = row[f"{name}_step_pct"], row[f"{name}_cumulative_pct"]
-            figure_step = percent_change(last, value) if measured else None
-            steps_pct.append(judged_step if judged_step is not None else figure_step)
-            if measured and base is None:
-                base = value
-            figure_cum = percent_change(base, value) if measured else None
-            cumulative.append(judged_cum if judged_cum is not None else figure_cum)
-            if measured:
-                last = value
-        frame[f"{name}_step_pct"] = steps_pct
-        frame[f"{name}_cumulative_pct"] = cumulative
-    stage_columns = sorted(
-        (c for c in frame.columns if c.endswith("_p50_ms") and c != "p50_ms"),
-        key=lambda c: (_stage_rank(c.removesuffix("_p50_ms")), c),
+    _headline_changes(rows)
+    stages = sorted(
+        {stage for row in rows for column in row if (stage := _stage(column)) is not None},
+        key=lambda stage: (_stage_rank(stage), f"{stage}_p50_ms"),
     )
-    frame = frame[[*COLUMNS, *stage_columns]]
     environment = _environment_summary(reference_env)
     if service := _service_note(store, steps[0].experiment, environment["fingerprint"]):
         environment["service"] = service
-    frame.attrs.update(
-        {
-            "schema_version": TABLE_SCHEMA_VERSION,
-            "head": head,
-            "protocol": reference.protocol if reference else None,
-            "protocol_label": protocol_label(reference.protocol if reference else None),
-            "environment": environment,
-            "confidence": CONFIDENCE,
-        }
+    header = TableHeader(
+        schema_version=TABLE_SCHEMA_VERSION,
+        head=head,
+        protocol=reference.protocol if reference else None,
+        protocol_label=protocol_label(reference.protocol if reference else None),
+        environment=EnvironmentInfo(**environment),
+        confidence=CONFIDENCE,
+        stages=tuple(stages),
     )
-    return add_capacity(frame, store, slo, CONFIDENCE)
+    table = StackedTable(header=header, rows=tuple(TableRow.from_cells(row) for row in rows))
+    return add_capacity(table, store, slo, CONFIDENCE)
+
+
+def _stage(column: str) -> str | None:
+    """`infer_p50_ms` -> `infer`; None for a column that is no stage's."""
+    if column.endswith("_p50_ms") and column != "p50_ms":
+        return column.removesuffix("_p50_ms")
+    return None
 
 
 def _stage_rank(stage: str) -> int:
     return KNOWN_STAGES.index(stage) if stage in KNOWN_STAGES else len(KNOWN_STAGES)
-
-
-def stage_columns(frame: pd.DataFrame, *, with_values: bool = False) -> list[str]:
-    """`<stage>_p50_ms` columns, known stages first in request order, then the frame's order;
-    with `with_values`, only those that hold a value in some row."""
-    found = [c for c in frame.columns if c.endswith("_p50_ms") and c != "p50_ms"]
-    if with_values:
-        found = [c for c in found if frame[c].map(present).any()]
-    return sorted(found, key=lambda c: (_stage_rank(c.removesuffix("_p50_ms")), found.index(c)))
 
 
 __all__: Sequence[str] = ("COLUMNS", "TABLE_SCHEMA_VERSION", "stacked_table")

@@ -5,9 +5,9 @@ These models are the output: `reports.stacked.StackedTable.to_document()` builds
 docs/schemas/ is generated from them. Three serializers keep the bytes the document had when
 it was a hand-built dict: the protocol is written as stored (its keys in the store's order,
 only those it has), an environment without a `service` note has no `service` key, and a
-table without an SLO has no `capacity` key in its entries. A chain entry also holds one `<stage>_p50_ms` key per
-stage the runs recorded (`preprocess_p50_ms`, `server_total_p50_ms`, ...): the only keys the
-schema leaves open.
+table without an SLO has no `capacity` key in its entries. A chain entry also holds one
+`<stage>_p50_ms` key per stage the runs recorded (`preprocess_p50_ms`, `server_total_p50_ms`,
+...): the only keys the schema leaves open.
 """
 
 from __future__ import annotations

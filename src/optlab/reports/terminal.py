@@ -25,7 +25,6 @@ from rich.text import Text
 
 from optlab.reports.export import as_list, plain, present
 from optlab.reports.format import (
-    capacity_label,
     capacity_value,
     change_text,
     cumulative_delta,
@@ -40,10 +39,9 @@ from optlab.reports.format import (
     verdict_of,
     with_capacity_verdict,
 )
-from optlab.reports.table import stage_columns
 
 if TYPE_CHECKING:
-    import pandas as pd
+    from optlab.reports.stacked import StackedTable
 
 # Piped output keeps every column unsqueezed, however wide (a script reads it whole).
 PIPE_WIDTH = 320
@@ -147,10 +145,10 @@ def _mark(row: Any, *, compact: bool = False, titled: bool = False) -> str:
     return " ".join(m for m in marks if m)
 
 
-def table_columns(frame: pd.DataFrame, *, compact: bool = False) -> list[Column]:
+def table_columns(table: StackedTable, *, compact: bool = False) -> list[Column]:
     """Every column of the full table, in its order; `compact`: as the fitted table writes
     them (its verdict, and only the stages that hold a value)."""
-    rows = [row for _, row in frame.iterrows()]
+    rows = table.rows
 
     def column(key: str, header: str, cell: Callable[[Any], str], **options: Any) -> Column:
         return Column(key, header, tuple(cell(row) for row in rows), **options)
@@ -164,26 +162,26 @@ def table_columns(frame: pd.DataFrame, *, compact: bool = False) -> list[Column]
                       short=short)  # fmt: skip
 
     columns = [
-        column("step", "step", lambda r: str(r["experiment"]), justify="left"),
+        column("step", "step", lambda r: r.experiment, justify="left"),
         column("change", "change", change_text, justify="left", wrap=True),
-        column("qps", "QPS", lambda r: _num(r.get("qps"))),
+        column("qps", "QPS", lambda r: _num(r.qps)),
         delta("qps_step", "qps"),
-        column("qps_cum", "Δ cum", lambda r: percent(r.get("qps_cumulative_pct"), 0)),
-        column("p50", "P50 ms", lambda r: _num(r.get("p50_ms"), 2)),
+        column("qps_cum", "Δ cum", lambda r: percent(r.qps_cumulative_pct, 0)),
+        column("p50", "P50 ms", lambda r: _num(r.p50_ms, 2)),
         delta("p50_step", "p50"),
-        column("p99", "P99 ms", lambda r: _num(r.get("p99_ms"), 2)),
+        column("p99", "P99 ms", lambda r: _num(r.p99_ms, 2)),
         delta("p99_step", "p99"),
-        column("p99_cum", "Δ cum", lambda r: percent(r.get("p99_cumulative_pct"), 0)),
+        column("p99_cum", "Δ cum", lambda r: percent(r.p99_cumulative_pct, 0)),
     ]
-    if (slo := capacity_label(frame.attrs)) is not None and "capacity_qps" in frame:
-        columns += _capacity_columns(rows, slo, column, delta)
-    for stage in stage_columns(frame, with_values=compact):
+    if table.header.capacity is not None:
+        columns += _capacity_columns(rows, table.header.capacity.label, column, delta)
+    for stage in table.stage_columns(with_values=compact):
         columns.append(value(stage, f"{stage_name(stage)} P50", lambda v: _num(v, 2)))
     for extra, header in EXTRAS:
-        if extra in frame and frame[extra].map(present).any():
+        if table.any_value(extra):
             columns.append(value(extra, header, partial(_extra, extra)))
     # The title names the protocol, PROVISIONAL included (protocol_label).
-    titled = bool((frame.attrs.get("protocol") or {}).get("provisional"))
+    titled = table.header.provisional
     verdict = column("verdict", "verdict", lambda r: _mark(r, compact=compact, titled=titled),
                      justify="left", wrap=True)  # fmt: skip
     return [*columns, verdict]
@@ -230,13 +228,13 @@ def fit(columns: Sequence[Column], width: int) -> list[Column]:
     return [chosen[c.key] for c in columns if c.key in chosen]
 
 
-def rich_table(frame: pd.DataFrame, title: str | None = None) -> Table:
+def rich_table(stacked: StackedTable, title: str | None = None) -> Table:
     """Every column at full width: the table piped output and `--wide` show."""
     table = Table(title=title, show_lines=False)
-    columns = table_columns(frame)
+    columns = table_columns(stacked)
     for column in columns:
         table.add_column(column.header, justify=column.justify)
-    for index in range(len(frame)):
+    for index in range(len(stacked.rows)):
         table.add_row(*(column.cells[index] for column in columns))
     return table
 
@@ -259,9 +257,11 @@ def _share_out(columns: Sequence[Column], width: int) -> list[int | None]:
     return [given.get(c.key, c.width) for c in columns]
 
 
-def fitted_table(frame: pd.DataFrame, title: str | None, width: int) -> tuple[Table, list[Column]]:
+def fitted_table(
+    stacked: StackedTable, title: str | None, width: int
+) -> tuple[Table, list[Column]]:
     """The table that fits in `width`, and the columns it shows."""
-    shown = fit(table_columns(frame, compact=True), width)
+    shown = fit(table_columns(stacked, compact=True), width)
     widths = _share_out(shown, width)
     table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
                   padding=(0, 1, 0, 0))  # fmt: skip
@@ -273,26 +273,26 @@ def fitted_table(frame: pd.DataFrame, title: str | None, width: int) -> tuple[Ta
             overflow="fold",  # never "…": at worst a word breaks
             width=cells,
         )
-    for index in range(len(frame)):
+    for index in range(len(stacked.rows)):
         table.add_row(*(Text(column.cells[index]) for column in shown))
     return table, shown
 
 
-def notes(frame: pd.DataFrame, *, missing: bool = False) -> list[str]:
+def notes(table: StackedTable, *, missing: bool = False) -> list[str]:
     """Flags, INVALID reasons and SLO failures, one line each, for under the table (with
     `missing`, why a step has no row too); then whether the service's own environment was
     checked."""
     lines = []
-    for _, row in frame.iterrows():
-        if missing and not present(row.get("run_id")):
-            lines.append(f"{row['experiment']}: missing: {row.get('missing') or 'no run'}")
-        for label, key in (("flag", "flags"), ("invalid", "reasons"), ("SLO", "slo_failures")):
-            items = row.get(key)
-            for item in items if isinstance(items, list) else []:
-                lines.append(f"{row['experiment']}: {label}: {item}")
+    for row in table.rows:
+        if missing and not row.measured:
+            lines.append(f"{row.experiment}: missing: {row.missing or 'no run'}")
+        for label, items in (("flag", row.flags), ("invalid", row.reasons),
+                             ("SLO", row.slo_failures)):  # fmt: skip
+            for item in items:
+                lines.append(f"{row.experiment}: {label}: {item}")
         if present(reason := row.get("capacity_reason")):
-            lines.append(f"{row['experiment']}: capacity: {reason}")
-    service = (frame.attrs.get("environment") or {}).get("service")
+            lines.append(f"{row.experiment}: capacity: {reason}")
+    service = table.header.environment.service
     if service:
         lines.append(f"service environment: {service}")
     return lines
@@ -367,23 +367,24 @@ def _capacity(row: Any, confidence: Any) -> list[str]:
     return items
 
 
-def detail_lines(frame: pd.DataFrame, shown: Mapping[str, bool], width: int) -> list[str]:
+def detail_lines(table: StackedTable, shown: Mapping[str, bool], width: int) -> list[str]:
     """Per measured step, what the fitted table left out and what it never shows (P95, P99.9,
     CPU and GPU use, GPU memory, significance), wrapped to `width`."""
-    stages = stage_columns(frame)
+    stages = table.stage_columns()
     lines: list[str] = []
-    slo = capacity_label(frame.attrs)
-    for _, row in frame.iterrows():
+    capacity = table.header.capacity
+    confidence = table.header.confidence
+    for row in table.rows:
         # Why a step has no run, or no capacity, is in the notes.
         figures: list[tuple[str, list[str]]] = []
-        if present(row.get("run_id")):
-            figures = _figures(row, shown, stages, frame.attrs.get("confidence"))
-        if slo is not None:
-            figures.append((f"capacity @ {slo}", _capacity(row, frame.attrs.get("confidence"))))
+        if row.measured:
+            figures = _figures(row, shown, stages, confidence)
+        if capacity is not None:
+            figures.append((f"capacity @ {capacity.label}", _capacity(row, confidence)))
         sections = [(label, items) for label, items in figures if items]
         if not sections:
             continue
-        lines += textwrap.wrap(str(row["experiment"]), width)
+        lines += textwrap.wrap(row.experiment, width)
         for label, items in sections:
             lines += textwrap.wrap(f"{label}: {', '.join(items)}", width, initial_indent="  ",
                                    subsequent_indent="    ", break_on_hyphens=False)  # fmt: skip
@@ -393,36 +394,36 @@ def detail_lines(frame: pd.DataFrame, shown: Mapping[str, bool], width: int) -> 
     return lines
 
 
-def _emit(console: Console, frame: pd.DataFrame, title: str | None, fit_to: int | None) -> None:
+def _emit(console: Console, stacked: StackedTable, title: str | None, fit_to: int | None) -> None:
     if fit_to is None:
-        console.print(rich_table(frame, title))
+        console.print(rich_table(stacked, title))
     else:
-        table, shown = fitted_table(frame, title, fit_to)
+        table, shown = fitted_table(stacked, title, fit_to)
         console.print(table)
-    for line in notes(frame, missing=fit_to is not None):
+    for line in notes(stacked, missing=fit_to is not None):
         console.print(line, markup=False, highlight=False)
     if fit_to is not None:
-        for line in detail_lines(frame, {c.key: c.without_interval for c in shown}, fit_to):
+        for line in detail_lines(stacked, {c.key: c.without_interval for c in shown}, fit_to):
             console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def render_text(
-    frame: pd.DataFrame, title: str | None = None, width: int = 200, *, fit_to: bool = False
+    table: StackedTable, title: str | None = None, width: int = 200, *, fit_to: bool = False
 ) -> str:
     """The table as plain text (no colour codes), for logs, pipes and tests: every column, or
     with `fit_to` the table a terminal `width` cells wide shows, and its detail block."""
     console = Console(width=width, record=True, color_system=None, force_terminal=False)
     with console.capture() as capture:
-        _emit(console, frame, title, width if fit_to else None)
+        _emit(console, table, title, width if fit_to else None)
     return capture.get()
 
 
-def print_table(frame: pd.DataFrame, title: str | None = None, *, wide: bool = False) -> None:
+def print_table(table: StackedTable, title: str | None = None, *, wide: bool = False) -> None:
     """The table and its notes on stdout. On a terminal, fitted to its width (COLUMNS, when
     set, wins), with what it leaves out in a detail block; `wide`, or not a terminal: every
     column at full width (piped output is never squeezed to 80 columns)."""
     if wide or not sys.stdout.isatty():
-        _emit(Console(width=PIPE_WIDTH), frame, title, None)
+        _emit(Console(width=PIPE_WIDTH), table, title, None)
         return
     width = shutil.get_terminal_size().columns
-    _emit(Console(width=width), frame, title, width)
+    _emit(Console(width=width), table, title, width)
