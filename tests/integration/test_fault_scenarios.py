@@ -58,23 +58,15 @@ def test_each_factory_serves_and_records_its_stages(scenario: Scenario) -> None:
     assert isinstance(target.metrics(), dict)
 
 
-def test_configs_name_the_factory_and_vary_with_the_seed() -> None:
-    for scenario in SCENARIOS:
-        first, second = scenario.config(0), scenario.config(1)
-        assert first["target"] == {"kind": "python", "factory": scenario.reference}
-        assert first["name"] != second["name"] and first["knobs"]["seed"] == 0
-    assert by_name("lock,healthy") == [by_name()[2], by_name()[-1]]
-    with pytest.raises(ValueError, match="unknown scenario"):
-        by_name("lock,nope")
-
-
-def _measure(tmp_path: Path, name: str, seed: int = 0) -> RunSummary:
+def _measure(tmp_path: Path, name: str, seed: int = 0, duration_s: float = 2.0) -> RunSummary:
     config = by_name(name)[0].config(seed)
     path = tmp_path / f"{config['name']}.yaml"
     path.write_text(yaml.safe_dump(config))
     store = Store.open(f"sqlite:///{tmp_path / 'runs.db'}")
     try:
-        outcome = run(path, store, RunOptions(quick=True, duration_s=2.0, warmup_s=0.3), _Quiet())
+        outcome = run(
+            path, store, RunOptions(quick=True, duration_s=duration_s, warmup_s=0.3), _Quiet()
+        )
     finally:
         store.close()
     assert outcome[-1].status == "FINISHED"
@@ -86,20 +78,25 @@ def test_lock_throughput_is_one_over_the_hold_time(tmp_path: Path) -> None:
     hold_ms = by_name("lock")[0].config(0)["knobs"]["hold_ms"]
     summary = _measure(tmp_path, "lock")
     assert summary.qps is not None
-    # Serialised on the lock: ~1000 / hold_ms per second, whatever the 8 clients (timer
-    # overshoot and the harness only slow it).
-    assert 0.6 * 1000 / hold_ms < summary.qps < 1.05 * 1000 / hold_ms
+    # Serialised on the lock: at most ~1000 / hold_ms per second, whatever the 8 clients
+    # (timer overshoot, the harness and a busy machine only slow it: how near it comes is
+    # tests/timing/test_fault_scenarios_timing.py's).
+    assert summary.qps < 1.05 * 1000 / hold_ms
     # The 8 clients wait their turn: the mean holds ~8 holds (Little's law), whatever order
     # the lock hands itself out in (an unfair hand-off leaves the median near one hold).
     assert summary.total.mean is not None and summary.total.mean > 4 * hold_ms
+    # A finished run with a measured phase always has its process's usage: the CPU is idle
+    # meanwhile (optlab's own process; a neighbour's CPU is not counted in it).
     evidence = summary.evidence
-    if evidence is not None and evidence.process is not None:  # the CPU is idle meanwhile
-        assert (evidence.process.cpu_user_pct or 0) + (evidence.process.cpu_system_pct or 0) < 60
+    assert evidence is not None and evidence.process is not None
+    assert (evidence.process.cpu_user_pct or 0) + (evidence.process.cpu_system_pct or 0) < 60
 
 
 @pytest.mark.slow
 def test_leak_grows_the_resident_size(tmp_path: Path) -> None:
-    summary = _measure(tmp_path, "memory-leak")
+    # 4 s: enough resource readings for a memory trend (MEMORY_LEAST_SAMPLES of
+    # src/optlab/run/evidence.py), which a 2 s run may fall short of.
+    summary = _measure(tmp_path, "memory-leak", duration_s=4.0)
     rss = summary.resources.rss_bytes
     assert rss is not None and summary.requests
     # 50-200 KiB kept per request: the peak is at least the measured requests' worth above
@@ -107,8 +104,8 @@ def test_leak_grows_the_resident_size(tmp_path: Path) -> None:
     assert summary.resources.rss_peak_bytes is not None
     assert summary.resources.rss_peak_bytes - rss.mean > summary.requests * 50 * 1024 / 4
     evidence = summary.evidence
-    if evidence is not None and evidence.memory is not None:
-        assert evidence.memory.mib_per_1k_requests > 40  # ~122 MiB per 1,000 requests
+    assert evidence is not None and evidence.memory is not None, evidence
+    assert evidence.memory.mib_per_1k_requests > 40  # ~122 MiB per 1,000 requests
 
 
 @pytest.mark.slow
@@ -118,4 +115,5 @@ def test_under_batching_waits_out_its_timeout(tmp_path: Path) -> None:
     batching = summary.target_figure("batching", "mean_batch_size")
     assert batching is not None and batching <= 2.5  # of 32
     queue = summary.stages["queue"]
-    assert queue.p50 is not None and wait_ms * 0.9 < queue.p50 < wait_ms + 3
+    # Every request waits out the timeout at least (how little more: the timing lane's).
+    assert queue.p50 is not None and queue.p50 > wait_ms * 0.9
