@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,6 +15,7 @@ import pytest
 from click.testing import Result
 
 from tests.conftest import write
+from tests.support.proc import run_optlab
 
 Invoke = Callable[..., Result]
 
@@ -241,15 +240,7 @@ def test_files_that_are_not_regular_or_too_large(folder: Path, invoke: Invoke) -
 def test_a_fifo_is_refused_not_waited_on(folder: Path, sqlite_url: str) -> None:
     # A subprocess, so that a regression blocks it (killed by the timeout), not the test run.
     os.mkfifo(folder / "fifo.yaml")
-    env = {**os.environ, "OPTLAB_DB": sqlite_url}
-    done = subprocess.run(
-        [sys.executable, "-m", "optlab", "diff", "fifo.yaml"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env=env,
-        cwd=folder,
-    )
+    done = run_optlab("diff", "fifo.yaml", db=sqlite_url, cwd=folder, timeout=30)
     assert done.returncode == 2
     assert "fifo.yaml: is a FIFO (named pipe), not an experiment file" in done.stderr
 

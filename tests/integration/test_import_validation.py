@@ -11,8 +11,6 @@ import math
 import os
 import shutil
 import struct
-import subprocess
-import sys
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +22,7 @@ from click.testing import CliRunner, Result
 from optlab.cli.main import cli
 from optlab.config.loading import config_hash
 from optlab.store import Store
+from tests.support.proc import run_optlab
 
 Edit = Callable[[list[dict[str, Any]]], None]
 
@@ -333,13 +332,7 @@ def test_files_that_are_not_regular_or_too_large_are_refused(
 def test_a_fifo_is_refused_not_waited_on(exported: Path) -> None:
     # A subprocess, so that a regression blocks it (killed by the timeout), not the test run.
     os.mkfifo(exported.with_name("fifo.jsonl"))
-    done = subprocess.run(
-        [sys.executable, "-m", "optlab", "--db", "sqlite:///team.db", "import", "fifo.jsonl"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=exported.parent,
-    )
+    done = run_optlab("import", "fifo.jsonl", db="sqlite:///team.db", cwd=exported.parent)
     assert done.returncode == 2, done.stderr
     assert "fifo.jsonl: is a FIFO (named pipe), not a run bundle" in done.stderr
     assert not exported.with_name("team.db").exists()

@@ -9,7 +9,6 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from optlab.cli.main import cli
+from tests.support.proc import run_optlab
 
 
 @pytest.fixture
@@ -99,13 +99,7 @@ def test_a_device_node_or_a_symlink_is_never_replaced(url: str, tmp_path: Path) 
 def test_a_fifo_is_refused_without_opening_it(url: str, tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "pipe.jsonl")
     # A subprocess, so that a regression blocks it (killed by the timeout), not the test run.
-    done = subprocess.run(
-        [sys.executable, "-m", "optlab", "--db", url, "export", "--all", "-o", "pipe.jsonl"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-    )
+    done = run_optlab("export", "--all", "-o", "pipe.jsonl", db=url, cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert "pipe.jsonl is a FIFO (named pipe), not a regular file" in done.stderr
     assert stat.S_ISFIFO(os.lstat(tmp_path / "pipe.jsonl").st_mode)
@@ -207,13 +201,7 @@ def test_a_fifo_among_pending_runs_blocks_no_command(url: str, tmp_path: Path) -
     os.mkfifo(pending / "0123456789abcdef0123456789abcdef.jsonl")
     for args in (("log",), ("export", "--all", "-o", "runs.jsonl")):
         # Subprocesses, so that a regression blocks them (killed by the timeout), not the test.
-        done = subprocess.run(
-            [sys.executable, "-m", "optlab", "--db", url, *args],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=tmp_path,
-        )
+        done = run_optlab(*args, db=url, cwd=tmp_path)
         assert done.returncode == 0, done.stderr
         said = "is a FIFO (named pipe), not a pending run bundle: passed over without opening"
         assert said in done.stderr and "remove it" in done.stderr
