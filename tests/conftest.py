@@ -6,6 +6,7 @@ re-exported below are kept for modules not yet switched to tests.support."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import socket
@@ -48,8 +49,11 @@ def chain_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture(scope="session")
 def engine_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The session's one folder for exported and quantised models, never the user's home: the
-    demo, the engine and the pipeline tests build the same artefacts, each built once."""
-    return tmp_path_factory.getbasetemp() / "engines"
+    demo, the engine and the pipeline tests build the same artefacts, each built once.
+    OPTLAB_TEST_ENGINES names a folder shared by concurrent sessions (scripts/test.sh runs the
+    integration and e2e lanes side by side; engine builds are safe against each other)."""
+    shared = os.environ.get("OPTLAB_TEST_ENGINES")
+    return Path(shared) if shared else tmp_path_factory.getbasetemp() / "engines"
 
 
 @pytest.fixture(scope="session")

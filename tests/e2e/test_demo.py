@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from optlab.cli.main import cli
-from optlab.demo import CHAINS, DEMO_WARMUP_S, cuda_available, experiments_dir, fresh_database
+from optlab.demo import DEMO_WARMUP_S
 from optlab.reports.table import stacked_table
 from optlab.store import Store
 
@@ -63,21 +63,3 @@ def test_demo_measures_the_cpu_chain_short_and_prints_its_table(
     # int8 keeps accuracy within a point of the fp32 baseline, measured and stored.
     drop = table.loc["cpu-baseline", "accuracy_top1"] - table.loc["cpu-int8", "accuracy_top1"]
     assert drop <= 0.01
-
-
-def test_gpu_chain_without_cuda_is_a_clear_error(tmp_path: Path) -> None:
-    if cuda_available():
-        pytest.skip("this machine has CUDA: the gpu chain would run")
-    result = CliRunner().invoke(cli, ["demo", "--chain", "gpu", "--out", str(tmp_path)])
-    assert result.exit_code == 2
-    assert "the gpu chain needs CUDA" in result.output
-    assert not list(tmp_path.glob("*.db"))  # refused before any database was made
-
-
-def test_shipped_chains_exist_and_databases_are_never_reused(tmp_path: Path) -> None:
-    for chain, head in CHAINS.items():
-        assert (experiments_dir() / chain / head).is_file()
-        assert (experiments_dir() / chain / "baseline.yaml").is_file()
-    first = fresh_database(tmp_path)
-    first.touch()
-    assert fresh_database(tmp_path) != first

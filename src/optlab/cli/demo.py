@@ -32,7 +32,17 @@ if TYPE_CHECKING:
 )
 @click.option("--verbose", is_flag=True, help="Print each run's full summary as it finishes.")
 @click.option("--wide", is_flag=True, help="On a terminal, every column in the table.")
-def demo(chain: str, out: Path, verbose: bool, wide: bool) -> None:
+# Hidden: the project's end-to-end test runs the demo with a short warmup (tests/e2e/test_demo.py).
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), hidden=True)
+@click.option("--warmup", type=click.FloatRange(min=0), hidden=True)
+def demo(
+    chain: str,
+    out: Path,
+    verbose: bool,
+    wide: bool,
+    duration: float | None,
+    warmup: float | None,
+) -> None:
     """Measure the reference chain under the quick protocol and print its stacked table.
 
     Every step changes one knob of the built-in image classifier; each run is PROVISIONAL
@@ -41,7 +51,14 @@ def demo(chain: str, out: Path, verbose: bool, wide: bool) -> None:
     at most twice, and each retry is listed under the table; one still INVALID ends the
     chain there (the table of what was measured, then exit 2).
     """
-    from optlab.demo import choose_chain, fresh_database, reasons, run_demo
+    from optlab.demo import (
+        DEMO_DURATION_S,
+        DEMO_WARMUP_S,
+        choose_chain,
+        fresh_database,
+        reasons,
+        run_demo,
+    )
     from optlab.reports.terminal import print_table
 
     chosen = choose_chain(chain)
@@ -62,7 +79,14 @@ def demo(chain: str, out: Path, verbose: bool, wide: bool) -> None:
             )
 
     try:
-        result = run_demo(chosen, database, progress, show)
+        result = run_demo(
+            chosen,
+            database,
+            progress,
+            show,
+            duration_s=DEMO_DURATION_S if duration is None else duration,
+            warmup_s=DEMO_WARMUP_S if warmup is None else warmup,
+        )
     finally:
         progress.close()
     complete = result.stopped is None
