@@ -20,7 +20,7 @@ from optlab.config.modes.ramp import ramp_offsets
 from optlab.config.source import parse_yaml
 from optlab.config.validation import config_error
 from optlab.errors import ConfigError
-from optlab.run.summarize import run_facts
+from optlab.run.summarize import run_facts, summarize
 from optlab.sweep.driver import level_config
 from optlab.sweep.strategy import Probe
 from tests.support.collected import collected
@@ -168,6 +168,12 @@ def test_the_run_is_judged_against_the_rate_after_the_ramp() -> None:
     assert facts.intended_qps == 250.0
     assert facts.in_flight_limit == 32
     assert facts.clients is None
+
+
+def test_a_ramp_longer_than_the_protocols_warmup_is_the_warmup_a_note_names() -> None:
+    # The hand-built run's protocol warms up at most 30 s; a 40 s ramp is the longest warm-up.
+    notes = summarize(collected(load=ramp(rate=100.0, ramp_s=40.0), stabilised=False)).summary
+    assert "warmup did not stabilise within 40 s; measured anyway" in notes.notes
 
 
 def test_a_left_out_start_rate_is_stored_as_a_tenth_of_the_rate() -> None:

@@ -100,9 +100,9 @@ def summarize(c: Collected) -> Summarized:
     judged = verdict(run_facts(c))
     notes = [redact(note) for note in [*judged.notes, *c.hook_notes]]
     if c.stabilised is False:
-        notes.append(
-            f"warmup did not stabilise within {c.protocol.warmup_max_s:g} s; measured anyway"
-        )
+        # The longest warm-up: the protocol's, or the load's own least when that is longer.
+        longest = max(c.protocol.warmup_max_s, mode_of(c.load).min_warmup_s(c.load))
+        notes.append(f"warmup did not stabilise within {longest:g} s; measured anyway")
     if c.abandoned:
         notes.append(f"{c.abandoned} requests were still in flight after the drain")
     valid = judged.valid if c.status == "FINISHED" else False
