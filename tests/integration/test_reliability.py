@@ -8,7 +8,6 @@ import os
 import shlex
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +25,6 @@ from tests.support.proc import (
     optlab_env,
     run_optlab,
     start_optlab,
-    start_python,
     wait_listening,
 )
 from tests.support.waits import wait_for_phase
@@ -255,30 +253,6 @@ def test_log_keeps_long_names_out_of_the_status_column_and_shows_error_types(
     assert row.index("FINISHED") == header.index("status")
     assert "…" in row
     assert any("errors by type: ConnectionError" in line for line in out)
-
-
-def test_a_thread_safe_progress_that_breaks_is_ignored() -> None:
-    from optlab.run.measurement import GuardedProgress, LiveStatus
-
-    class Broken:
-        calls = 0
-
-        def update(self, status: LiveStatus) -> None:
-            self.calls += 1
-            raise BrokenPipeError(32, "Broken pipe")
-
-        def note(self, text: str) -> None:
-            self.calls += 1
-            raise OSError(5, "Input/output error")  # a terminal gone after SIGHUP
-
-    inner = Broken()
-    guarded = GuardedProgress(inner)
-    status = LiveStatus("x", "measure", 1.0, 2.0, None, None, None, None, None)
-    guarded.update(status)
-    guarded.note("still here")
-    guarded.update(status)
-    assert inner.calls == 1 and isinstance(guarded.broken, BrokenPipeError)
-    assert threading.current_thread() is threading.main_thread()
 
 
 # -- the store goes away during a run (a private PostgreSQL cluster, stopped for real) ---------
@@ -709,48 +683,3 @@ def test_a_saturated_open_loop_run_blames_the_target_with_offered_completed_and_
     assert all(w.offered is not None and w.in_flight is not None for w in windows)
     assert sum(w.offered or 0 for w in windows) > sum(w.completed for w in windows)
     assert windows[-1].in_flight == 64  # the backlog filled the in-flight limit
-
-
-@pytest.mark.slow
-def test_an_unstable_run_under_a_cpu_burning_neighbour_names_the_neighbour(
-    tmp_path: Path, sqlite_url: str
-) -> None:
-    # A CPU-bound target; halfway through, three processes outside the run burn both cores.
-    # Before: "unstable: halves > 10% apart", and nothing said the machine was taken away.
-    source = (
-        "import time\n\n\ndef build(knobs):\n    def call(request):\n"
-        "        end = time.perf_counter() + 0.002\n"
-        "        while time.perf_counter() < end:\n            pass\n\n    return call\n"
-    )
-    folder = tmp_path / "burn"
-    path = _python_target(folder, "cpu_bound", source, concurrency=1)
-    db = Path(sqlite_url.removeprefix("sqlite:///"))
-    proc = start_optlab(
-        "run",
-        str(path),
-        "--quick",
-        "--duration",
-        "8",
-        "--warmup",
-        "0.5",
-        "--json",
-        db=db,
-        cwd=folder,
-    )
-    wait_for_phase(db, "measure")  # about 4.5 s into the 8 s measurement
-    burners = [start_python("while True: pass") for _ in range(3)]
-    try:
-        stdout, stderr = proc.communicate(timeout=120)
-    finally:
-        for burner in burners:
-            burner.kill()
-            burner.wait()
-    summary = _strict_json(stdout.strip().splitlines()[-1])
-    # The halves are judged against their own seconds' noise: 4 s a half may be too few to
-    # call the drift unstable, but whichever way it is judged, its line names the burners.
-    said = [*summary["reasons"], *summary["notes"]]  # type: ignore[misc]
-    (drift,) = [s for s in said if "in the first half vs" in s]
-    assert "other processes used" in drift and "in the second half" in drift, drift
-    assert any(f"pid {burner.pid}" in drift for burner in burners), drift
-    # Judged unstable, it says how to measure through the noise; judged stable, it does not.
-    assert drift.startswith("unstable") == ("--paired or --repeats" in drift), drift
