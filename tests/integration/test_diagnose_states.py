@@ -1,15 +1,15 @@
 """`optlab diagnose` on runs it must not call healthy and on what it writes, with real runs:
 a FAILED run without a request, one KILLED in its warmup, one whose process died while RUNNING
-(no data; abandoned), the shipped synthetic example (not a lock, not GIL-bound), a run id past
-the database's range (refused), and `--write-step` beside an experiment file only when the
-file is here (docs/diagnose.md "States")."""
+(no data; abandoned), a run id past the database's range (refused), and `--write-step` beside
+an experiment file only when the file is here (docs/diagnose.md "States"). That the synthetic
+example's lognormal service time is neither a lock nor GIL-bound is a rule's identity: the unit
+lane's (tests/unit/test_diagnose_verdict.py, on the same service times constructed)."""
 
 from __future__ import annotations
 
 import signal
 import sqlite3
 import subprocess
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,7 +17,8 @@ import pytest
 
 from optlab.diagnose import RULES
 from tests.conftest import write
-from tests.integration.test_diagnose import Invoke, diagnosed, experiment, run
+from tests.support.diagnosing import Invoke, diagnosed, experiment, run
+from tests.support.waits import wait_for_phase
 
 
 @pytest.mark.slow
@@ -51,7 +52,7 @@ def test_failed_killed_and_abandoned_runs_without_requests_are_no_data(
         with (tmp_path / "err.txt").open("w") as err:
             proc = start_optlab(*args, db=db, stdout=subprocess.DEVNULL, stderr=err)
             try:
-                run_id = _wait_for_warmup(db)
+                run_id = wait_for_phase(db, "warmup")
             finally:
                 proc.send_signal(how)
                 proc.wait(timeout=120)
@@ -63,39 +64,6 @@ def test_failed_killed_and_abandoned_runs_without_requests_are_no_data(
             assert f"pid {proc.pid}" in document["partial_reason"]
         else:
             assert document["status"] == "KILLED"
-
-
-def _wait_for_warmup(db: Path, timeout_s: float = 120) -> int:
-    """The id of the run a subprocess has started (its row stored, RUNNING)."""
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        time.sleep(0.3)
-        try:
-            with sqlite3.connect(db, timeout=5) as con:
-                row = con.execute(
-                    "select id from runs where status = 'RUNNING' order by id desc limit 1"
-                ).fetchone()
-        except sqlite3.OperationalError:
-            continue
-        if row:
-            time.sleep(1.0)  # into its warmup
-            return int(row[0])
-    raise AssertionError("the run never started")
-
-
-@pytest.mark.slow
-def test_the_synthetic_example_is_not_a_lock_nor_gil_bound(invoke: Invoke, synth: Path) -> None:
-    # Every call sleeps a lognormal time in parallel (no queue): healthy, or a fixed service
-    # time; never a lock its throughput x fastest happens to land near 1 for.
-    for name in ("baseline.yaml", "01-faster-service.yaml"):
-        quick = ("--quick", "--duration", "3", "--warmup", "0.5", "--allow-invalid")
-        assert invoke("run", str(synth / name), *quick).exit_code == 0
-        document = diagnosed(invoke, str(synth / name))
-        wrong = [
-            f["rule"] for f in document["findings"] if f["rule"] in ("serialised", "gil-bound")
-        ]
-        assert not wrong, document["findings"]
 
 
 def test_a_run_id_past_the_database_range_is_refused(invoke: Invoke, folder: Path) -> None:
