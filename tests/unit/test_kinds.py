@@ -3,8 +3,6 @@ loaded only when a kind that builds it is used."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -54,24 +52,39 @@ def test_a_kind_this_optlab_does_not_know_keeps_its_declared_identity(tmp_path: 
         kind_named("grpc")
 
 
-def test_the_reference_workload_loads_only_with_a_kind_that_builds_it() -> None:
-    script = """
-import json, sys
-from optlab.targets.registry import kind_named
-from optlab.targets.resolve import resolve_baseline
-for name in ("python", "http", "command"):
-    kind_named(name)
-before = sorted(m for m in sys.modules if m.startswith("optlab.reference"))
-model = kind_named("synthetic").knob_model(None, [])
-after = sorted(m for m in sys.modules if m.startswith("optlab.reference"))
-print(json.dumps([before, after, model.__name__]))
-"""
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
-    )
-    before, after, model = json.loads(done.stdout.strip().splitlines()[-1])
-    assert before == []
-    assert "optlab.reference.synthetic" in after and model == "SyntheticKnobs"
+@pytest.mark.parametrize(
+    ("target", "stage_order", "starts_service"),
+    [
+        ({"kind": "builtin"}, ("queue", "preprocess", "infer", "postprocess"), False),
+        ({"kind": "builtin", "name": "synthetic"}, (), False),
+        ({"kind": "python", "factory": "m:build"}, (), False),
+        ({"kind": "http", "url": "http://127.0.0.1:9/"}, (), False),
+        ({"kind": "command", "command": ["x"], "url": "http://127.0.0.1:9/"}, (), True),
+    ],
+)
+def test_what_each_kind_tells_diagnose(
+    target: dict[str, object], stage_order: tuple[str, ...], starts_service: bool
+) -> None:
+    kind = kind_of(_target(target).target)
+    assert kind.stage_order == stage_order and kind.starts_service is starts_service
+    # The documented convention (docs/run-json.md "batching"): the `queue` stage, the
+    # `batching` figures.
+    assert (kind.batch_wait_stage, kind.batch_figures) == ("queue", "batching")
+
+
+def test_a_service_kind_checks_its_templates_and_its_declared_remedies() -> None:
+    remedy = {"rule": "serialised", "knob": "workers", "increment": 1, "why": "w"}
+    for target in (
+        {"kind": "http", "url": "http://127.0.0.1:9/{knobs.path}", "remedies": [remedy]},
+        {"kind": "command", "command": ["x"], "url": "http://127.0.0.1:9/{knobs.path}",
+         "remedies": [remedy]},
+    ):  # fmt: skip
+        spec = _target(target).target
+        kind_of(spec).check_knobs(spec, {"path": "p", "workers": 2})
+        with pytest.raises(ConfigError, match="'workers' is not a knob"):
+            kind_of(spec).check_knobs(spec, {"path": "p"})
+        with pytest.raises(ConfigError, match="path"):
+            kind_of(spec).check_knobs(spec, {"workers": 2})
 
 
 def test_a_module_of_the_same_name_from_another_folder_is_not_reused(tmp_path: Path) -> None:
