@@ -4,11 +4,11 @@ and how much capacity each step bought, against its parent and against the basel
 Which sweep. One SLO for the whole table (`optlab table --slo`, else the SLO of the head's
 newest finished sweep). A step's sweep counts only when it FINISHED under that SLO, of the
 step's current config, with the same loop (open or closed) and base protocol as the chain's
-reference sweep, on an environment comparable with the reference sweep's
-(`env.compare.compare_fingerprints`, as a chain step's parent run is checked). The reference
-sweep is the head's newest such sweep, else the chain's newest; it fixes loop, protocol and
-environment, as the head's newest run does for the runs' columns. The newest sweep that
-counts stands for the step; a step without one says why.
+reference sweep, on an environment comparable with the reference sweep's (the one rule of
+`chain.comparability`, `same_protocol` and `environment_difference`, by which a chain step's
+parent run is checked). The reference sweep is the head's newest such sweep, else the chain's
+newest; it fixes loop, protocol and environment, as the head's newest run does for the runs'
+columns. The newest sweep that counts stands for the step; a step without one says why.
 
 Significance. A sweep stores its capacity's 95% interval (`sweep.strategy` says how). Its
 standard error is taken as the interval's half-width / 1.96. A change of capacity is a ratio,
@@ -38,16 +38,16 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
+from optlab.chain.comparability import Environments, environment_difference, same_protocol
 from optlab.config.protocol import protocol_label
 from optlab.config.slo import Slo
-from optlab.env.compare import compare_fingerprints
 from optlab.metrics.change import percent_change
 from optlab.metrics.stats import beyond_noise, ratio_interval
 from optlab.reports.stacked import CAPACITY_COLUMNS, CapacitySlo, StepCapacityRow
 
 if TYPE_CHECKING:
     from optlab.reports.stacked import StackedTable
-    from optlab.store import EnvironmentRecord, Store, SweepRecord
+    from optlab.store import Store, SweepRecord
 
 __all__ = [
     "CAPACITY_COLUMNS",
@@ -153,7 +153,7 @@ def capacity_of(sweep: SweepRecord) -> Capacity:
 
 
 def _same_slo(sweep: SweepRecord, slo: Slo) -> bool:
-    return sweep.slo_percentile == slo.percentile and math.isclose(sweep.slo_ms, slo.ms)
+    return slo.same_as(slo_of(sweep))
 
 
 def _sweep_command(path: str | None, name: str, slo: Slo, like: SweepRecord | None) -> str:
@@ -166,23 +166,10 @@ def _sweep_command(path: str | None, name: str, slo: Slo, like: SweepRecord | No
     return f"`optlab sweep {path or name} --slo {slo.key}{extra}`"
 
 
-class _Environments:
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.cache: dict[int, EnvironmentRecord] = {}
-
-    def fingerprint(self, environment_id: int | None) -> dict[str, Any] | None:
-        if environment_id is None:
-            return None
-        if environment_id not in self.cache:
-            self.cache[environment_id] = self.store.get_environment(environment_id)
-        return self.cache[environment_id].fingerprint
-
-
 def choose_sweeps(store: Store, names: Sequence[str], slo: Slo) -> list[SweepChoice]:
     """For each step (baseline first), the newest sweep that counts under `slo`, or why none
     does (module docstring)."""
-    envs = _Environments(store)
+    envs = Environments(store)
     hashes: dict[str, str | None] = {}
     paths: dict[str, str | None] = {}
     for name in names:
@@ -227,7 +214,7 @@ def _choose_one(
     found: Sequence[SweepRecord],
     reference: SweepRecord,
     reference_fp: dict[str, Any] | None,
-    envs: _Environments,
+    envs: Environments,
     command: str,
 ) -> SweepChoice:
     """The newest of `found` (a step's sweeps under the SLO, newest first) that the chain's
@@ -242,8 +229,8 @@ def _choose_one(
             f"swept only with a {found[0].mode} loop (the chain's reference sweep "
             f"{reference.id} is {reference.mode}-loop): run {command}",
         )
-    same_protocol = [s for s in same_loop if s.protocol == reference.protocol]
-    if not same_protocol:
+    measured_alike = [s for s in same_loop if same_protocol(s.protocol, reference.protocol)]
+    if not measured_alike:
         return SweepChoice(
             name,
             None,
@@ -252,19 +239,11 @@ def _choose_one(
             f"{protocol_label(reference.protocol)}): run {command}",
         )
     first_difference = ""
-    for sweep in same_protocol:
-        fingerprint = envs.fingerprint(sweep.environment_id)
-        if reference_fp is None or fingerprint is None:
-            if reference_fp is None and fingerprint is None:
-                return SweepChoice(name, sweep)
-            first_difference = first_difference or "no environment recorded"
-            continue
-        comparison = compare_fingerprints(reference_fp, fingerprint)
-        if comparison.comparable:
+    for sweep in measured_alike:
+        difference = environment_difference(reference_fp, envs.fingerprint(sweep.environment_id))
+        if difference is None:
             return SweepChoice(name, sweep)
-        first_difference = (
-            first_difference or (comparison.explain().splitlines() or ["material fields differ"])[0]
-        )
+        first_difference = first_difference or difference.splitlines()[0]
     return SweepChoice(
         name,
         None,

@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optlab.chain.comparability import Environments
+from optlab.chain.comparability import Environments, environment_difference, same_protocol
 from optlab.chain.plan import render_value
 from optlab.config.loading import load_experiment
 from optlab.config.protocol import protocol_label
-from optlab.env.compare import compare_fingerprints
 from optlab.errors import NotFoundError
 from optlab.reports.format import describe_change
 
@@ -192,23 +191,24 @@ def _comparable(
         return [], "no finished run of its current config"
     if reference is None:
         return runs, None
-    same_protocol = [r for r in runs if r.protocol == reference.protocol]
-    if not same_protocol:
+    measured_alike = [r for r in runs if same_protocol(r.protocol, reference.protocol)]
+    if not measured_alike:
         wanted = protocol_label(reference.protocol, warmup=True)
         return [], (
             f"no finished run under the head's protocol ({wanted}); its runs are "
             f"under {protocol_label(runs[0].protocol, warmup=True)}"
         )
     if reference_env is None:
-        return same_protocol, None
+        return measured_alike, None
     same_env = [
         r
-        for r in same_protocol
-        if (env := envs.record(r.environment_id)) is not None
-        and env.material_hash == reference_env.material_hash
+        for r in measured_alike
+        if envs.record(r.environment_id) is not None
+        and environment_difference(reference_env.fingerprint, envs.fingerprint(r.environment_id))
+        is None
     ]
     if not same_env:
-        return [], _environment_differs(reference_env, same_protocol[0], envs)
+        return [], _environment_differs(reference_env, measured_alike[0], envs)
     return same_env, None
 
 
@@ -216,13 +216,8 @@ def _environment_differs(
     reference_env: EnvironmentRecord, run: RunRecord, envs: Environments
 ) -> str:
     """Why a step's newest run does not stack: the first material difference from the head's."""
-    other = envs.record(run.environment_id)
-    detail = (
-        compare_fingerprints(reference_env.fingerprint, other.fingerprint).explain()
-        if other is not None
-        else "no environment recorded"
-    )
-    first = detail.splitlines()[0] if detail else "material fields differ"
+    detail = environment_difference(reference_env.fingerprint, envs.fingerprint(run.environment_id))
+    first = (detail or "").splitlines()[0] if detail else "material fields differ"
     return (
         "measured in a materially different environment from the head run's "
         f"(run {run.id}: {first}); re-measure it here"
