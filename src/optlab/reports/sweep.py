@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from optlab.config.protocol import protocol_label
+from optlab.config.slo import Slo
 from optlab.store import Store, SweepRecord, SweepResult
 from optlab.sweep.levels import level_of
-from optlab.sweep.slo import Slo
 from optlab.sweep.strategy import Level, Mode, Settings, judge
 
 __all__ = [

@@ -36,14 +36,14 @@ from optlab.reports.stacked import (
     TableRow,
 )
 from optlab.reports.table_json import EnvironmentInfo
+from optlab.targets.registry import find_kind
 from optlab.targets.service_env import describe_service
 
 if TYPE_CHECKING:
     from optlab.config.slo import Slo
     from optlab.store import EnvironmentRecord, RunRecord, RunSummary, Store
+    from optlab.targets.kind import TargetKind
 
-# The reference pipeline's stages, in request order; a user target's own stages follow them.
-KNOWN_STAGES = ("queue", "preprocess", "infer", "postprocess")
 # Headline metrics: (column, window field, higher is better, label).
 HEADLINE = (
     ("qps", "qps", True, "QPS"),
@@ -282,12 +282,20 @@ def _environment_summary(env: EnvironmentRecord | None) -> dict[str, Any]:
     }
 
 
-def _service_note(store: Store, baseline: str, fingerprint: dict[str, Any]) -> str | None:
-    """Whether the service's own environment was checked (command) or could not be (http)."""
+def _baseline_kind(store: Store, baseline: str) -> TargetKind | None:
+    """The kind of the baseline's target (the registry's), None for a kind this optlab does
+    not know: what the table says of the service and the order of the stages are the kind's."""
     record = store.get_experiment(baseline)
     config = record.current_config.config if record and record.current_config else {}
-    kind = (config.get("target") or {}).get("kind")
-    return describe_service(fingerprint.get("service"), kind)
+    return find_kind(config.get("target") or {})
+
+
+def _service_note(kind: TargetKind | None, fingerprint: dict[str, Any]) -> str | None:
+    """Whether the service's own environment was checked (command) or could not be (http)."""
+    service = fingerprint.get("service")
+    if service:
+        return describe_service(service, None)
+    return kind.service_note if kind is not None else None
 
 
 def _headline_changes(rows: list[dict[str, Any]]) -> None:
@@ -340,12 +348,15 @@ def stacked_table(store: Store, head: str, slo: Slo | None = None) -> StackedTab
             )
         previous = index
     _headline_changes(rows)
+    kind = _baseline_kind(store, steps[0].experiment)
+    order = kind.stage_order if kind is not None else ()
     stages = sorted(
         {stage for row in rows for column in row if (stage := _stage(column)) is not None},
-        key=lambda stage: (_stage_rank(stage), f"{stage}_p50_ms"),
+        # The kind's stages in its request order, then the others by column name.
+        key=lambda stage: (order.index(stage) if stage in order else len(order), f"{stage}_p50_ms"),
     )
     environment = _environment_summary(reference_env)
-    if service := _service_note(store, steps[0].experiment, environment["fingerprint"]):
+    if service := _service_note(kind, environment["fingerprint"]):
         environment["service"] = service
     header = TableHeader(
         schema_version=TABLE_SCHEMA_VERSION,
@@ -365,10 +376,6 @@ def _stage(column: str) -> str | None:
     if column.endswith("_p50_ms") and column != "p50_ms":
         return column.removesuffix("_p50_ms")
     return None
-
-
-def _stage_rank(stage: str) -> int:
-    return KNOWN_STAGES.index(stage) if stage in KNOWN_STAGES else len(KNOWN_STAGES)
 
 
 __all__: Sequence[str] = ("COLUMNS", "TABLE_SCHEMA_VERSION", "stacked_table")
