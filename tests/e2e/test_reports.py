@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from click.testing import Result
 
+from optlab.reports.data import collect_report
+from optlab.reports.export import render_csv, render_json
+from optlab.reports.html import render_html
+from optlab.reports.markdown import render_markdown
 from optlab.reports.stacked import COLUMNS
 from optlab.reports.table import stacked_table
 from optlab.store import Store
 from tests.support.chain import MeasuredChain
+from tests.support.frames import markdown_cells, markdown_rows
 
 # Every test here reads the session's measured chain (four 3 s runs).
 pytestmark = pytest.mark.slow
@@ -149,3 +157,34 @@ def test_other_protocol_or_environment_is_never_stacked(
     missing = stacked_table(Store.open(sqlite_url), "synthetic-faster-service").rows[0].missing
     assert "materially different environment" in (missing or "")
     assert "Some Other CPU" in (missing or "")
+
+
+def test_every_renderer_over_the_measured_chain(chain: Path, sqlite_url: str) -> None:
+    """The measured chain's table read back and rendered by every renderer; the HTML
+    report's data read from the store."""
+    store = Store.open(sqlite_url)
+    table = stacked_table(store, "synthetic-faster-service")
+    names = [row.experiment for row in table.rows]
+    assert names == ["synthetic-baseline", "synthetic-faster-service"]
+
+    markdown = render_markdown(table)
+    assert "synthetic-faster-service" in markdown
+    assert len({markdown_cells(line) for line in markdown_rows(markdown)}) == 1
+    doc = json.loads(render_json(table))
+    assert [c["experiment"] for c in doc["chain"]] == names
+    assert doc["chain"][1]["step_delta"]["qps_pct"] > 25  # 2 ms -> 1 ms service time
+    assert len(pd.read_csv(io.StringIO(render_csv(table)))) == 2
+
+    data = collect_report(store, table)
+    assert [s.run_id for s in data.steps] == [row.run_id for row in table.rows]
+    for measured in data.steps:
+        assert measured.cdf and measured.windows and measured.resources
+        percentiles = [p for p, _ in measured.cdf]
+        latencies = [ms for _, ms in measured.cdf]
+        assert percentiles == sorted(percentiles) and latencies == sorted(latencies)
+        assert 0.5 < dict(measured.cdf)[50.0] < 5.0
+    assert data.environments
+    page = render_html(table, data)
+    assert "synthetic-faster-service" in page and "no data" not in page
+    if os.environ.get("OPTLAB_REPORT_OUT"):  # for a look in a browser
+        Path(os.environ["OPTLAB_REPORT_OUT"]).write_text(page, encoding="utf-8")

@@ -195,3 +195,13 @@ def report_data(hostile: bool = False) -> ReportData:
         "runtime": {"load_avg": [0.5, 1.0, 1.25]},
     }  # fmt: skip
     return ReportData(steps=steps, environments={1: fingerprint})
+
+
+def markdown_rows(text: str) -> list[str]:
+    """The lines of a markdown rendering that belong to its table."""
+    return [line for line in text.splitlines() if line.startswith("|")]
+
+
+def markdown_cells(line: str) -> int:
+    """Cell boundaries of a markdown table line: each `|` not escaped by a backslash."""
+    return sum(1 for i, ch in enumerate(line) if ch == "|" and (i == 0 or line[i - 1] != "\\"))

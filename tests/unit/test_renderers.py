@@ -10,16 +10,13 @@ from __future__ import annotations
 import io
 import json
 import math
-import os
 import re
-import shutil
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
 
-from optlab.reports.data import ReportData, collect_report
+from optlab.reports.data import ReportData
 from optlab.reports.export import render_csv, render_json
 from optlab.reports.format import bound, interval
 from optlab.reports.html import render_html
@@ -27,12 +24,13 @@ from optlab.reports.markdown import PROVISIONAL_NOTE as PROVISIONAL
 from optlab.reports.markdown import render_markdown
 from optlab.reports.stacked import COLUMNS, StackedTable, TableHeader
 from optlab.reports.table_json import EnvironmentInfo
-from tests.conftest import REPO
 from tests.support.frames import (
     HOSTILE,
     STAGE_COLUMNS,
     capacity_table,
     golden_table,
+    markdown_cells,
+    markdown_rows,
     report_data,
     table_row,
 )
@@ -64,15 +62,6 @@ def _bare(**rows: Any) -> StackedTable:
     return StackedTable(header=header, rows=tuple(rows.values()))
 
 
-def _table_lines(text: str) -> list[str]:
-    return [line for line in text.splitlines() if line.startswith("|")]
-
-
-def _cells(line: str) -> int:
-    # A cell boundary is a `|` not escaped by a backslash.
-    return sum(1 for i, ch in enumerate(line) if ch == "|" and (i == 0 or line[i - 1] != "\\"))
-
-
 def test_markdown_golden() -> None:
     check_golden("stacked.md", render_markdown(golden_table()))
 
@@ -97,9 +86,9 @@ def test_markdown_hostile_name_keeps_the_table() -> None:
     text = render_markdown(golden_table(hostile=True))
     assert HOSTILE not in text
     assert "&lt;script>" in text
-    lines = _table_lines(text)
+    lines = markdown_rows(text)
     assert len(lines) == 2 + 4
-    assert len({_cells(line) for line in lines}) == 1, lines
+    assert len({markdown_cells(line) for line in lines}) == 1, lines
 
 
 def test_markdown_without_figures_or_protocol() -> None:
@@ -114,7 +103,7 @@ def test_markdown_without_figures_or_protocol() -> None:
         )
     )
     assert "**Protocol:** not recorded" in text and "**Environment:** not recorded" in text
-    assert len({_cells(line) for line in _table_lines(text)}) == 1
+    assert len({markdown_cells(line) for line in markdown_rows(text)}) == 1
 
 
 def test_csv_parses_back() -> None:
@@ -218,48 +207,6 @@ def test_html_without_report_data() -> None:
     """A table alone (no runs read) still renders: the charts say there is no data."""
     text = render_html(_bare(base=table_row(experiment="base")), ReportData(steps=[]))
     assert "no data" in text and "not recorded" in text
-
-
-@pytest.mark.slow
-def test_end_to_end_over_a_quick_synthetic_chain(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, invoke: Any, sqlite_url: str
-) -> None:
-    """A real chain, measured through the CLI, read back and rendered by every renderer."""
-    from optlab.reports.table import stacked_table
-    from optlab.store import Store
-
-    folder = tmp_path / "synthetic"
-    shutil.copytree(REPO / "experiments" / "examples" / "synthetic", folder)
-    monkeypatch.chdir(tmp_path)
-    step = str(folder / "01-faster-service.yaml")
-    result = invoke("run", step, "--quick", "--duration", "1.5", "--warmup", "0.3", "--chain")
-    assert result.exit_code == 0, result.output
-    store = Store.open(sqlite_url)
-    table = stacked_table(store, "synthetic-faster-service")
-    names = [row.experiment for row in table.rows]
-    assert names == ["synthetic-baseline", "synthetic-faster-service"]
-
-    markdown = render_markdown(table)
-    assert "synthetic-faster-service" in markdown
-    assert len({_cells(line) for line in _table_lines(markdown)}) == 1
-    doc = json.loads(render_json(table))
-    assert [c["experiment"] for c in doc["chain"]] == names
-    assert doc["chain"][1]["step_delta"]["qps_pct"] > 25  # 2 ms -> 1 ms service time
-    assert len(pd.read_csv(io.StringIO(render_csv(table)))) == 2
-
-    data = collect_report(store, table)
-    assert [s.run_id for s in data.steps] == [row.run_id for row in table.rows]
-    for measured in data.steps:
-        assert measured.cdf and measured.windows and measured.resources
-        percentiles = [p for p, _ in measured.cdf]
-        latencies = [ms for _, ms in measured.cdf]
-        assert percentiles == sorted(percentiles) and latencies == sorted(latencies)
-        assert 0.5 < dict(measured.cdf)[50.0] < 5.0
-    assert data.environments
-    page = render_html(table, data)
-    assert "synthetic-faster-service" in page and "no data" not in page
-    if os.environ.get("OPTLAB_REPORT_OUT"):  # for a look in a browser
-        Path(os.environ["OPTLAB_REPORT_OUT"]).write_text(page, encoding="utf-8")
 
 
 def test_a_ratio_interval_never_reads_as_minus_100() -> None:
