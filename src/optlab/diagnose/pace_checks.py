@@ -102,11 +102,12 @@ def _relative(
 
 
 def check_saturated(e: Evidence, p: Params) -> Outcome:
-    why = readings.saturation(e)
-    if why is None:
+    said = readings.saturation(e)
+    if said is None:
         if not e.open_loop:
             return Passed()
         return Passed((Measure("target saturated", 0, None),))
+    why, code = said
     rate, qps = e.offered_qps, readings.throughput(e)
     measures: list[Measure] = []
     if rate and qps is not None:
@@ -119,9 +120,11 @@ def check_saturated(e: Evidence, p: Params) -> Outcome:
         stage,
         confidence(1.0, base=0.9, span=0.05),
         tuple(measures),
+        # The verdict's saturation reason is a sentence of its own ("the target is saturated:
+        # ..."); an early stop's and the windows' reading are clauses.
         "the target could not sustain the offered rate, so requests queued for it (the "
         f"verdict: {why[:1].lower() + why[1:]})"
-        if why.startswith("the target")
+        if code == "saturated"
         else f"the target could not sustain the offered rate: {why}; requests queued for it",
     )
 

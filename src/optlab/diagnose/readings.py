@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from optlab.diagnose.evidence import WAIT_STAGES, Evidence
 from optlab.diagnose.findings import Unevaluable
+from optlab.run.pace import BACKLOG_GROWTH_MIN, saturated_by
 from optlab.store.reasons import ReasonCode
 from optlab.store.summary import ProcessEvidence
 
@@ -138,13 +139,6 @@ def half_slopes(points: list[tuple[float, float]]) -> tuple[float, float] | None
     return slope(points[:middle]), slope(points[middle:])
 
 
-# Open loop: completions this far below the rate asked for, with the backlog growing by at
-# least this many requests over the measured phase, and the target could not keep up (the
-# verdict's own rule, run/validity.py, read back from what the run stored).
-SATURATION_SHORTFALL = 0.05
-BACKLOG_GROWTH = 8
-
-
 def verdict_says(e: Evidence, *codes: ReasonCode) -> str | None:
     """The text of the first of the run's INVALID reasons with one of these codes (matched by
     code, never by its wording: docs/run-json.md's reasons)."""
@@ -152,26 +146,28 @@ def verdict_says(e: Evidence, *codes: ReasonCode) -> str | None:
     return None if found is None else found.text
 
 
-def saturation(e: Evidence) -> str | None:
-    """Why the target was saturated (open loop: it could not sustain the offered rate), from
-    the verdict's reasons or, for runs judged before the rule, from the rate and the backlog
-    the windows show; None when it was not."""
-    said = verdict_says(e, "saturated", "stopped-early")
-    if said is not None:
-        return said
+def saturation(e: Evidence) -> tuple[str, ReasonCode | None] | None:
+    """Why the target was saturated (open loop: it could not sustain the offered rate), with
+    the code of the verdict's reason that says so: from the verdict's reasons or, for runs
+    judged before the rule (code None), from the rate and the backlog the windows show; None
+    when it was not."""
+    found = e.run.reason("saturated", "stopped-early")
+    if found is not None:
+        return found.text, found.code
     if not e.open_loop:
         return None
     rate, qps = e.offered_qps, throughput(e)
-    if not rate or qps is None:
-        return None
-    if qps >= (1 - SATURATION_SHORTFALL) * rate:
-        return None
     counts = [w.in_flight for w in e.windows if w.in_flight is not None]
-    if len(counts) < 2 or counts[-1] - counts[0] < BACKLOG_GROWTH:
+    if not rate or qps is None or not e.run.duration_s or len(counts) < 2:
+        return None
+    # The one saturation rule (run/pace.py), on the backlog the windows show.
+    grew = counts[-1] - counts[0] >= BACKLOG_GROWTH_MIN
+    if not saturated_by(rate, qps, e.run.duration_s, backlog_grew=grew, limit_reached=None):
         return None
     return (
         f"offered {rate:g}/s, completed {qps:.1f}/s, and the backlog grew from {counts[0]} to "
-        f"{counts[-1]} in flight"
+        f"{counts[-1]} in flight",
+        None,
     )
 
 
