@@ -16,15 +16,17 @@ from optlab.metrics.stats import (
     compare,
 )
 from optlab.store import Store, SweepResult
+from tests.support.protocol import COMPARED, QUICK
 
 Invoke = Callable[..., Result]
-FAST = ("--quick", "--duration", "1.5", "--warmup", "0.3")
 
 
 @pytest.mark.slow
 def test_paired_alternates_parent_and_step(synth: Path, invoke: Invoke, sqlite_url: str) -> None:
-    assert invoke("run", str(synth / "baseline.yaml"), *FAST).exit_code == 0
-    result = invoke("run", str(synth / "01-faster-service.yaml"), *FAST, "--paired", "2")
+    """One real --paired run of two pairs (the comparison's figures are the next test's):
+    A B A B measured, tagged, each step checked against the parent measured just before it."""
+    assert invoke("run", str(synth / "baseline.yaml"), *QUICK).exit_code == 0
+    result = invoke("run", str(synth / "01-faster-service.yaml"), *COMPARED, "--paired", "2")
     assert result.exit_code == 0, result.output
     store = Store.open(sqlite_url)
     runs = store.list_runs()[1:]  # after the baseline's own first run
@@ -66,10 +68,10 @@ def test_paired_alternates_parent_and_step(synth: Path, invoke: Invoke, sqlite_u
 
 
 def test_paired_refusals(synth: Path, invoke: Invoke) -> None:
-    base = invoke("run", str(synth / "baseline.yaml"), *FAST, "--paired", "2")
+    base = invoke("run", str(synth / "baseline.yaml"), *QUICK, "--paired", "2")
     assert base.exit_code == 2 and "is a baseline" in base.stderr
     both = invoke(
-        "run", str(synth / "01-faster-service.yaml"), *FAST, "--paired", "2", "--repeats", "2"
+        "run", str(synth / "01-faster-service.yaml"), *QUICK, "--paired", "2", "--repeats", "2"
     )
     assert both.exit_code == 2 and "--paired and --repeats" in both.stderr
     assert invoke("log", "--json").stdout.strip() == ""
@@ -88,7 +90,7 @@ slo: {p99_ms: 50}
 """
 _X4 = "name: pair-x4\nparent: pair-base\nchange: {servers: 4}\n"
 _AA = "name: pair-aa\nparent: pair-x4\nchange: {seed: 1}\n"
-RUN = ("--quick", "--duration", "3", "--warmup", "0.3", "--allow-invalid")
+RUN = (*COMPARED, "--allow-invalid")
 # (capacity, its 95% interval) of each step under P99 <= 50 ms, closed loop: the queues' truth
 # (500/s; 2,000/s twice), stored as finished sweeps of each step's config.
 CAPACITIES = {
@@ -138,7 +140,8 @@ def test_table_audit_check_and_capacity_agree_on_a_4x_gain_and_an_aa_step(
     # at the table's level (t = 17.3 on 2 df), which a busy 2-core machine does not promise.
     ran = invoke("run", str(tmp_path / "x4.yaml"), *RUN, "--paired", "4")
     assert ran.exit_code == 0, ran.output
-    ran = invoke("run", str(tmp_path / "aa.yaml"), *RUN, "--paired", "3")
+    # Two pairs for the A/A step: a t interval on 1 log-ratio is wide, and nothing changed.
+    ran = invoke("run", str(tmp_path / "aa.yaml"), *RUN, "--paired", "2")
     assert ran.exit_code == 0, ran.output
     with Store.open(sqlite_url) as store:
         _store_capacities(store)
