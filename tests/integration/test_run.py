@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 import signal
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,7 +19,9 @@ from optlab.config.models import ResolvedConfig
 from optlab.config.protocol import EffectiveProtocol
 from optlab.run.measurement import Measured, RunOptions, measure
 from optlab.store import Store
-from tests.conftest import REPO, wait_for_measure, write
+from tests.conftest import REPO, write
+from tests.support.proc import start_optlab
+from tests.support.waits import wait_for_phase
 
 Invoke = Callable[..., Result]
 FAST = ("--quick", "--duration", "1.5", "--warmup", "0.3")
@@ -38,12 +38,12 @@ def test_quick_chain_stores_everything(synth: Path, invoke: Invoke, sqlite_url: 
     assert base["valid"] is True, base["reasons"]
     latency = base["latency_ms"]
     assert isinstance(latency, dict)
-    # lognormal with a 2 ms median: the service's measured P50 is close to it (a busy machine
-    # can only stretch the target's sleeps), total covers service, and optlab's own share
-    # of the median is small.
+    # lognormal with a 2 ms median: the service's measured P50 is at least near it (a busy
+    # machine can only stretch the target's sleeps), and total covers service. How small
+    # optlab's own share of the median stays is tests/timing/test_run_timing.py's.
     service, total = latency["service"]["p50"], latency["total"]["p50"]
-    assert 1.6 < service < 3.5
-    assert service <= total < service + 0.5
+    assert service > 1.6
+    assert total >= service
     assert set(latency["total"]) >= {"p50", "p95", "p99", "p999", "max", "mean"}
     # 4 clients, each waiting for its answer: QPS is 4 / mean latency (Little's law), however
     # slow a busy machine makes each request.
@@ -60,7 +60,8 @@ def test_quick_chain_stores_everything(synth: Path, invoke: Invoke, sqlite_url: 
     assert isinstance(step_latency, dict)
     assert step["qps"] == pytest.approx(4 / (step_latency["total"]["mean"] / 1000), rel=0.15)
     assert parent["qps_change_pct"] == pytest.approx(
-        100 * (float(step["qps"]) / float(base["qps"]) - 1), abs=0.6  # type: ignore[arg-type]
+        100 * (float(step["qps"]) / float(base["qps"]) - 1),
+        abs=0.6,  # type: ignore[arg-type]
     )
 
     store = Store.open(sqlite_url)
@@ -149,23 +150,8 @@ def test_python_target_code_change_refused(tmp_path: Path, invoke: Invoke) -> No
 
 
 def _spawn(synth: Path, db: Path, *args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "optlab",
-            "--db",
-            f"sqlite:///{db}",
-            "run",
-            str(synth / "baseline.yaml"),
-            *args,
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    """The synthetic baseline run in its own process (signals reach it as a user's would)."""
+    return start_optlab("run", str(synth / "baseline.yaml"), *args, db=db)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
@@ -176,7 +162,7 @@ def test_interrupt_leaves_a_killed_run_with_partial_data(
     db = Path(sqlite_url.removeprefix("sqlite:///"))
     assert invoke("run", str(synth / "baseline.yaml"), *FAST).exit_code == 0
     proc = _spawn(synth, db, "--quick", "--duration", "60", "--warmup", "0.3")
-    run_id = wait_for_measure(db)
+    run_id = wait_for_phase(db, "measure")
     proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
@@ -198,7 +184,7 @@ def test_sigkill_is_marked_crashed_at_the_next_start(
     db = Path(sqlite_url.removeprefix("sqlite:///"))
     assert invoke("run", str(synth / "baseline.yaml"), *FAST).exit_code == 0
     proc = _spawn(synth, db, "--quick", "--duration", "60", "--warmup", "0.3")
-    run_id = wait_for_measure(db)
+    run_id = wait_for_phase(db, "measure")
     proc.kill()
     proc.communicate(timeout=30)
     store = Store.open(sqlite_url)

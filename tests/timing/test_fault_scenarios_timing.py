@@ -39,7 +39,7 @@ def test_a_lock_serves_near_one_over_its_hold_time(tmp_path: Path) -> None:
     hold_ms = by_name("lock")[0].config(0)["knobs"]["hold_ms"]
     qps = _measure(tmp_path, "lock").qps
     ideal = 1000 / hold_ms
-    assert qps is not None and qps > 0.6 * ideal, f"QPS {qps} against {ideal:.0f}/s ideal"
+    assert qps is not None and qps > 0.4 * ideal, f"QPS {qps:.1f} against {ideal:.0f}/s ideal"
 
 
 def test_an_under_filled_batch_leaves_soon_after_its_timeout(tmp_path: Path) -> None:

@@ -2,7 +2,10 @@
 drift line. Not a bound on time, but it needs the machine otherwise idle: the line names other
 processes when their CPU differs by 25% of a core between the halves (NEIGHBOUR_NOTE_PCT of
 src/optlab/run/validity.py), which burners added to a machine already saturated by other work
-cannot show. The timing lane runs alone, so it lives here; the message prints the line."""
+cannot show (it fails beside `stress-ng --cpu 2`, and failed with six test sessions sharing the
+machine). The verdict's wording on constructed facts is tests/unit/test_validity.py's
+test_an_unstable_run_says_when_the_machine_was_taken_away; this is the real sampler's part, for
+the timing lane, which runs alone. The message prints the line."""
 
 from __future__ import annotations
 
