@@ -7,12 +7,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from optlab.diagnose.document import (
+    Bottleneck,
+    DiagnoseDocument,
+    DiagnoseFinding,
+    EvidenceEntry,
+    NotEvaluated,
+    Suggestion,
+)
 from optlab.diagnose.evidence import Evidence, gather
 from optlab.diagnose.findings import Fired, Measure, Passed, Unevaluable
-from optlab.diagnose.remedies import Suggestion, advice_for, suggest
+from optlab.diagnose.remedies import advice_for, suggest
 from optlab.diagnose.rules import RULES, Rule
 from optlab.store import Store
 from optlab.store.summary import ProfileEvidence
+from optlab.targets.remedies import Remedy
 
 __all__ = ["DIAGNOSE_SCHEMA_VERSION", "Diagnosis", "Finding", "diagnose", "diagnose_run"]
 
@@ -26,7 +35,7 @@ class Finding:
     confidence: float
     evidence: tuple[Measure, ...]
     summary: str
-    suggestion: Suggestion | None
+    suggestion: Remedy | None
     advice: str
 
     @property
@@ -37,26 +46,31 @@ class Finding:
     def bottleneck(self) -> str:
         return f"{self.stage} · {self.resource}" if self.stage else self.resource
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "rule": self.rule.id,
-            "title": self.rule.title,
-            "bottleneck": {"stage": self.stage, "resource": self.resource},
-            "confidence": self.confidence,
-            "summary": self.summary,
-            "evidence": [
-                {
-                    "metric": m.metric,
-                    "value": _finite(m.value),
-                    "threshold": _finite(m.threshold),
-                    "op": m.op,
-                    "unit": m.unit,
-                }
+    def to_document(self) -> DiagnoseFinding:
+        return DiagnoseFinding(
+            rule=self.rule.id,
+            title=self.rule.title,
+            bottleneck=Bottleneck(stage=self.stage, resource=self.rule.resource),
+            confidence=self.confidence,
+            summary=self.summary,
+            evidence=[
+                EvidenceEntry(
+                    metric=m.metric,
+                    value=_finite(m.value),
+                    threshold=_finite(m.threshold),
+                    op=m.op,
+                    unit=m.unit,
+                )
                 for m in self.evidence
             ],
-            "suggestion": self.suggestion.to_json() if self.suggestion else None,
-            "advice": self.advice or None,
-        }
+            suggestion=(
+                Suggestion(**self.suggestion.to_json()) if self.suggestion is not None else None
+            ),
+            advice=self.advice or None,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return self.to_document().model_dump(mode="json")
 
 
 def _finite(value: float | None) -> float | None:
@@ -125,22 +139,26 @@ class Diagnosis:
     def top(self) -> Finding | None:
         return self.findings[0] if self.findings else None
 
+    def to_document(self) -> DiagnoseDocument:
+        """The `--json` document (docs/diagnose-json.md)."""
+        return DiagnoseDocument(
+            schema_version=DIAGNOSE_SCHEMA_VERSION,
+            run_id=self.run_id,
+            experiment=self.experiment,
+            status=self.status,
+            valid=self.valid,
+            healthy=self.healthy,
+            state=self.state,
+            state_reason=self.state_reason,
+            partial=self.partial is not None,
+            partial_reason=self.partial,
+            source=self.source,
+            findings=[f.to_document() for f in self.findings],
+            not_evaluated=[NotEvaluated(rule=r, missing=why) for r, why in self.not_evaluated],
+        )
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            "schema_version": DIAGNOSE_SCHEMA_VERSION,
-            "run_id": self.run_id,
-            "experiment": self.experiment,
-            "status": self.status,
-            "valid": self.valid,
-            "healthy": self.healthy,
-            "state": self.state,
-            "state_reason": self.state_reason,
-            "partial": self.partial is not None,
-            "partial_reason": self.partial,
-            "source": self.source,
-            "findings": [f.to_json() for f in self.findings],
-            "not_evaluated": [{"rule": r, "missing": why} for r, why in self.not_evaluated],
-        }
+        return self.to_document().model_dump(mode="json")
 
 
 def diagnose(
