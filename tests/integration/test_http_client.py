@@ -5,27 +5,22 @@ kind, timeouts, the pool limit and cancellation. Each test takes milliseconds.""
 from __future__ import annotations
 
 import asyncio
-import random
 import re
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
-from optlab.errors import ConfigError
 from optlab.metrics.stages import RequestTiming
 from optlab.targets.http import classify
 from optlab.targets.http_client import HttpClient
 from optlab.targets.http_wire import (
     Body,
     ClientConnectorError,
-    ClientResponseError,
     HttpError,
     HttpSpec,
-    ServerDisconnectedError,
-    request_bytes,
 )
-from optlab.targets.server_timing import parse_server_timing, split_server_timing
 
 Reply = Callable[[bytes, bytes], Awaitable[bytes | None]]  # (head, body) -> bytes, or None: close
 
@@ -109,51 +104,6 @@ async def send_all(client: HttpClient, n: int) -> list[RequestTiming]:
         await client.send(0, timing)
         timings.append(timing)
     return timings
-
-
-# -- the request bytes ---------------------------------------------------------------------------
-
-
-def test_each_body_becomes_one_prebuilt_request() -> None:
-    headers = (("Authorization", "Bearer t"), ("User-Agent", "mine"), ("Content-Type", "x/y"))
-    built = request_bytes(
-        spec(8080, headers=headers),
-        [Body(b'{"a":1}', "application/json"), Body(b"", None)],
-    )
-    head, _, body = built[0].partition(b"\r\n\r\n")
-    lines = head.decode().split("\r\n")
-    assert lines[0] == "POST /p?q=1 HTTP/1.1"
-    assert body == b'{"a":1}'
-    assert "Host: 127.0.0.1:8080" in lines
-    assert "Authorization: Bearer t" in lines
-    assert "User-Agent: mine" in lines  # the target's own wins over the default
-    assert "Content-Type: application/json" in lines  # the body's type wins, as before
-    assert "Content-Length: 7" in lines
-    assert "Accept: */*" in lines
-    # A POST without a body still says so; a GET without one sends no length.
-    assert b"Content-Length: 0\r\n" in built[1]
-    get = request_bytes(spec(80, method="GET", url="http://h/"), [Body(b"", None)])[0]
-    assert get.startswith(b"GET / HTTP/1.1\r\nHost: h\r\n") and b"Content-Length" not in get
-
-
-def test_a_header_that_would_break_the_request_is_refused() -> None:
-    with pytest.raises(ConfigError, match="target.headers.X"):
-        request_bytes(spec(80, headers=(("X", "a\r\nInjected: 1"),)), [Body(b"", None)])
-    with pytest.raises(ConfigError, match="not http or https"):
-        request_bytes(spec(80, url="ftp://h/"), [Body(b"", None)])
-
-
-def test_server_timing_fast_path_reads_as_the_entry_by_entry_parser() -> None:
-    atoms = ["a", "db", "total", " ", ";", ",", "dur", "DUR", "=", "1", "2.5", ".5", "1e3",
-             "desc", "x y", "\t", ";dur=3", "durx=1", "é"]  # fmt: skip
-    rng = random.Random(7)
-    for _ in range(3000):
-        value = "".join(rng.choice(atoms) for _ in range(rng.randint(0, 10)))
-        slow: dict[str, int] = {}
-        for name, ms in split_server_timing(value):
-            name = "server_total" if name == "total" else name
-            slow[name] = slow.get(name, 0) + round(float(ms) * 1e6)
-        assert parse_server_timing([value]) == slow, value
 
 
 # -- against a server ----------------------------------------------------------------------------
@@ -270,7 +220,7 @@ def test_a_response_that_never_comes_times_out_and_the_connection_is_dropped() -
             nonlocal replies
             replies += 1
             if replies == 1:
-                await asyncio.sleep(30)
+                await asyncio.sleep(600)  # a client that waited for it would take 10 minutes
             return OK
 
         async with Scripted(slow_first) as server:
@@ -278,15 +228,16 @@ def test_a_response_that_never_comes_times_out_and_the_connection_is_dropped() -
             await client.open()
             loop = asyncio.get_running_loop()
             started = loop.time()
-            with pytest.raises(TimeoutError):
-                await client.send(0, RequestTiming())
+            with pytest.raises(TimeoutError):  # the 0.2 s timeout's, not wait_for's 60 s
+                await asyncio.wait_for(client.send(0, RequestTiming()), 60)
             elapsed = loop.time() - started
             await client.send(0, RequestTiming())  # a fresh connection answers
             await client.close()
         return elapsed, server.connections
 
     elapsed, connections = run(main())
-    assert 0.2 <= elapsed < 0.5  # the timeout, plus at most one sweep of the pool
+    # The timeout, never less (how little more: tests/timing/test_http_client_timing.py).
+    assert 0.2 <= elapsed < 60, f"timed out after {elapsed:.2f} s"
     assert connections == 2
 
 
@@ -325,8 +276,9 @@ def test_head_responses_end_at_their_headers() -> None:
     assert run(main()) == 1
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="uvloop is a dependency off Windows only")
 def test_uvloop_drives_it_too() -> None:
-    uvloop = pytest.importorskip("uvloop")
+    import uvloop  # a dependency here: a broken install fails, never skips
 
     async def main() -> int:
         async with Scripted(await answer(OK)) as server:
@@ -341,73 +293,3 @@ def test_uvloop_drives_it_too() -> None:
         assert loop.run_until_complete(main()) == 5
     finally:
         loop.close()
-
-
-def test_errors_keep_their_former_names() -> None:
-    # Runs stored before this client used aiohttp's names; the error table reads alike.
-    assert classify(ServerDisconnectedError("x"))[0] == "ServerDisconnectedError"
-    assert classify(ClientResponseError("x"))[0] == "ClientResponseError"
-    assert classify(TimeoutError())[0] == "timeout"
-
-
-@pytest.mark.slow
-def test_the_open_loop_sends_on_schedule_waking_on_a_timer(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The open loop through this client: a constant 200/s for 1 s against a threaded server.
-    On Linux the generator sleeps on a timerfd until just before each send (here the whole
-    test took ~0.2 s of CPU; spinning the last 1.5 ms before each send, ~0.47 s)."""
-    import sys
-    import threading
-    import time
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    from optlab.config.models import OpenLoad
-    from optlab.load.aio import AsyncLoadGenerator
-    from optlab.load.timerfd import TimerFd
-    from optlab.metrics.log import Collector
-    from optlab.metrics.stages import SEND_LAG
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            self.send_response(200)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"ok")
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    armed: list[int] = []
-    arm = TimerFd.arm
-
-    def counted(self: TimerFd, deadline_ns: int, waiter: asyncio.Future[None]) -> None:
-        armed.append(deadline_ns)
-        arm(self, deadline_ns, waiter)
-
-    monkeypatch.setattr(TimerFd, "arm", counted)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        load = OpenLoad(mode="open", rate=200, arrival="constant")
-        client = HttpClient(spec(server.server_address[1]), [Body(b"x", None)])
-        generator = AsyncLoadGenerator(client, 1, load, classify=classify, timeout_s=5)
-        collector = Collector()
-        collector.set_phase("measure", time.perf_counter_ns())
-        began = time.perf_counter()
-        generator.start(collector)
-        time.sleep(1.0)
-        report = generator.stop()
-        ran_s = time.perf_counter() - began  # past the 1 s when the machine is busy
-        collector.finish()
-    finally:
-        server.shutdown()
-    # 200/s for as long as it ran: the schedule, not the test's own sleep, sets the count.
-    assert 180 <= report.issued <= 200 * ran_s + 15
-    assert collector.totals("measure") == (report.completed, 0)
-    lag = collector.histograms("measure")[SEND_LAG]
-    median = lag.value_at_percentile_ns(50)
-    assert median is not None and median < 1_000_000  # sent within 1 ms of its intended time
-    if sys.platform.startswith("linux"):
-        assert len(armed) >= report.issued - 5  # every send but the first few waited on it
