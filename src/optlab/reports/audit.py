@@ -21,7 +21,7 @@ from optlab.reports.format import (
 )
 
 if TYPE_CHECKING:
-    from optlab.reports.stacked import CapacitySlo, StackedTable
+    from optlab.reports.stacked import CapacitySlo, StackedTable, TableRow
     from optlab.store import Store
 
 
@@ -99,7 +99,7 @@ def _share(part: float | None, total: float | None) -> float | None:
 SHARE_MIN_TOTAL_PCT = MIN_EFFECT_PCT
 
 
-def _interval(row: Any, metric: str) -> list[float] | None:
+def _interval(row: TableRow, metric: str) -> list[float] | None:
     low = _num(row.get(f"{metric}_cumulative_low_pct"))
     high = _num(row.get(f"{metric}_cumulative_high_pct"))
     return None if low is None or high is None else [low, high]
@@ -159,7 +159,7 @@ def build_audit(store: Store, table: StackedTable) -> Audit:
     return audit
 
 
-def _pair(row: Any, low: str, high: str) -> list[float] | None:
+def _pair(row: TableRow, low: str, high: str) -> list[float] | None:
     a, b = _num(row.get(low)), _num(row.get(high))
     return None if a is None or b is None else [a, b]
 
@@ -175,7 +175,7 @@ def _noise(significant: bool | None) -> str:
     return "beyond noise" if significant else "within noise"
 
 
-def _add_capacity(audit: Audit, rows: list[Any], capacity: CapacitySlo) -> None:
+def _add_capacity(audit: Audit, rows: list[TableRow], capacity: CapacitySlo) -> None:
     """Each step's capacity and its own Δ, the chain's total, and which step bought most."""
     confidence = audit.confidence
     level = f" at {confidence * 100:g}%" if confidence else ""
@@ -249,7 +249,7 @@ class _Shares(NamedTuple):
 
 
 def _audit_steps(
-    rows: list[Any], total_qps: float | None, total_p99: float | None
+    rows: list[TableRow], total_qps: float | None, total_p99: float | None
 ) -> list[AuditStep]:
     """Every row as a step, its shares taken from the change since the previous measured row."""
     steps: list[AuditStep] = []
@@ -264,7 +264,9 @@ def _audit_steps(
     return steps
 
 
-def _shares(row: Any, previous: Any, total_qps: float | None, total_p99: float | None) -> _Shares:
+def _shares(
+    row: TableRow, previous: TableRow, total_qps: float | None, total_p99: float | None
+) -> _Shares:
     qps_share = low = high = p99_share = None
     before = _num(previous["qps"])
     if before:
@@ -277,7 +279,7 @@ def _shares(row: Any, previous: Any, total_qps: float | None, total_p99: float |
 
 
 def _share_interval(
-    row: Any, before: float, total_qps: float | None
+    row: TableRow, before: float, total_qps: float | None
 ) -> tuple[float | None, float | None]:
     """The step's QPS change interval as shares of the total, low first (a negative total
     turns the interval round)."""
@@ -291,13 +293,13 @@ def _share_interval(
     return low, high
 
 
-def _text(row: Any, column: str) -> str | None:
+def _text(row: TableRow, column: str) -> str | None:
     """A free-text cell, or None where the row holds no text (NaN, None)."""
     value = row.get(column)
     return value if isinstance(value, str) else None
 
 
-def _audit_step(row: Any, shares: _Shares) -> AuditStep:
+def _audit_step(row: TableRow, shares: _Shares) -> AuditStep:
     return AuditStep(
         experiment=str(row["experiment"]),
         change=f"{row['variable']}: {row['change']}" if _text(row, "change") is not None else None,
@@ -341,7 +343,7 @@ def _span(interval: list[float] | None) -> str:
     return "" if interval is None else f" [{bound(interval[0], 1)}, {bound(interval[1], 1)}]"
 
 
-def _outcome(row: Any) -> str:
+def _outcome(row: TableRow) -> str:
     if _num(row.get("qps")) is None:
         return f"not measured here: {row.get('missing')}"
     parts = [

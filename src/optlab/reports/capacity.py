@@ -46,7 +46,7 @@ from optlab.metrics.stats import beyond_noise, ratio_interval
 from optlab.reports.stacked import CAPACITY_COLUMNS, CapacitySlo, StepCapacityRow
 
 if TYPE_CHECKING:
-    from optlab.reports.stacked import StackedTable
+    from optlab.reports.stacked import StackedTable, TableRow
     from optlab.store import Store, SweepRecord
 
 __all__ = [
@@ -63,7 +63,6 @@ __all__ = [
     "change",
     "choose_sweeps",
     "default_slo",
-    "has_capacity",
     "most_headroom",
     "slo_of",
     "stack_capacity",
@@ -404,12 +403,7 @@ def add_capacity(
     )
 
 
-def has_capacity(table: StackedTable) -> bool:
-    """Whether the table judges capacity (it has an SLO to judge it by)."""
-    return table.has_capacity
-
-
-def most_headroom(rows: Sequence[Any]) -> tuple[int, float] | None:
+def most_headroom(rows: Sequence[TableRow]) -> tuple[int, float] | None:
     """(index, requests/s) of the step whose own capacity gain, against its parent, is the
     largest; None when no step has a positive one. `rows`: the table's rows."""
     best: tuple[int, float] | None = None

@@ -13,7 +13,7 @@ from optlab.metrics.change import signed_pct
 from optlab.reports.export import as_list, present
 
 if TYPE_CHECKING:
-    from optlab.reports.stacked import TableHeader
+    from optlab.reports.stacked import TableHeader, TableRow
 
 MISSING = "–"  # a value not measured, in markdown and HTML; the terminal writes "-"
 # The table's metric labels (`decided_by`) -> their column prefix.
@@ -54,7 +54,7 @@ def interval(low: Any, high: Any, *, tight: bool = False) -> str:
     return f" [{bound(float(low))}{separator}{bound(float(high))}]"
 
 
-def step_delta(row: Any, prefix: str, *, digits: int = 1, tight: bool = False) -> str:
+def step_delta(row: TableRow, prefix: str, *, digits: int = 1, tight: bool = False) -> str:
     """A step's change against the previous measured step, with its confidence interval where
     the table has one: `+40.1% [+35, +45]`; "" when the step has no change."""
     text = percent(row.get(f"{prefix}_step_pct"), digits)
@@ -86,7 +86,7 @@ def describe_change(old: Any, new: Any, render: Callable[[Any], str]) -> str:
     return f"{render(old)} -> {render(new)}"
 
 
-def change_text(row: Any, escape: Callable[[Any], str] = str) -> str:
+def change_text(row: TableRow, escape: Callable[[Any], str] = str) -> str:
     """The change column: `variable: old -> new`, or `(baseline)`."""
     change = row.get("change")
     if not present(change):
@@ -94,7 +94,7 @@ def change_text(row: Any, escape: Callable[[Any], str] = str) -> str:
     return f"{escape(row.get('variable') or '?')}: {escape(change)}"
 
 
-def verdict_of(row: Any) -> str:
+def verdict_of(row: TableRow) -> str:
     """The verdict column's word: the table's verdict, else what can be said without one."""
     if row.get("verdict"):
         return str(row["verdict"])
@@ -103,7 +103,7 @@ def verdict_of(row: Any) -> str:
     return "baseline" if not present(row.get("change")) else "measured"
 
 
-def verdict_label(row: Any) -> str:
+def verdict_label(row: TableRow) -> str:
     """The verdict with the metrics that decided it and their step change, e.g.
     `gain (P50 -38%)` or `regressed (P99 +100%)`: a reviewer sees why without the JSON; then
     capacity's own verdict where the table has one (`capacity_verdict_label`)."""
@@ -116,7 +116,7 @@ def verdict_label(row: Any) -> str:
     return with_capacity_verdict(text, row)
 
 
-def capacity_verdict_label(row: Any) -> str:
+def capacity_verdict_label(row: TableRow) -> str:
     """Capacity's own verdict on its Δ step, labelled as such (`capacity gain`, `capacity
     within noise`, `capacity regressed`): a different question from the runs' verdict beside
     it, which judges QPS and latency at one load. "" where capacity was not judged."""
@@ -126,7 +126,7 @@ def capacity_verdict_label(row: Any) -> str:
     return f"capacity {verdict}"
 
 
-def with_capacity_verdict(text: str, row: Any) -> str:
+def with_capacity_verdict(text: str, row: TableRow) -> str:
     """`text; capacity gain`: a verdict followed by capacity's own, where there is one."""
     capacity = capacity_verdict_label(row)
     return f"{text}; {capacity}" if capacity and text else text or capacity
@@ -137,7 +137,7 @@ def level(confidence: Any) -> str:
     return f"{float(confidence) * 100:.4g}%"
 
 
-def capacity_value(row: Any, *, with_interval: bool = True, missing: str = MISSING) -> str:
+def capacity_value(row: TableRow, *, with_interval: bool = True, missing: str = MISSING) -> str:
     """A step's capacity in requests/s with its sweep's interval, `98.2 [91.0, 104.5]`, or
     `missing` where it has none."""
     value = row.get("capacity_qps")
@@ -150,7 +150,7 @@ def capacity_value(row: Any, *, with_interval: bool = True, missing: str = MISSI
     return text
 
 
-def cumulative_delta(row: Any, prefix: str, *, digits: int = 1, tight: bool = False) -> str:
+def cumulative_delta(row: TableRow, prefix: str, *, digits: int = 1, tight: bool = False) -> str:
     """A step's change against the baseline with its interval where the table has one."""
     text = percent(row.get(f"{prefix}_cumulative_pct"), digits)
     if not text:

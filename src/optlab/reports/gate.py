@@ -22,14 +22,14 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from optlab.errors import ConfigError, OptlabError
 from optlab.metrics.change import percent_change
 from optlab.metrics.stats import beyond_noise
 
 if TYPE_CHECKING:
-    from optlab.reports.stacked import StackedTable
+    from optlab.reports.stacked import StackedTable, TableRow
 
 # metric -> (table column, higher is better)
 METRICS: dict[str, tuple[str, bool]] = {
@@ -95,7 +95,7 @@ def parse_threshold(text: str, kind: str) -> Threshold:
     return Threshold(metric, value, kind)
 
 
-def _value(row: Any, column: str) -> float | None:
+def _value(row: TableRow, column: str) -> float | None:
     value = row.get(column)
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
@@ -198,11 +198,11 @@ def evaluate(table: StackedTable, thresholds: list[Threshold], against: str) -> 
     return GateResult(str(head["experiment"]), str(base["experiment"]), lines, problems)
 
 
-def _several_runs(*rows: Any) -> bool:
+def _several_runs(*rows: TableRow) -> bool:
     return any((_value(row, "runs") or 0) > 1 for row in rows)
 
 
-def _table_change(head: Any, metric: str, against: str) -> tuple[float | None, bool | None]:
+def _table_change(head: TableRow, metric: str, against: str) -> tuple[float | None, bool | None]:
     """The table's judged change of a headline metric (QPS, P50, P99) in % (+ is higher), and
     whether it is beyond noise; (None, None) for a metric, or a head, the table did not judge."""
     if metric not in ("qps", "p50", "p99"):

@@ -326,7 +326,7 @@ class CapacitySlo(_Frozen):
         return f"{self.slo.label}, {self.loop} loop" if self.loop else self.slo.label
 
     def as_dict(self) -> dict[str, Any]:
-        """`DataFrame.attrs["capacity_slo"]` for notebooks."""
+        """The frame's `capacity_slo` header entry, as notebooks read it (`to_frame`)."""
         return {
             "percentile": self.slo.percentile,
             "ms": self.slo.ms,

@@ -41,7 +41,7 @@ from optlab.reports.format import (
 )
 
 if TYPE_CHECKING:
-    from optlab.reports.stacked import StackedTable
+    from optlab.reports.stacked import StackedTable, TableRow
 
 # Piped output keeps every column unsqueezed, however wide (a script reads it whole).
 PIPE_WIDTH = 320
@@ -127,7 +127,7 @@ def _extra(column: str, value: Any) -> str:
     return rate(value, missing="-")
 
 
-def _mark(row: Any, *, compact: bool = False, titled: bool = False) -> str:
+def _mark(row: TableRow, *, compact: bool = False, titled: bool = False) -> str:
     """The verdict cell. `compact` (the fitted table) leaves out what every row would say:
     VALID, and PROVISIONAL when the title says the whole table is (`titled`); and it gives the
     verdict's word alone: the step changes that decided it are beside it, and the detail block
@@ -188,7 +188,7 @@ def table_columns(table: StackedTable, *, compact: bool = False) -> list[Column]
 
 
 def _capacity_columns(
-    rows: Sequence[Any],
+    rows: Sequence[TableRow],
     slo: str,
     column: Callable[..., Column],
     delta: Callable[[str, str], Column],
@@ -299,7 +299,7 @@ def notes(table: StackedTable, *, missing: bool = False) -> list[str]:
 
 
 def _figures(
-    row: Any, shown: Mapping[str, bool], stages: Sequence[str], confidence: Any
+    row: TableRow, shown: Mapping[str, bool], stages: Sequence[str], confidence: Any
 ) -> list[tuple[str, list[str]]]:
     """(label, items) of one step's detail lines: what the table left out (`shown`: its column
     keys -> whether shown without the interval), and what it never has room for."""
@@ -332,7 +332,7 @@ def _figures(
             ("significance", _significance(row, confidence))]  # fmt: skip
 
 
-def _significance(row: Any, confidence: Any) -> list[str]:
+def _significance(row: TableRow, confidence: Any) -> list[str]:
     """Whether the step is beyond noise, at the level its own interval was built at (pairs or
     repeats: `metrics.stats.REPEATED_CONFIDENCE`), and by which statistic."""
     significant = plain(row.get("significant"))  # numpy's bool, or NaN for none
@@ -349,7 +349,7 @@ def _significance(row: Any, confidence: Any) -> list[str]:
     return [f"beyond noise {at}" + (f", decided by {decided}" if decided else "") + by]
 
 
-def _capacity(row: Any, confidence: Any) -> list[str]:
+def _capacity(row: TableRow, confidence: Any) -> list[str]:
     """A step's capacity with its interval and sweep, and its changes with their intervals."""
     if not present(row.get("capacity_qps")):
         return []
