@@ -18,14 +18,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from optlab.config.models import ResolvedConfig
-from optlab.config.modes import LoadCommon, LoadMode, mode_of
+from optlab.config.modes import MODES, LoadCommon, LoadMode, mode_of
 from optlab.errors import ConfigError
 from optlab.metrics.histogram import LatencyHistogram
 from optlab.metrics.stages import HARNESS_SERIES
 from optlab.store import RunEvidence, RunRecord, RunSummary, Store
 from optlab.store.records import ResourceSample, StageStatsRow, WindowStats
 from optlab.targets.kind import TargetKind
-from optlab.targets.registry import kind_of
+from optlab.targets.registry import find_kind, kind_of
 
 __all__ = ["Evidence", "evidence_of", "gather", "percentile"]
 
@@ -71,6 +71,7 @@ class Evidence:
     fastest: dict[str, float] = field(default_factory=dict)
     kind: TargetKind | None = None  # the target's kind (optlab.targets.registry)
     mode: LoadMode[Any] | None = None  # the load's mode (optlab.config.modes)
+    stored_load: LoadCommon | None = None  # the load's model (also when the config is not)
 
     # -- the run and its config ------------------------------------------------------------
 
@@ -89,7 +90,7 @@ class Evidence:
 
     @property
     def load(self) -> LoadCommon | None:
-        return self.config.workload.load if self.config is not None else None
+        return self.stored_load
 
     @property
     def open_loop(self) -> bool:
@@ -319,8 +320,8 @@ def _no_data(
 def evidence_of(run: RunRecord, stored: Mapping[str, Any], **rest: Any) -> Evidence:
     """The evidence of `run` with its config as stored (a dict) parsed once, its kind and its
     load's mode found, and `rest` (stages, windows, samples, cores, partial, no_data, fastest)
-    as gather reads them. A config that no longer parses makes the evidence partial; it never
-    raises."""
+    as gather reads them. A config that no longer parses makes the evidence partial, its kind
+    and load still read where they parse on their own; it never raises."""
     try:
         config = ResolvedConfig.model_validate(stored)
         kind = kind_of(config.target)
@@ -333,10 +334,32 @@ def evidence_of(run: RunRecord, stored: Mapping[str, Any], **rest: Any) -> Evide
             "the load say what they lack"
         )
         earlier = rest.pop("partial", None)
+        found, mode, parsed = _parts(stored)
         return Evidence(
-            run=run, config=None, partial=f"{earlier}; {why}" if earlier else why, **rest
+            run=run,
+            config=None,
+            partial=f"{earlier}; {why}" if earlier else why,
+            kind=found,
+            mode=mode,
+            stored_load=parsed,
+            **rest,
         )
-    return Evidence(run=run, config=config, kind=kind, mode=mode_of(config.workload.load), **rest)
+    load = config.workload.load
+    return Evidence(run=run, config=config, kind=kind, mode=mode_of(load), stored_load=load, **rest)
+
+
+def _parts(stored: Mapping[str, Any]) -> tuple[TargetKind | None, LoadMode[Any] | None, Any]:
+    """The target's kind, the load's mode and its model, each where it parses on its own."""
+    target, workload = stored.get("target"), stored.get("workload")
+    kind = find_kind(target) if isinstance(target, Mapping) else None
+    raw = workload.get("load") if isinstance(workload, Mapping) else None
+    mode = MODES.get(raw.get("mode")) if isinstance(raw, Mapping) else None  # type: ignore[arg-type]
+    if mode is None:
+        return kind, None, None
+    try:
+        return kind, mode, mode.model.model_validate(raw)
+    except ValidationError:
+        return kind, mode, None
 
 
 def gather(store: Store, run_id: int) -> Evidence:

@@ -143,3 +143,10 @@ def test_a_stored_config_that_no_longer_parses_is_partial_evidence() -> None:
     d = diagnose(replace(evidence, fastest=built.fastest, windows=built.windows))
     assert d.partial == evidence.partial and d.knobs == {}
     assert all(f.suggestion is None for f in d.findings)
+    # A newer field elsewhere (a bundle from another optlab): the kind and the load still read.
+    newer = {**Run().config(), "protocol": {"name": "quick", "warp": 9}}
+    mostly = evidence_of(built.run, newer, stages=built.stages)
+    assert mostly.config is None and mostly.partial is not None and "protocol" in mostly.partial
+    assert mostly.kind is not None and mostly.kind.name == "python" and mostly.in_process
+    assert mostly.mode is not None and not mostly.open_loop and mostly.clients == 8
+
