@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
 
 import psutil
-import pynvml
 import pytest
 
-from optlab.metrics.gpu import THERMAL_REASONS, decode_throttle_reasons
 from optlab.metrics.resources import ResourceReading, ResourceSampler
-from tests.conftest import wait_until
+from tests.support.proc import start_python
+from tests.support.waits import wait_until
 
 INTERVAL = 0.1
 
@@ -47,10 +45,17 @@ def _take_until(
 
 def test_start_stop_and_plausible_readings() -> None:
     began = time.perf_counter()
-    sampler, readings = _run_sampler(0.55)
+    sampler = ResourceSampler(interval_s=INTERVAL)
+    sampler.start()
+    readings: list[ResourceReading] = []
+    try:
+        _take_until(sampler, readings, lambda rs: len(rs) >= 4, "four readings")
+    finally:
+        sampler.stop()
+    readings += sampler.take()
     elapsed = time.perf_counter() - began
     # One reading an interval (never a burst to catch up) plus the last one at stop(): bounded
-    # by the time the sampler really ran, which a busy machine can stretch past the 0.55 s.
+    # by the time the sampler really ran, however long a busy machine made that.
     assert 4 <= len(readings) <= elapsed / INTERVAL + 2
     cores = psutil.cpu_count()
     memory = psutil.virtual_memory().total
@@ -162,7 +167,7 @@ def test_busy_thread_raises_process_cpu_above_idle() -> None:
 
 def test_children_cpu_and_rss_are_included() -> None:
     code = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"
-    child = subprocess.Popen([sys.executable, "-c", code])
+    child = start_python(code)
     spinner = psutil.Process(child.pid)
 
     def child_cpu() -> float:
@@ -185,7 +190,7 @@ def test_other_pid_and_vanished_process() -> None:
     # The child lives until the test closes its stdin: alive for the first reading, gone
     # for the last, however the machine schedules either.
     code = "import sys; sys.stdin.read()"
-    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
+    child = start_python(code, stdin=subprocess.PIPE)
     readings: list[ResourceReading] = []
     try:
         sampler = ResourceSampler(interval_s=INTERVAL, pid=child.pid, children=False)
@@ -207,22 +212,6 @@ def test_other_pid_and_vanished_process() -> None:
     assert readings[-1].rss_bytes is None and readings[-1].cpu_process_pct is None
     assert readings[-1].cpu_per_core is not None
     assert os.getpid() != child.pid
-
-
-def test_decode_throttle_reasons_uses_nvml_bits() -> None:
-    thermal = pynvml.nvmlClocksThrottleReasonHwThermalSlowdown
-    idle = pynvml.nvmlClocksThrottleReasonGpuIdle
-    assert decode_throttle_reasons(0) == []
-    assert decode_throttle_reasons(thermal) == ["hw_thermal_slowdown"]
-    names = decode_throttle_reasons(thermal | idle | pynvml.nvmlClocksThrottleReasonSwPowerCap)
-    assert set(names) == {"hw_thermal_slowdown", "gpu_idle", "sw_power_cap"}
-    assert decode_throttle_reasons(1 << 62) == ["unknown_0x4000000000000000"]
-    assert set(decode_throttle_reasons(pynvml.nvmlClocksThrottleReasonAll)) >= THERMAL_REASONS
-
-
-def test_invalid_interval_is_rejected() -> None:
-    with pytest.raises(ValueError):
-        ResourceSampler(interval_s=0)
 
 
 def test_phase_snapshots_give_the_measured_span_usage_and_rss_marks() -> None:
@@ -270,14 +259,17 @@ def test_usage_is_unknown_without_the_measured_phase() -> None:
 
 def test_a_tracked_service_has_its_own_usage() -> None:
     code = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"
-    child = subprocess.Popen([sys.executable, "-c", code])
+    child = start_python(code)
     sampler = ResourceSampler(interval_s=60.0)
     try:
         sampler.track_service(child.pid)
         sampler.start()
         sampler.set_phase("measure")
         wait_until(lambda: sampler.tree_rss(), "the measure snapshot")
-        time.sleep(0.5)
+        spent = psutil.Process(child.pid).cpu_times
+        began = sum(spent()[:2])
+        # The child's CPU inside the span, however long a busy machine takes to give it.
+        wait_until(lambda: sum(spent()[:2]) - began >= 0.3, "0.3 s of the child's CPU", 120)
         sampler.set_phase("drain")
         sampler.stop()
     finally:
@@ -285,8 +277,8 @@ def test_a_tracked_service_has_its_own_usage() -> None:
         child.wait()
     service, own = sampler.usage("service"), sampler.usage("process")
     assert service is not None and own is not None
-    assert service.cpu_user_pct + service.cpu_system_pct > 10.0  # the child spun
-    assert service.threads and service.threads[0][1] > 10.0
+    assert service.cpu_user_pct + service.cpu_system_pct > 0  # the child spun
+    assert service.threads and service.threads[0][1] > 0
     # optlab's own figures leave the service out: this process mostly slept.
     assert own.cpu_user_pct + own.cpu_system_pct < service.cpu_user_pct + service.cpu_system_pct
     assert all(svc is not None and svc > 0 for _, _, svc in sampler.tree_rss())
