@@ -22,13 +22,13 @@ from optlab.store import RunEvidence, RunRecord, RunSummary
 from optlab.store.reasons import Reason
 from optlab.store.records import GpuSample, ResourceSample, StageStatsRow, WindowStats
 from optlab.store.summary import GcEvidence, LatencyStats, ProcessEvidence, ThreadCpu
+from optlab.targets.registry import find_kind
 
 __all__ = ["NOW", "OPEN", "SLOW", "Run", "facts", "reasons", "stage_row"]
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 OPEN: dict[str, Any] = {"mode": "open", "rate": 400.0, "arrival": "poisson"}
 SLOW = np.random.default_rng(1).normal(245.0, 20.0, 1500).clip(150)  # P50 ~245 ms
-IN_PROCESS = ("python", "builtin", "synthetic")
 
 
 def stage_row(stage: str, samples_ms: np.ndarray[Any, Any]) -> StageStatsRow:
@@ -104,7 +104,9 @@ class Run:
 
     @property
     def in_process(self) -> bool:
-        return self.kind in IN_PROCESS
+        """Whether the target's kind runs it in optlab's process (the registry says)."""
+        kind = find_kind(self.target if self.target is not None else _target(self.kind))
+        return kind is not None and kind.in_process
 
     def config(self) -> dict[str, Any]:
         """The config as the store holds it."""
