@@ -8,7 +8,6 @@ import queue
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -21,9 +20,7 @@ from typing import IO, Any
 import pytest
 
 from optlab.reference.classifier.data import Sample, requests
-from optlab.reference.serve import server_timing
-from optlab.reference.serve_knobs import assemble_knobs, knobs_summary
-from tests.conftest import free_port
+from tests.support.proc import free_port, optlab_argv
 
 READY_DEADLINE_S = 60.0
 EXIT_DEADLINE_S = 10.0
@@ -46,7 +43,7 @@ class Server:
         self.stderr_path = tmp_path / f"serve-{self.port}.err"
         self._stderr = self.stderr_path.open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "optlab", "serve", "--port", str(self.port), *args],
+            optlab_argv("serve", "--port", str(self.port), *args),
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             env=_env(),
@@ -156,7 +153,7 @@ def test_serve_predicts_with_server_timing_and_stops_on_sigterm(
 
     # A second service on the same port is refused at once, before building anything.
     second = subprocess.run(
-        [sys.executable, "-m", "optlab", "serve", "--port", str(server.port)],
+        optlab_argv("serve", "--port", str(server.port)),
         capture_output=True,
         text=True,
         env=_env(),
@@ -202,7 +199,7 @@ def test_a_port_in_use_is_refused(tmp_path: Path) -> None:
         holder.listen()
         port = holder.getsockname()[1]
         result = subprocess.run(
-            [sys.executable, "-m", "optlab", "serve", "--port", str(port)],
+            optlab_argv("serve", "--port", str(port)),
             capture_output=True,
             text=True,
             env=_env(),
@@ -227,7 +224,7 @@ def test_a_port_in_use_is_refused(tmp_path: Path) -> None:
 )
 def test_a_bad_knob_names_the_option_and_the_field(args: list[str], expected: list[str]) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "optlab", "serve", "--port", "0", *args],
+        optlab_argv("serve", "--port", "0", *args),
         capture_output=True,
         text=True,
         env=_env(),
@@ -237,23 +234,3 @@ def test_a_bad_knob_names_the_option_and_the_field(args: list[str], expected: li
     for text in expected:
         assert text in result.stderr
     assert "Traceback" not in result.stderr
-
-
-def test_group_knobs_take_mode_words_and_compact_json() -> None:
-    knobs = assemble_knobs({"batching": "dynamic", "cache": "off", "threads": 2})
-    assert knobs["batching"]["mode"] == "dynamic" and knobs["cache"] == {"mode": "off"}
-    group = {"mode": "dynamic", "max_batch_size": 8, "max_wait_ms": 2}
-    # An experiment's knob template renders a group knob exactly like this.
-    rendered = json.dumps(group, separators=(",", ":"))
-    knobs = assemble_knobs({"batching": rendered, "cache": '{"mode":"lru","max_entries":16}'})
-    assert knobs["batching"] == {**group, "max_wait_ms": 2.0, "max_queue": 1024}
-    assert knobs["cache"] == {"mode": "lru", "max_entries": 16, "ttl_s": None}
-    assert assemble_knobs({}) == assemble_knobs({"engine": None, "batching": "off"})
-    summary = knobs_summary(knobs)
-    assert "batching={" in summary and "engine=torch" in summary
-
-
-def test_server_timing_header() -> None:
-    header = server_timing({"preprocess": 812_345, "infer": 5_221_000}, 7_000_499)
-    assert header == "preprocess;dur=0.812, infer;dur=5.221, app;dur=7.000"
-    assert server_timing(None, 1_000) == "app;dur=0.001"
