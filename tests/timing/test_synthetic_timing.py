@@ -1,5 +1,5 @@
 """The synthetic target on the real clock: its sleeps land on their deadlines, and its FCFS
-queue holds when real threads call it. The schedule itself (queue, stalls, FCFS order, the
+schedule holds when real threads call it. The schedule itself (queue, stalls, FCFS order, the
 M/M/2 law) is tested exactly on a fake clock in tests/unit/test_synthetic.py; here only what
 the wall clock adds. Bounds are generous for a busy 2-core machine (checked beside
 `stress-ng --cpu 2`); every message prints the figures measured."""
@@ -13,8 +13,8 @@ import time
 import numpy as np
 
 from optlab.load.timerslack import sleep_until
-from optlab.metrics.stages import CURRENT, RequestTiming
-from optlab.reference.synthetic import build
+from optlab.reference.queueing import simulate_sojourn
+from optlab.reference.synthetic import SyntheticTarget, build
 
 MS = 1_000_000
 
@@ -36,28 +36,31 @@ def test_a_service_time_sleep_lands_on_its_deadline() -> None:
     assert statistics.median(elapsed_ms) < 3.0, f"1 ms service: {figures}"
 
 
-def test_one_server_serves_real_threads_in_arrival_order() -> None:
+def test_one_server_keeps_its_fcfs_schedule_on_real_threads() -> None:
     # Twenty threads call a 10 ms single server 3 ms apart (a queue of up to ~14 at once).
-    # Threads waiting on a lock wake in no set order; the target must finish them in the order
-    # they arrived. Judged on pairs called 5 ms or more apart: which of two calls close
-    # together took the target's lock first is not visible from here. One attempt.
-    target = build({"service_ms": 10.0, "servers": 1})
+    # Threads waiting on a lock wake in no set order; the target schedules each call when it
+    # arrives, under its lock, and sleeps it to that schedule. The arrivals are read from the
+    # target's own clock reads (its `now` seam, the real clock observed): a thread descheduled
+    # between its own timestamp and the target's lock would otherwise look like a reordering.
+    # One attempt.
+    arrived: dict[int, int] = {}
+
+    def now() -> int:
+        t = time.perf_counter_ns()
+        arrived[threading.get_ident()] = t  # under the target's lock, at each arrival
+        return t
+
+    target = SyntheticTarget(build({"service_ms": 10.0, "servers": 1}).knobs, now=now)
     n = 20
     start = time.perf_counter_ns() + 100 * MS  # every thread started and asleep by then
-    due = [start + i * 3 * MS for i in range(n)]
-    called = np.zeros(n, dtype=np.int64)
+    arrival = np.zeros(n, dtype=np.int64)
     ended = np.zeros(n, dtype=np.int64)
-    timings = [RequestTiming() for _ in range(n)]
 
     def worker(i: int) -> None:
-        sleep_until(due[i])
-        token = CURRENT.set(timings[i])
-        try:
-            called[i] = time.perf_counter_ns()
-            target(i)
-            ended[i] = time.perf_counter_ns()
-        finally:
-            CURRENT.reset(token)
+        sleep_until(start + i * 3 * MS)
+        target(i)
+        ended[i] = time.perf_counter_ns()
+        arrival[i] = arrived[threading.get_ident()]
 
     pool = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
     for thread in pool:
@@ -65,19 +68,21 @@ def test_one_server_serves_real_threads_in_arrival_order() -> None:
     for thread in pool:
         thread.join(60)
         assert not thread.is_alive(), "a call never returned"
-    apart = (called[None, :] - called[:, None]) >= 5 * MS  # [i, j]: i called well before j
-    late_ms = np.round((called - np.array(due)) / MS, 2).tolist()
-    order = np.argsort(ended).tolist()
+    # The FCFS schedule of these arrivals: each is done 10 ms after it arrived or after the
+    # one before it was done, whichever is later.
+    order = np.argsort(arrival, kind="stable")
+    sojourn_s = simulate_sojourn((arrival[order] - target.t0_ns) / 1e9, np.full(n, 0.010), 1)
+    due = np.empty(n, dtype=np.int64)
+    due[order] = arrival[order] + np.rint(sojourn_s * 1e9).astype(np.int64)
+    late_ms = (ended - due) / MS
     figures = (
-        f"{int(apart.sum())} pairs 5 ms apart; finish order {order}; call lateness {late_ms} ms"
+        f"lateness after the scheduled finish {np.round(late_ms, 2).tolist()} ms "
+        f"(median {np.median(late_ms):.2f}); arrival order {order.tolist()}"
     )
-    assert apart.sum() >= 100, f"the calls bunched up: {figures}"
-    assert np.all((ended[:, None] < ended[None, :])[apart]), f"out of order: {figures}"
-    # The last to arrive queued behind the others: at least 10 ms for each that had not begun
-    # its service when it came, however late it came (a lower bound the queue imposes).
-    last = int(np.argmax(called))
-    waiting = int((ended > called[last]).sum()) - 2  # not itself, nor the one in service
-    stages = timings[last].stages
-    assert stages is not None
-    queued_ms = stages["queue"] / MS
-    assert queued_ms >= 10 * waiting - 1, f"queued {queued_ms:.1f} ms behind {waiting}: {figures}"
+    # Never before its turn: a lower bound the queue imposes, whatever the machine does.
+    assert np.all(late_ms >= -0.001), f"a call left before its FCFS turn: {figures}"
+    # And about on time: hybrid sleep + spin wakes within ~0.1 ms idle; a busy machine wakes
+    # twenty threads late (medians 0.06-5.9 ms in 17 attempts beside `stress-ng --cpu 2` and
+    # other tests). The exact schedule is the unit test's; how precisely one sleep lands is
+    # the test above.
+    assert np.median(late_ms) < 20.0, figures
