@@ -6,7 +6,6 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-import click
 from click.testing import Result
 
 from optlab._version import __version__
@@ -16,39 +15,13 @@ from tests.conftest import write
 Invoke = Callable[..., Result]
 
 
-def test_version(invoke: Invoke) -> None:
-    result = invoke("--version")
-    assert result.exit_code == 0 and __version__ in result.output
-
-
-def test_every_command_has_help_text() -> None:
-    def walk(command: click.Command, path: str) -> list[tuple[str, click.Command]]:
-        found = [(path, command)]
-        if isinstance(command, click.Group):
-            for name, sub in command.commands.items():
-                found += walk(sub, f"{path} {name}")
-        return found
-
-    commands = walk(cli, "optlab")
-    assert {p for p, _ in commands} >= {
-        "optlab env",
-        "optlab diff",
-        "optlab split",
-        "optlab db upgrade",
-        "optlab db current",
-    }
-    for path, command in commands:
-        assert command.help and len(command.help.strip()) > 20, f"{path} has no help text"
-
-
 def test_diff_names_the_one_variable(chain_dir: Path, invoke: Invoke) -> None:
     result = invoke("diff", "experiments/01-dynamic-batch.yaml")
     assert result.exit_code == 0, result.output
     assert "chain: baseline -> dynamic-batch" in result.stdout
     assert (
         "batching: {mode: off} -> {mode: dynamic, max_batch_size: 8, max_wait_ms: 10.0, "
-        "max_queue: 1024}"
-        in result.stdout
+        "max_queue: 1024}" in result.stdout
     )
     assert "config of dynamic-batch: stored" in result.stderr
     again = invoke("diff", "experiments/01-dynamic-batch.yaml")

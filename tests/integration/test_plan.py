@@ -7,8 +7,6 @@ from pathlib import Path
 import pytest
 
 from optlab.chain.lineage import prepare
-from optlab.chain.plan import group_by_variable
-from optlab.config.diff import diff_values
 from optlab.errors import ConfigError, NotFoundError, RefusedError
 from optlab.store import Store
 from tests.conftest import write
@@ -30,17 +28,6 @@ def _add_run(store: Store, experiment: str) -> int:
         git_commit=None,
         git_dirty=None,
     )
-
-
-def test_diff_values_and_grouping() -> None:
-    old = {"precision": "fp32", "batching": {"mode": "off"}, "threads": 2}
-    new = {"precision": "fp16", "batching": {"mode": "dynamic", "max_batch_size": 8}, "threads": 2}
-    paths = [c.path for c in diff_values(old, new)]
-    assert paths == ["precision", "batching.mode", "batching.max_batch_size"]
-    groups = group_by_variable(old, new)
-    assert [g.name for g in groups] == ["precision", "batching"]
-    assert len(groups[1].fields) == 2  # a group's fields change together as one variable
-    assert diff_values({"a": 1}, {"a": 1.0}) != []  # type changes are changes
 
 
 def test_reference_chain_plans_one_variable_each(chain_dir: Path, store: Store) -> None:

@@ -9,7 +9,6 @@ it. The service is a stdlib HTTP server, so a bare venv's interpreter can run it
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from click.testing import Result
 
 from optlab.env.collect import collect_fingerprint
 from optlab.env.compare import compare_fingerprints, material_hash
-from optlab.targets.service_env import describe_service, service_environment
+from optlab.targets.service_env import service_environment
 from tests.conftest import free_port, write
 
 Invoke = Callable[..., Result]
@@ -114,22 +113,6 @@ def test_python_placeholder_is_optlabs_interpreter() -> None:
     service = service_environment(command_target("{python}", "-m", "x"), Path.cwd())
     assert service is not None and service["interpreter"] == sys.executable
     assert service["packages"]["optlab"]
-
-
-def test_a_native_program_is_identified_by_its_bytes(tmp_path: Path) -> None:
-    program = tmp_path / "server"
-    program.write_bytes(b"\x7fELF pretend binary")
-    program.chmod(0o755)
-    service = service_environment(command_target("./server", code_version="v1.4.2"), tmp_path)
-    assert service == {
-        "program": "./server",
-        "kind": "executable",
-        "path": str(program),
-        "size_bytes": len(b"\x7fELF pretend binary"),
-        "sha256": hashlib.sha256(b"\x7fELF pretend binary").hexdigest(),
-        "declared": "v1.4.2",
-    }
-    assert describe_service(service, "command") is not None
 
 
 def test_what_cannot_be_inspected_says_why_and_leaks_no_secret(tmp_path: Path) -> None:
@@ -240,8 +223,3 @@ def test_the_table_says_an_http_services_environment_was_not_checked(
         assert where in result.stdout, (fmt, result.stdout)
     shown = invoke("env", str(base))
     assert "not checked" in shown.stdout
-
-
-@pytest.mark.parametrize("kind", ["builtin", "python"])
-def test_in_process_targets_have_no_service_note(kind: str) -> None:
-    assert describe_service(None, kind) is None
