@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from optlab.metrics.stats import MIN_EFFECT_PCT, beyond_noise
 from optlab.reports.capacity import most_headroom
-from optlab.reports.export import as_list, plain
+from optlab.reports.export import plain
 from optlab.reports.format import (
     bound,
     capacity_value,
@@ -225,8 +225,8 @@ def _chain_totals(measured: list[Any]) -> tuple[float | None, float | None]:
     if not measured:
         return None, None
     base, last = measured[0], measured[-1]
-    total_qps = _num(last["qps"]) - _num(base["qps"])  # type: ignore[operator]
-    p99_base, p99_last = _num(base.get("p99_ms")), _num(last.get("p99_ms"))
+    total_qps = _num(last.qps) - _num(base.qps)  # type: ignore[operator]
+    p99_base, p99_last = _num(base.p99_ms), _num(last.p99_ms)
     if p99_base is None or p99_last is None:
         return total_qps, None
     return total_qps, p99_last - p99_base
@@ -256,10 +256,10 @@ def _audit_steps(
     previous: Any = None
     for row in rows:
         shares = _Shares()
-        if previous is not None and _num(row.get("qps")) is not None:
+        if previous is not None and _num(row.qps) is not None:
             shares = _shares(row, previous, total_qps, total_p99)
         steps.append(_audit_step(row, shares))
-        if _num(row.get("qps")) is not None:
+        if _num(row.qps) is not None:
             previous = row
     return steps
 
@@ -268,11 +268,11 @@ def _shares(
     row: TableRow, previous: TableRow, total_qps: float | None, total_p99: float | None
 ) -> _Shares:
     qps_share = low = high = p99_share = None
-    before = _num(previous["qps"])
+    before = _num(previous.qps)
     if before:
-        qps_share = _share(_num(row["qps"]) - before, total_qps)  # type: ignore[operator]
+        qps_share = _share(_num(row.qps) - before, total_qps)  # type: ignore[operator]
         low, high = _share_interval(row, before, total_qps)
-    p99_before, p99_now = _num(previous.get("p99_ms")), _num(row.get("p99_ms"))
+    p99_before, p99_now = _num(previous.p99_ms), _num(row.p99_ms)
     if p99_before is not None and p99_now is not None:
         p99_share = _share(p99_now - p99_before, total_p99)
     return _Shares(qps_share, low, high, p99_share)
@@ -283,7 +283,7 @@ def _share_interval(
 ) -> tuple[float | None, float | None]:
     """The step's QPS change interval as shares of the total, low first (a negative total
     turns the interval round)."""
-    lo, hi = _num(row.get("qps_step_low_pct")), _num(row.get("qps_step_high_pct"))
+    lo, hi = _num(row.qps_step_low_pct), _num(row.qps_step_high_pct)
     if lo is None or hi is None:
         return None, None
     low = _share(lo / 100 * before, total_qps)
@@ -301,10 +301,10 @@ def _text(row: TableRow, column: str) -> str | None:
 
 def _audit_step(row: TableRow, shares: _Shares) -> AuditStep:
     return AuditStep(
-        experiment=str(row["experiment"]),
-        change=f"{row['variable']}: {row['change']}" if _text(row, "change") is not None else None,
+        experiment=str(row.experiment),
+        change=f"{row.variable}: {row.change}" if _text(row, "change") is not None else None,
         hypothesis=_text(row, "hypothesis"),
-        verdict=row.get("verdict"),
+        verdict=row.verdict,
         outcome=_outcome(row),
         qps_share_pct=shares.qps,
         qps_share_low_pct=shares.qps_low,
@@ -313,10 +313,10 @@ def _audit_step(row: TableRow, shares: _Shares) -> AuditStep:
         who=_text(row, "who"),
         when=_text(row, "started_at"),
         commit=_text(row, "git_commit"),
-        flags=list(row.get("flags") or []),
+        flags=list(row.flags),
         missing=_text(row, "missing"),
-        decided_by=as_list(row.get("decided_by")),
-        confidence=_num(row.get("step_confidence")),
+        decided_by=list(row.decided_by),
+        confidence=_num(row.step_confidence),
     )
 
 
@@ -344,14 +344,14 @@ def _span(interval: list[float] | None) -> str:
 
 
 def _outcome(row: TableRow) -> str:
-    if _num(row.get("qps")) is None:
-        return f"not measured here: {row.get('missing')}"
+    if _num(row.qps) is None:
+        return f"not measured here: {row.missing}"
     parts = [
-        f"QPS {percent(row.get('qps_step_pct'), missing='-')}",
-        f"P50 {percent(row.get('p50_step_pct'), missing='-')}",
-        f"P99 {percent(row.get('p99_step_pct'), missing='-')}",
+        f"QPS {percent(row.qps_step_pct, missing='-')}",
+        f"P50 {percent(row.p50_step_pct, missing='-')}",
+        f"P99 {percent(row.p99_step_pct, missing='-')}",
     ]
-    accuracy = _num(row.get("accuracy_top1"))
+    accuracy = _num(row.accuracy_top1)
     if accuracy is not None:
         parts.append(f"top-1 {accuracy:.2%}")
     return ", ".join(parts)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from optlab.metrics.change import signed_pct
-from optlab.reports.export import as_list, present
+from optlab.reports.export import present
 
 if TYPE_CHECKING:
     from optlab.reports.stacked import TableHeader, TableRow
@@ -88,19 +88,19 @@ def describe_change(old: Any, new: Any, render: Callable[[Any], str]) -> str:
 
 def change_text(row: TableRow, escape: Callable[[Any], str] = str) -> str:
     """The change column: `variable: old -> new`, or `(baseline)`."""
-    change = row.get("change")
+    change = row.change
     if not present(change):
         return "(baseline)"
-    return f"{escape(row.get('variable') or '?')}: {escape(change)}"
+    return f"{escape(row.variable or '?')}: {escape(change)}"
 
 
 def verdict_of(row: TableRow) -> str:
     """The verdict column's word: the table's verdict, else what can be said without one."""
-    if row.get("verdict"):
-        return str(row["verdict"])
-    if not present(row.get("run_id")):
+    if row.verdict:
+        return str(row.verdict)
+    if not present(row.run_id):
         return "missing"
-    return "baseline" if not present(row.get("change")) else "measured"
+    return "baseline" if not present(row.change) else "measured"
 
 
 def verdict_label(row: TableRow) -> str:
@@ -108,7 +108,7 @@ def verdict_label(row: TableRow) -> str:
     `gain (P50 -38%)` or `regressed (P99 +100%)`: a reviewer sees why without the JSON; then
     capacity's own verdict where the table has one (`capacity_verdict_label`)."""
     parts = []
-    for label in as_list(row.get("decided_by")):
+    for label in row.decided_by:
         value = percent(row.get(f"{METRIC_PREFIX.get(label, '?')}_step_pct"), digits=None)
         parts.append(f"{label} {value}" if value else label)
     word = verdict_of(row)

@@ -170,12 +170,12 @@ def evaluate(table: StackedTable, thresholds: list[Threshold], against: str) -> 
             f"the head {head.experiment!r} has no run to judge: {head.missing}",
             hint="measure it (`optlab run FILE`) under the same protocol as its parent",
         )
-    if not head.get("valid"):
+    if not head.valid:
         problems.append(f"the head's run {head.run_id} is INVALID: " + "; ".join(head.reasons))
     measured = [r for r in rows[:-1] if _value(r, "qps") is not None]
     if not measured:
         raise OptlabError(
-            f"{head['experiment']!r} has no measured step before it to compare with",
+            f"{head.experiment!r} has no measured step before it to compare with",
             hint="measure its parent first (`optlab run FILE --chain`)",
         )
     base = measured[-1] if against == "parent" else measured[0]
@@ -191,11 +191,11 @@ def evaluate(table: StackedTable, thresholds: list[Threshold], against: str) -> 
         passed = _judge(threshold, change, noise)
         statistic = None
         if noise is not None and _several_runs(base, head):
-            method = head.get("step_method") if against == "parent" else None
+            method = head.step_method if against == "parent" else None
             statistic = method if isinstance(method, str) else "the table's Δ cum"
         lines.append(GateLine(threshold, before, after, change, passed, noise, None, statistic))
     lines += capacity_lines
-    return GateResult(str(head["experiment"]), str(base["experiment"]), lines, problems)
+    return GateResult(str(head.experiment), str(base.experiment), lines, problems)
 
 
 def _several_runs(*rows: TableRow) -> bool:

@@ -132,13 +132,13 @@ def _figure_cells(
 ) -> list[str]:
     """A row's cells but its verdict: the step, its change, its figures and its SLO."""
     cells = [
-        _cell(f"<b>{_e(row.get('experiment'))}</b>", cls="name"),
+        _cell(f"<b>{_e(row.experiment)}</b>", cls="name"),
         _cell(change_text(row, _e), cls="change"),
-        _cell(number(row.get("qps")) + _delta(row, "qps"), True),
-        _cell(number(row.get("p50_ms"), 2) + _delta(row, "p50"), True),
-        _cell(number(row.get("p95_ms"), 2), True),
-        _cell(number(row.get("p99_ms"), 2) + _delta(row, "p99"), True),
-        _cell(number(row.get("p999_ms"), 2), True),
+        _cell(number(row.qps) + _delta(row, "qps"), True),
+        _cell(number(row.p50_ms, 2) + _delta(row, "p50"), True),
+        _cell(number(row.p95_ms, 2), True),
+        _cell(number(row.p99_ms, 2) + _delta(row, "p99"), True),
+        _cell(number(row.p999_ms, 2), True),
     ]
     if capacity:
         cells.append(_cell(_e(capacity_value(row)) + _capacity_delta(row), True))
@@ -146,7 +146,7 @@ def _figure_cells(
     for column in extras:
         value: Any = row.get(column)
         cells.append(_cell(rate(value) if column in _RATES else number(value, 1), True))
-    slo = row.get("slo_pass")
+    slo = row.slo_pass
     cells.append(
         _cell("pass" if slo is True else '<span class="bad">fail</span>' if slo is False else "–")
     )
@@ -159,9 +159,9 @@ def _note_html(step: Any, note: str) -> str:
 
 def _verdict_cell(row: TableRow, marks: list[int]) -> str:
     words = [_e(verdict_label(row))]
-    if row.get("valid") is False:
+    if row.valid is False:
         words.append('<span class="bad">INVALID</span>')
-    if row.get("provisional"):
+    if row.provisional:
         words.append("PROVISIONAL")
     refs = "".join(f"<sup>[{n}]</sup>" for n in sorted(set(marks)))
     return _cell(" ".join(words) + refs, cls="v")
@@ -174,7 +174,7 @@ def _delta(row: TableRow, prefix: str) -> str:
     if step:
         lines.append(f"step {step}")
     cumulative = percent(row.get(f"{prefix}_cumulative_pct"))
-    if cumulative and row.get("verdict") != "baseline":  # +0% against itself says nothing
+    if cumulative and row.verdict != "baseline":  # +0% against itself says nothing
         lines.append(f"cum {cumulative}")
     return "".join(f"<br><small>{_e(line)}</small>" for line in lines)
 

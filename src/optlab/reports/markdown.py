@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from optlab.reports.export import as_list, present
+from optlab.reports.export import present
 from optlab.reports.format import (
     capacity_label,
     capacity_value,
@@ -52,22 +52,22 @@ def head_name(table: StackedTable) -> str:
 def row_notes(row: TableRow) -> list[str]:
     """What this step's footnotes say, in a fixed order."""
     notes = []
-    if not present(row.get("run_id")):
-        notes.append(f"missing: {row.get('missing') or 'no run'}")
+    if not present(row.run_id):
+        notes.append(f"missing: {row.missing or 'no run'}")
         if (capacity := capacity_note(row)) is not None:
             notes.append(capacity)
         return notes
-    notes += [f"flag: {flag}" for flag in as_list(row.get("flags"))]
-    if row.get("valid") is False:
-        reasons = as_list(row.get("reasons")) or ["no reason recorded"]
+    notes += [f"flag: {flag}" for flag in row.flags]
+    if row.valid is False:
+        reasons = list(row.reasons) or ["no reason recorded"]
         notes.append("INVALID: " + "; ".join(reasons))
-    if row.get("provisional"):
+    if row.provisional:
         notes.append(PROVISIONAL_NOTE)
-    if row.get("slo_pass") is False:
-        failures = as_list(row.get("slo_failures")) or ["SLO failed"]
+    if row.slo_pass is False:
+        failures = list(row.slo_failures) or ["SLO failed"]
         notes.append("SLO failed: " + "; ".join(failures))
-    if present(row.get("missing")):
-        notes.append(f"note: {row['missing']}")
+    if present(row.missing):
+        notes.append(f"note: {row.missing}")
     if (capacity := capacity_note(row)) is not None:
         notes.append(capacity)
     return notes
@@ -127,16 +127,16 @@ def _figure_cells(
 ) -> list[str]:
     """A row's cells but its verdict: the step, its change and its figures."""
     cells = [
-        escape(row.get("experiment")),
+        escape(row.experiment),
         change_text(row, escape),
-        number(row.get("qps")),
+        number(row.qps),
         step_delta(row, "qps"),
-        percent(row.get("qps_cumulative_pct")),
-        number(row.get("p50_ms"), 2),
+        percent(row.qps_cumulative_pct),
+        number(row.p50_ms, 2),
         step_delta(row, "p50"),
-        number(row.get("p99_ms"), 2),
+        number(row.p99_ms, 2),
         step_delta(row, "p99"),
-        percent(row.get("p99_cumulative_pct")),
+        percent(row.p99_cumulative_pct),
     ]
     if capacity:
         cells += [
@@ -146,7 +146,7 @@ def _figure_cells(
         ]
     cells += [number(row.get(c), 2) for c in stages]
     if show_accuracy:
-        cells.append(rate(row.get("accuracy_top1")))
+        cells.append(rate(row.accuracy_top1))
     return cells
 
 
@@ -162,7 +162,7 @@ def note_marks(row: TableRow, notes: dict[str, int], text: Callable[[Any, str], 
     `text(step or None, note)` writes a note in the renderer's markup."""
     marks: list[int] = []
     for note in row_notes(row):
-        step = None if note == PROVISIONAL_NOTE else row.get("experiment")
+        step = None if note == PROVISIONAL_NOTE else row.experiment
         marks.append(notes.setdefault(text(step, note), len(notes) + 1))
     return marks
 
@@ -173,11 +173,11 @@ def _note_text(step: Any, note: str) -> str:
 
 def _verdict_cell(row: TableRow, marks: list[int]) -> str:
     verdict = verdict_label(row)
-    if row.get("valid") is False:
+    if row.valid is False:
         verdict += ", INVALID"
-    if row.get("provisional"):
+    if row.provisional:
         verdict += ", PROVISIONAL"
-    if row.get("slo_pass") is False:
+    if row.slo_pass is False:
         verdict += ", SLO ✗"
     refs = " ".join(f"[{n}]" for n in sorted(set(marks)))
     return escape(verdict) + (" " + refs if refs else "")

@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from optlab.reports.export import as_list, plain, present
+from optlab.reports.export import present
 from optlab.reports.format import (
     capacity_value,
     change_text,
@@ -132,15 +132,15 @@ def _mark(row: TableRow, *, compact: bool = False, titled: bool = False) -> str:
     VALID, and PROVISIONAL when the title says the whole table is (`titled`); and it gives the
     verdict's word alone: the step changes that decided it are beside it, and the detail block
     names them (a verdict that wraps a word a line is not read)."""
-    if not present(row.get("run_id")):
-        return "missing" if compact else "missing: " + str(row.get("missing") or "no run")
+    if not present(row.run_id):
+        return "missing" if compact else "missing: " + str(row.missing or "no run")
     label = with_capacity_verdict(verdict_of(row), row) if compact else verdict_label(row)
-    marks = [label if present(row.get("verdict")) else ""]
-    if not compact or not row.get("valid"):
-        marks.append("VALID" if row.get("valid") else "INVALID")
-    if row.get("provisional") and not (compact and titled):
+    marks = [label if present(row.verdict) else ""]
+    if not compact or not row.valid:
+        marks.append("VALID" if row.valid else "INVALID")
+    if row.provisional and not (compact and titled):
         marks.append("PROVISIONAL")
-    if row.get("slo_pass") is False:
+    if row.slo_pass is False:
         marks.append("SLO FAIL")
     return " ".join(m for m in marks if m)
 
@@ -303,7 +303,7 @@ def _figures(
 ) -> list[tuple[str, list[str]]]:
     """(label, items) of one step's detail lines: what the table left out (`shown`: its column
     keys -> whether shown without the interval), and what it never has room for."""
-    latency = [] if "p50" in shown else [f"P50 {_num(row.get('p50_ms'), 2)} ms"]
+    latency = [] if "p50" in shown else [f"P50 {_num(row.p50_ms, 2)} ms"]
     latency += [f"{label} {_num(row.get(c), 2)} ms" for c, label in
                 (("p95_ms", "P95"), ("p999_ms", "P99.9")) if present(row.get(c))]  # fmt: skip
     steps, cumulative = [], []
@@ -315,15 +315,15 @@ def _figures(
         if text and (key not in shown or (shown[key] and text != narrow)):
             steps.append(f"{label} {text}")
         cum = percent(row.get(f"{prefix}_cumulative_pct"), 0)
-        if cum and f"{prefix}_cum" not in shown and row.get("verdict") != "baseline":
+        if cum and f"{prefix}_cum" not in shown and row.verdict != "baseline":
             low, high = (row.get(f"{prefix}_cumulative_{end}_pct") for end in ("low", "high"))
             cumulative.append(f"{label} {cum}{interval(low, high, tight=True)}")
     stage_p50s = [f"{stage_name(c)} {_num(row.get(c), 2)}" for c in stages
                   if c not in shown and present(row.get(c))]  # fmt: skip
     resources = [f"{label} {_num(row.get(c))}{unit}" for c, label, unit in RESOURCES
                  if present(row.get(c))]  # fmt: skip
-    if present(row.get("error_rate")) and row.get("error_rate"):
-        resources.append(f"errors {rate(row.get('error_rate'))}")
+    if present(row.error_rate) and row.error_rate:
+        resources.append(f"errors {rate(row.error_rate)}")
     target = [f"{header} {_extra(c, row.get(c))}{' ms' if c == 'infer_ms_per_request' else ''}"
               for c, header in EXTRAS
               if c not in shown and present(row.get(c))]  # fmt: skip
@@ -335,17 +335,17 @@ def _figures(
 def _significance(row: TableRow, confidence: Any) -> list[str]:
     """Whether the step is beyond noise, at the level its own interval was built at (pairs or
     repeats: `metrics.stats.REPEATED_CONFIDENCE`), and by which statistic."""
-    significant = plain(row.get("significant"))  # numpy's bool, or NaN for none
-    own = row.get("step_confidence")
+    significant = row.significant
+    own = row.step_confidence
     confidence = own if present(own) else confidence
     if not isinstance(significant, bool) or not present(confidence):
         return []
     at = f"at {level(confidence)} confidence"
-    method = row.get("step_method")
+    method = row.step_method
     by = f" ({method})" if present(method) else ""
     if not significant:
         return [f"within noise {at}{by}"]
-    decided = ", ".join(as_list(row.get("decided_by")))
+    decided = ", ".join(row.decided_by)
     return [f"beyond noise {at}" + (f", decided by {decided}" if decided else "") + by]
 
 
@@ -357,7 +357,7 @@ def _capacity(row: TableRow, confidence: Any) -> list[str]:
     items = [f"{capacity_value(row)}/s" + (f" (sweep {int(sweep)})" if present(sweep) else "")]
     step = step_delta(row, "capacity", digits=0, tight=True)
     if step:
-        significant = plain(row.get("capacity_significant"))
+        significant = row.capacity.capacity_significant if row.capacity else None
         if isinstance(significant, bool) and present(confidence):
             step += f" {'beyond' if significant else 'within'} noise at {level(confidence)}"
         items.append(f"Δ step {step}")
