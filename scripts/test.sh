@@ -1,27 +1,163 @@
 #!/usr/bin/env bash
-# Set up, then run the whole test suite (plus lint and types). Store tests also run on a
-# private PostgreSQL cluster when the PostgreSQL server binaries are on this machine.
-# Arguments go to pytest: `make test-fast` passes -m "not slow".
+# The test suite by lanes (a lane is a folder of tests/; README, "Tests"):
+#
+#   scripts/test.sh [all] [PYTEST_ARGS...]   make test: checks, unit, then integration and e2e
+#                                            side by side, then timing alone
+#   scripts/test.sh fast [PYTEST_ARGS...]    make test-fast: checks, then the unit lane
+#   scripts/test.sh unit|integration|e2e|timing [PYTEST_ARGS...]   one lane alone
+#
+# Checks are ruff, mypy and import-linter. The unit lane runs first so that a broken build
+# fails in seconds. Integration and e2e mostly wait (on measured seconds, sleeping targets,
+# services starting), so they run as two concurrent pytest processes, each with its own
+# --basetemp and log, printed when both are done; either one failing fails the script, and
+# Ctrl-C stops both. The timing lane (real-time bounds) runs last and alone, so nothing of
+# the suite's own competes with it. Store tests also run on a private PostgreSQL cluster when
+# the PostgreSQL server binaries are on this machine (not for `fast` and `unit`: the unit lane
+# needs no database). Each phase prints its wall time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+MODE=all
+case "${1:-}" in
+    all | fast | unit | integration | e2e | timing) MODE="$1"; shift ;;
+esac
+
 scripts/setup.sh
 PY="$PWD/.venv/bin/python"
+STARTED=$SECONDS
+# Each session's scratch: pytest's base temporaries per lane, the lanes' logs, and the engine
+# cache the concurrent lanes share (exported and quantised models are built once).
+SCRATCH="$(mktemp -d "${TMPDIR:-/tmp}/optlab-tests.XXXXXX")"
+export OPTLAB_TEST_ENGINES="$SCRATCH/engines"
 
 PGDIR=""
 PGBIN=""
+LANE_PIDS=()
 cleanup() {
+    local pid
+    for pid in "${LANE_PIDS[@]}"; do
+        kill -TERM -- "-$pid" 2>/dev/null || true # the lane's process group: what it started too
+    done
     if [[ -n "$PGDIR" ]]; then
-        runuser -u postgres -- "$PGBIN/pg_ctl" -D "$PGDIR/data" -m fast stop >/dev/null 2>&1 || true
+        runuser -u postgres -- "$PGBIN/pg_ctl" -D "$PGDIR/data" -m fast stop >/dev/null 2>&1 \
+            || "$PGBIN/pg_ctl" -D "$PGDIR/data" -m fast stop >/dev/null 2>&1 || true
         rm -rf "$PGDIR"
     fi
+    rm -rf "$SCRATCH"
 }
 trap cleanup EXIT
-if [[ -z "${OPTLAB_TEST_POSTGRES_URL:-}" ]]; then
-    source scripts/postgres.sh
-    start_private_postgres || echo "PostgreSQL not available: its store tests will be skipped"
-fi
 
-"$PY" -m ruff check .
-"$PY" -m mypy
-"$PWD/.venv/bin/lint-imports"
-"$PY" -m pytest "$@"
+# Ctrl-C (or a TERM from CI): both lanes' process groups get SIGINT, as a terminal's foreground
+# job would, then TERM if they have not stopped within 20 s.
+interrupted() {
+    local pid log waited=0
+    echo >&2
+    echo "interrupted: stopping the lanes" >&2
+    for log in "$SCRATCH"/*.log; do
+        [[ -f "$log" ]] && { echo "---- the end of $(basename "$log")"; tail -n 20 "$log"; } >&2
+    done
+    for pid in "${LANE_PIDS[@]}"; do
+        kill -INT -- "-$pid" 2>/dev/null || true
+    done
+    while ((waited < 20)); do
+        local alive=0
+        for pid in "${LANE_PIDS[@]}"; do
+            kill -0 "$pid" 2>/dev/null && alive=1
+        done
+        ((alive)) || break
+        sleep 1
+        waited=$((waited + 1))
+    done
+    exit 130
+}
+trap interrupted INT TERM
+
+# phase NAME COMMAND...: run it, then print its wall time (also when it fails).
+phase() {
+    local name="$1" start=$SECONDS rc=0
+    shift
+    echo "== $name"
+    "$@" || rc=$?
+    echo "== $name: $((SECONDS - start)) s$( ((rc == 0)) || echo ", FAILED (exit $rc)")"
+    return "$rc"
+}
+
+# (&&: inside `phase`, errexit does not apply to a function's own commands)
+checks() {
+    "$PY" -m ruff check . && "$PY" -m mypy && "$PWD/.venv/bin/lint-imports"
+}
+
+# lane NAME [PYTEST_ARGS...]: one lane in the foreground. A lane without tests passes.
+lane() {
+    local name="$1" rc=0
+    shift
+    "$PY" -m pytest "tests/$name" --basetemp="$SCRATCH/$name" "$@" || rc=$?
+    ((rc == 5)) && rc=0 # no tests collected
+    return "$rc"
+}
+
+start_postgres() {
+    if [[ -z "${OPTLAB_TEST_POSTGRES_URL:-}" ]]; then
+        source scripts/postgres.sh
+        start_private_postgres || echo "PostgreSQL not available: its store tests will be skipped"
+    fi
+}
+
+# integration and e2e as two pytest processes; each log printed once both are done.
+side_by_side() {
+    local name rc=0 failed=() lanes_started=$SECONDS
+    local -A pids=()
+    # Job control on: each lane is a process group of its own (so that it and everything it
+    # started can be signalled together) with SIGINT at its default, not ignored as a
+    # background command's is in a script.
+    set -m
+    for name in integration e2e; do
+        "$PY" -m pytest "tests/$name" --basetemp="$SCRATCH/$name" "$@" \
+            >"$SCRATCH/$name.log" 2>&1 &
+        pids[$name]=$!
+        LANE_PIDS+=("$!")
+    done
+    set +m
+    echo "integration (pid ${pids[integration]}) and e2e (pid ${pids[e2e]}) running side by side"
+    local done_pid
+    for _ in integration e2e; do # as each one ends (bash >= 5.1)
+        rc=0
+        wait -n -p done_pid "${pids[integration]}" "${pids[e2e]}" || rc=$?
+        name=integration
+        [[ "$done_pid" == "${pids[e2e]}" ]] && name=e2e
+        ((rc == 5)) && rc=0
+        echo "-- $name lane: exit $rc, $((SECONDS - lanes_started)) s"
+        ((rc == 0)) || failed+=("$name")
+    done
+    LANE_PIDS=()
+    for name in integration e2e; do
+        echo "---------------------------------------- tests/$name"
+        cat "$SCRATCH/$name.log"
+    done
+    if ((${#failed[@]})); then
+        echo "failed: ${failed[*]}" >&2
+        return 1
+    fi
+}
+
+case "$MODE" in
+    fast)
+        phase checks checks
+        phase "unit lane" lane unit "$@"
+        ;;
+    unit)
+        phase "unit lane" lane unit "$@"
+        ;;
+    integration | e2e | timing)
+        [[ "$MODE" == timing ]] || start_postgres
+        phase "$MODE lane" lane "$MODE" "$@"
+        ;;
+    all)
+        phase checks checks
+        phase "unit lane" lane unit "$@"
+        phase postgresql start_postgres
+        phase "integration and e2e lanes" side_by_side "$@"
+        phase "timing lane" lane timing "$@"
+        ;;
+esac
+echo "== all done: $((SECONDS - STARTED)) s"
