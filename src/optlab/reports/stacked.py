@@ -27,7 +27,6 @@ from optlab.reports.table_json import (
     ChainEntry,
     Delta,
     EnvironmentInfo,
-    SloInfo,
     TableDocument,
 )
 
@@ -142,7 +141,7 @@ class StepCapacityRow(_Frozen):
             qps=self.capacity_qps,
             interval=[low, high] if low is not None and high is not None else None,
             knee_qps=self.capacity_knee_qps,
-            slo=SloInfo(percentile=slo.percentile, ms=slo.ms),
+            slo=slo,
             sweep_id=self.capacity_sweep_id,
             step_delta=delta("step"),
             cumulative_delta=delta("cumulative"),

@@ -25,6 +25,8 @@ from pydantic import (
     model_validator,
 )
 
+from optlab.config.slo import Slo
+
 # A stage's P50 column: the table adds one per stage the chain's runs recorded.
 STAGE_COLUMN_PATTERN = r"^[A-Za-z0-9_.-]+_p50_ms$"
 
@@ -61,11 +63,6 @@ class CapacityDelta(_Closed):
     high_pct: float | None
 
 
-class SloInfo(_Closed):
-    percentile: Literal["p50", "p95", "p99", "p99.9"]
-    ms: float = Field(gt=0)
-
-
 class Capacity(_Closed):
     """The step's capacity under the table's SLO, from its newest finished sweep of its
     current config under the chain's sweep protocol and environment; or why it has none."""
@@ -75,7 +72,7 @@ class Capacity(_Closed):
         min_length=2, max_length=2, description="[low, high] requests/s, the sweep's 95% interval"
     )
     knee_qps: float | None = Field(description="the knee of latency against throughput")
-    slo: SloInfo
+    slo: Slo
     sweep_id: int | None = Field(description="the sweep that stands for the step")
     step_delta: CapacityDelta = Field(description="against the parent step")
     cumulative_delta: CapacityDelta = Field(description="against the baseline")
@@ -234,4 +231,4 @@ class TableDocument(_Closed):
     chain: list[ChainEntry]
 
 
-__all__ = ["Capacity", "CapacityDelta", "ChainEntry", "Delta", "SloInfo", "TableDocument"]
+__all__ = ["Capacity", "CapacityDelta", "ChainEntry", "Delta", "TableDocument"]
