@@ -63,8 +63,8 @@ class FakeClock:
     def deadlines(self) -> list[int]:
         return list(self.slept)
 
-    def call_ns(self, target: SyntheticTarget, arrival_ns: int) -> tuple[int, int]:
-        """Call `target` at `arrival_ns` (from its t0); (begin, done) from its t0."""
+    def _call(self, target: SyntheticTarget, arrival_ns: int) -> list[int]:
+        """Call `target` at `arrival_ns` from its t0; the deadlines it slept to, from its t0."""
         self.at(target.t0_ns + arrival_ns)
         before = len(self.slept)
         timing = RequestTiming()
@@ -74,22 +74,17 @@ class FakeClock:
         finally:
             CURRENT.reset(token)
         self.timings.append(timing)
-        begin, done = self.slept[before:]
-        return begin - target.t0_ns, done - target.t0_ns
+        return [t - target.t0_ns for t in self.slept[before:]]
+
+    def call_ns(self, target: SyntheticTarget, arrival_ns: int) -> tuple[int, int]:
+        """A queued call's (begin, done) in ns from the target's t0."""
+        begin, done = self._call(target, arrival_ns)
+        return begin, done
 
     def call(self, target: SyntheticTarget, arrival_ms: float) -> tuple[tuple[float, float], float]:
         """The same in ms: ((arrival, begin), done). A target without servers sleeps once,
         to its done: begin is then its arrival."""
-        self.at(target.t0_ns + round(arrival_ms * MS))
-        before = len(self.slept)
-        timing = RequestTiming()
-        token = CURRENT.set(timing)
-        try:
-            target(0)
-        finally:
-            CURRENT.reset(token)
-        self.timings.append(timing)
-        slept = [(t - target.t0_ns) / MS for t in self.slept[before:]]
+        slept = [t / MS for t in self._call(target, round(arrival_ms * MS))]
         begin = arrival_ms if len(slept) == 1 else slept[0]
         return (arrival_ms, begin), slept[-1]
 
