@@ -8,7 +8,6 @@ and are skipped with the reason otherwise.
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
 import threading
@@ -18,7 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+# torch, onnxruntime, onnxscript are dependencies (pyproject): a broken install fails, never skips.
+import onnxruntime as ort
+import onnxscript  # noqa: F401
 import pytest
+import torch
 
 from optlab.reference.classifier import accuracy, data
 from optlab.reference.engines import (
@@ -30,10 +34,7 @@ from optlab.reference.engines import (
     load_engine,
     onnx_engine,
 )
-
-torch = pytest.importorskip("torch")
-ort = pytest.importorskip("onnxruntime")
-pytest.importorskip("onnxscript")
+from tests.support.proc import optlab_env, run_python
 
 REPO = Path(__file__).resolve().parents[2]
 HAS_CUDA = bool(torch.cuda.is_available())
@@ -88,7 +89,7 @@ def test_importing_the_package_loads_no_framework() -> None:
         "print(heavy)\n"
         "sys.exit(1 if heavy else 0)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    done = run_python(code)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -404,13 +405,11 @@ def test_onnxruntime_falling_back_to_cpu_is_caught(
 def test_gpu_check_degrades_without_a_gpu(tmp_path: Path) -> None:
     if HAS_CUDA:
         pytest.skip("a GPU is visible: gpu_check.py would measure, not degrade")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"), env.get("PYTHONPATH")) if p)
     done = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--cache-dir", str(tmp_path)],
         capture_output=True,
         text=True,
-        env=env,
+        env=optlab_env(),
         timeout=300,
         check=False,
     )

@@ -44,6 +44,7 @@ from optlab.store.models import SqlExperiment, SqlRun, SqlStageStats, metadata
 from optlab.store.schema import head_revision
 from tests.support import storebuild
 from tests.support.legacy import old_experiment
+from tests.support.proc import start_python
 from tests.support.storebuild import HEAD, alembic_cfg, save_baseline, start_run
 
 MEASUREMENT_TABLES = {"stage_stats", "run_windows", "resource_samples", "run_errors"}
@@ -972,16 +973,13 @@ def test_window_series_of_many_runs_in_one_query(store: Store) -> None:
 def test_a_run_whose_process_is_alive_on_this_host_is_never_marked_crashed(store: Store) -> None:
     # A target that takes minutes to build used to be marked CRASHED by the next `optlab run`
     # after 60 s of silence while its process was alive.
-    import subprocess
-    import sys
-
     from optlab.run.runner import process_alive
 
     save_baseline(store)
     alive, gone, reused = start_run(store), start_run(store), start_run(store)
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    finished = subprocess.Popen([sys.executable, "-c", "pass"])
-    finished.wait()
+    sleeper = start_python("import time; time.sleep(600)")  # killed below; alive till then
+    finished = start_python("pass")
+    finished.wait(60)
     long_ago = datetime.now(UTC) - timedelta(hours=2)
     with store.session_scope() as session:
         session.execute(
