@@ -24,9 +24,9 @@ from optlab.store.bundle_files import export_file, read_bundle, read_bundles, wr
 from optlab.store.database import make_engine
 from optlab.store.models import SqlRun
 from optlab.store.pending import import_pending, save_pending
-from tests.conftest import REPO
 from tests.support import storebuild
 from tests.support.legacy import old_experiment
+from tests.support.paths import REPO
 from tests.support.storebuild import alembic_cfg, save_baseline, start_run
 
 # The store tests' databases: SQLite, and PostgreSQL (a fresh database) when a URL is given.

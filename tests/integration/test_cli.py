@@ -10,7 +10,7 @@ from click.testing import Result
 
 from optlab._version import __version__
 from optlab.cli.main import cli
-from tests.conftest import write
+from tests.support.files import write
 
 Invoke = Callable[..., Result]
 

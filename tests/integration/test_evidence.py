@@ -18,7 +18,7 @@ from click.testing import Result
 from optlab.metrics.gcpause import GcPauses
 from optlab.metrics.usage import snapshot_tree, usage_between
 from optlab.store import RunEvidence, RunSummary
-from tests.conftest import write
+from tests.support.files import write
 from tests.support.httpsvc import command_experiment, summary_of
 from tests.support.inprocess import BATCHED, run_file
 from tests.support.proc import free_port

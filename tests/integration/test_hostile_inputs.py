@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import Result
 
-from tests.conftest import write
+from tests.support.files import write
 from tests.support.proc import run_optlab
 
 Invoke = Callable[..., Result]

@@ -20,8 +20,9 @@ import pytest
 from click.testing import Result
 
 from optlab.store import Store
-from tests.conftest import REPO, write
+from tests.support.files import write
 from tests.support.httpsvc import command_experiment, http_experiment, summary_of, toy_service
+from tests.support.paths import REPO
 from tests.support.proc import free_port, start_optlab
 from tests.support.waits import wait_for_phase, wait_until
 

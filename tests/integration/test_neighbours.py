@@ -25,7 +25,7 @@ from optlab.metrics.resources import ResourceSampler
 from optlab.metrics.usage import snapshot_tree
 from optlab.store import RunEvidence, Store
 from optlab.targets.listener import local_listener
-from tests.conftest import write
+from tests.support.files import write
 from tests.support.httpsvc import http_experiment
 from tests.support.inprocess import run_file
 from tests.support.proc import free_port, run_python, service, start_optlab, start_python

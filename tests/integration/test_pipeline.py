@@ -18,7 +18,7 @@ from optlab.reference import pipeline
 from optlab.reference.classifier.accuracy import reference_predict
 from optlab.reference.classifier.data import requests
 from optlab.store import Store
-from tests.conftest import write
+from tests.support.files import write
 from tests.support.inprocess import BATCHED
 
 Invoke = Callable[..., Result]

@@ -9,7 +9,7 @@ import pytest
 from optlab.chain.lineage import prepare
 from optlab.errors import ConfigError, NotFoundError, RefusedError
 from optlab.store import Store
-from tests.conftest import write
+from tests.support.files import write
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from click.testing import CliRunner, Result
 
 from optlab.cli.main import cli
 from optlab.store import Store
-from tests.conftest import write
+from tests.support.files import write
 from tests.support.httpsvc import TOY, http_experiment, toy_service
 from tests.support.proc import (
     free_port,

@@ -19,7 +19,8 @@ from optlab.config.models import ResolvedConfig
 from optlab.config.protocol import EffectiveProtocol
 from optlab.run.measurement import Measured, RunOptions, measure
 from optlab.store import Store
-from tests.conftest import REPO, write
+from tests.support.files import write
+from tests.support.paths import REPO
 from tests.support.proc import start_optlab
 from tests.support.waits import wait_for_phase
 

@@ -22,7 +22,8 @@ from click.testing import Result
 from optlab.env.collect import collect_fingerprint
 from optlab.env.compare import compare_fingerprints, material_hash
 from optlab.targets.service_env import service_environment
-from tests.conftest import free_port, write
+from tests.support.files import write
+from tests.support.proc import free_port
 
 Invoke = Callable[..., Result]
 FAST = ("--quick", "--duration", "1.5", "--warmup", "0.3")

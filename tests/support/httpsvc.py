@@ -12,6 +12,7 @@ from pathlib import Path
 
 from click.testing import Result
 
+from tests.support.files import write
 from tests.support.proc import free_port, service
 
 TOY = Path(__file__).resolve().parents[1] / "services" / "toy_service.py"
@@ -26,15 +27,9 @@ def toy_service(*args: str) -> Iterator[int]:
         yield port
 
 
-def _write(folder: Path, name: str, text: str) -> Path:
-    path = folder / name
-    path.write_text(text, encoding="utf-8")
-    return path
-
-
 def http_experiment(folder: Path, name: str, url: str, load: str, extra: str = "") -> Path:
     """An http target at `url` (POSTed a small JSON template), `load` as the workload's."""
-    return _write(
+    return write(
         folder,
         f"{name}.yaml",
         f"name: {name}\n"
@@ -57,7 +52,7 @@ def command_experiment(
 ) -> Path:
     """A command target: the toy service started by optlab on `port` (its pid written to
     `<folder>/<name>.pid`), `args` appended to its command line, knob `delay_ms: 2`."""
-    return _write(
+    return write(
         folder,
         f"{name}.yaml",
         f"name: {name}\n"
