@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import sqlite3
 from pathlib import Path
 from statistics import NormalDist
 from typing import Any
@@ -26,7 +25,8 @@ from optlab.reports.export import render_json
 from optlab.reports.table import stacked_table
 from optlab.reports.terminal import render_text, table_columns
 from optlab.store import Store, SweepResult
-from tests.conftest import REPO
+from tests.support.db import checkpoint
+from tests.support.paths import REPO
 
 BASE, HEAD = "synthetic-baseline", "synthetic-faster-service"
 HEAD_FILE = "01-faster-service.yaml"
@@ -80,11 +80,6 @@ def _store_sweep(
     return sweep_id
 
 
-def _checkpoint(database: Path) -> None:
-    with sqlite3.connect(database) as db:  # everything into the main file, so a copy has it
-        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-
-
 @pytest.fixture(scope="module")
 def swept(
     synthetic_chain: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
@@ -104,7 +99,7 @@ def swept(
         newest = {name: store.list_runs(name)[-1].id for name in (BASE, HEAD)}
         for experiment, slo_ms, capacity, interval, knee in SWEEPS:
             _store_sweep(store, experiment, slo_ms, capacity, interval, knee, newest[experiment])
-    _checkpoint(copy)
+    checkpoint(copy)
     return folder, copy
 
 
