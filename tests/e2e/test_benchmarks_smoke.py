@@ -11,11 +11,11 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.paths import REPO
+
 BENCHMARKS = REPO / "benchmarks"
 VERDICT = r"(PASS|MISS)$"
 
@@ -82,7 +82,6 @@ EXPECTED: dict[str, list[str]] = {
 EXTRA_ARGS: dict[str, list[str]] = {"coordinated_omission.py": ["--seconds", "6"]}
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("script", sorted(EXPECTED))
 def test_benchmark_smoke(script: str) -> None:
     env = dict(os.environ)
@@ -105,7 +104,6 @@ def test_benchmark_smoke(script: str) -> None:
         )
 
 
-@pytest.mark.slow
 def test_sweep_accuracy_on_one_simulated_scenario() -> None:
     """benchmarks/sweep_accuracy.py on one queue, M/D/2, 4 seeds (~2 s): simulated levels, so
     its figures are the strategy's alone and a busy machine cannot move them. A loose bound
@@ -139,7 +137,6 @@ def test_sweep_accuracy_on_one_simulated_scenario() -> None:
     assert float(ratio[1]) <= 0.75, f"measured seconds ours/reference {ratio[1]} (<= 0.75)"
 
 
-@pytest.mark.slow
 def test_diagnosis_accuracy_smoke() -> None:
     """benchmarks/diagnosis_accuracy.py on two of its scenarios, one seed (~15 s): each run
     measured, stored and diagnosed within the 5 s goal, its JSON the matrix the full run

@@ -8,14 +8,15 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
 
 from optlab.cli.main import cli
-from tests.conftest import write
+from tests.support.files import write
+from tests.support.protocol import QUICK
 
-FAST = ("--duration", "1.5", "--warmup", "0.2")
 SYNTHETIC_BASELINE = (
     "name: base\ntarget: {kind: builtin, name: synthetic}\n"
     "knobs: {distribution: fixed, service_ms: 0.2}\n"
@@ -28,7 +29,7 @@ def cli_run(*args: str) -> Result:
     return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
-def rows(database: Path, query: str) -> list[tuple[object, ...]]:
+def rows(database: Path, query: str) -> list[tuple[Any, ...]]:
     with sqlite3.connect(database) as connection:
         return connection.execute(query).fetchall()
 
@@ -41,7 +42,6 @@ def no_env_db(monkeypatch: pytest.MonkeyPatch) -> None:
 # ------------------------------------------------------------------------------ the demo
 
 
-@pytest.mark.slow
 def test_demo_retries_an_invalid_step_reports_each_retry_and_still_prints_its_table(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_env_db: None
 ) -> None:
@@ -54,11 +54,9 @@ def test_demo_retries_an_invalid_step_reports_each_retry_and_still_prints_its_ta
     write(folder, "01-errors.yaml", "name: errors\nparent: base\nchange: {error_rate: 0.5}\n")
     write(folder, "04-int8.yaml", "name: faster\nparent: errors\nchange: {service_ms: 0.1}\n")
     monkeypatch.setattr("optlab.demo.experiments_dir", lambda: chains)
-    monkeypatch.setattr("optlab.demo.DEMO_DURATION_S", 1.5)
-    monkeypatch.setattr("optlab.demo.DEMO_WARMUP_S", 0.2)
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "demo"
-    result = cli_run("demo", "--chain", "cpu", "--out", str(out))
+    result = cli_run("demo", "--chain", "cpu", "--out", str(out), *QUICK[1:])
     assert result.exit_code == 2, result.output
     (database,) = out.glob("demo-*.db")
     stored = rows(
@@ -112,7 +110,6 @@ def test_quick_without_a_duration_measures_until_a_p99_is_supported() -> None:
         assert other.min_queries == 0 and "min_queries" not in other.as_dict()
 
 
-@pytest.mark.slow
 def test_a_quick_run_of_a_slow_target_is_long_enough_for_its_p99(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -137,7 +134,6 @@ def test_a_quick_run_of_a_slow_target_is_long_enough_for_its_p99(
 # ------------------------------------------------------- a step run from another folder
 
 
-@pytest.mark.slow
 def test_a_step_run_from_another_folder_uses_its_projects_database(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_env_db: None
 ) -> None:
@@ -147,11 +143,11 @@ def test_a_step_run_from_another_folder_uses_its_projects_database(
     write(project / "experiments", "baseline.yaml", SYNTHETIC_BASELINE)
     write(project / "experiments", "step.yaml", "name: step\nparent: base\nchange: {sigma: 0.1}\n")
     monkeypatch.chdir(project)
-    assert cli_run("run", "experiments/baseline.yaml", *FAST).exit_code == 0
+    assert cli_run("run", "experiments/baseline.yaml", *QUICK).exit_code == 0
     database = project / ".optlab" / "optlab.db"
     assert database.is_file()
     monkeypatch.chdir(elsewhere)
-    result = cli_run("run", str(project / "experiments" / "step.yaml"), *FAST)
+    result = cli_run("run", str(project / "experiments" / "step.yaml"), *QUICK)
     assert result.exit_code == 0, result.output
     assert f"using the database sqlite:///{database}" in result.stderr
     assert not (elsewhere / ".optlab").exists()  # no new empty database here
@@ -280,7 +276,6 @@ def test_a_misspelt_factory_is_refused_at_diff_before_anything_is_stored(
 # --------------------------------------------------------------- the default chain head
 
 
-@pytest.mark.slow
 def test_a_diff_never_moves_the_default_head_and_the_head_used_is_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_env_db: None
 ) -> None:
@@ -288,7 +283,7 @@ def test_a_diff_never_moves_the_default_head_and_the_head_used_is_named(
     write(tmp_path, "baseline.yaml", SYNTHETIC_BASELINE)
     write(tmp_path, "step.yaml", "name: step\nparent: base\nchange: {sigma: 0.1}\n")
     db = ("--db", f"sqlite:///{tmp_path / 'h.db'}")
-    assert cli_run(*db, "run", "step.yaml", "--chain", *FAST).exit_code == 0
+    assert cli_run(*db, "run", "step.yaml", "--chain", *QUICK).exit_code == 0
 
     def head() -> tuple[str, str]:
         result = cli_run(*db, "table", "--format", "json")
@@ -304,7 +299,7 @@ def test_a_diff_never_moves_the_default_head_and_the_head_used_is_named(
     assert head()[0] == "step"
     # A measured step whose file is deleted may stay the head, but never silently.
     later = write(tmp_path, "later.yaml", "name: later\nparent: step\nchange: {sigma: 0.2}\n")
-    assert cli_run(*db, "run", "later.yaml", *FAST).exit_code == 0
+    assert cli_run(*db, "run", "later.yaml", *QUICK).exit_code == 0
     later.unlink()
     name, note = head()
     assert name == "later"

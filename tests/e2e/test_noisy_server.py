@@ -22,8 +22,8 @@ from click.testing import Result
 from optlab.run.stability import halves_test
 from optlab.run.validity import halves
 from optlab.store import Store
-from tests.conftest import free_port
 from tests.support.paths import SERVICES
+from tests.support.proc import free_port
 
 SERVICE = SERVICES / "swinging_service.py"
 # 8 s: 8 seconds to judge (4 a half, the rule's batches) and ~3,000 queries at ~400/s; a fixed

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.support.paths import REPO
 
 
-@pytest.mark.slow
 def test_explore_results_notebook_runs(
     tmp_path: Path,
     sqlite_url: str,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.paths import REPO
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,6 @@ def test_wheel_contains_migrations(wheel: Path) -> None:
     assert "optlab/_experiments/gpu/03-preprocess.yaml" in names
 
 
-@pytest.mark.slow
 def test_installed_wheel_upgrades_a_database(wheel: Path, tmp_path: Path) -> None:
     target = tmp_path / "site"
     subprocess.run(

@@ -21,7 +21,6 @@ from tests.support.protocol import COMPARED, QUICK
 Invoke = Callable[..., Result]
 
 
-@pytest.mark.slow
 def test_paired_alternates_parent_and_step(synth: Path, invoke: Invoke, sqlite_url: str) -> None:
     """One real --paired run of two pairs (the comparison's figures are the next test's):
     A B A B measured, tagged, each step checked against the parent measured just before it."""
@@ -129,7 +128,6 @@ def _gate(invoke: Invoke, head: str, *args: str) -> Result:
     return result
 
 
-@pytest.mark.slow
 def test_table_audit_check_and_capacity_agree_on_a_4x_gain_and_an_aa_step(
     tmp_path: Path, invoke: Invoke, sqlite_url: str
 ) -> None:
