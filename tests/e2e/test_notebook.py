@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.capabilities import module
 from tests.support.paths import REPO
 
 
@@ -16,9 +17,9 @@ def test_explore_results_notebook_runs(
     monkeypatch: pytest.MonkeyPatch,
     synthetic_chain: tuple[Path, Path],
 ) -> None:
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    pytest.importorskip("matplotlib")
+    nbformat = module("nbformat")
+    nbclient = module("nbclient")
+    module("matplotlib")
     # The session's measured chain (baseline -> faster service, 3 s runs), in a copy.
     shutil.copy(synthetic_chain[1], sqlite_url.removeprefix("sqlite:///"))
     monkeypatch.chdir(tmp_path)

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
+from tests.support.capabilities import lacks, module
 
 
 def _bindir() -> Path | None:
@@ -72,13 +72,10 @@ class Cluster:
 def private_cluster() -> Iterator[Cluster]:
     bindir = _bindir()
     if bindir is None or not (bindir / "initdb").exists():
-        pytest.skip("PostgreSQL server binaries are not installed (apt-get install postgresql)")
+        lacks("PostgreSQL server binaries are not installed (apt-get install postgresql)")
     if os.getuid() == 0 and shutil.which("runuser") is None:
-        pytest.skip("running as root without runuser: cannot start PostgreSQL as postgres")
-    try:
-        import psycopg  # noqa: F401
-    except ImportError:
-        pytest.skip("the psycopg driver is not installed (pip install 'optlab[postgres]')")
+        lacks("running as root without runuser: cannot start PostgreSQL as postgres")
+    module("psycopg")  # the driver: pip install 'optlab[postgres]'
     folder = Path(tempfile.mkdtemp(prefix="optlab-pgtest-"))
     if os.getuid() == 0:
         shutil.chown(folder, "postgres")

@@ -18,6 +18,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from optlab.store import Store, migrations_dir
+from tests.support.capabilities import lacks
 
 POSTGRES_ENV = "OPTLAB_TEST_POSTGRES_URL"
 HEAD = "0008_reason_codes"  # the newest migration: a new one updates this line
@@ -30,7 +31,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         return
     base = os.environ.get(POSTGRES_ENV)
     if not base:
-        pytest.skip(f"set {POSTGRES_ENV} to a PostgreSQL URL to run the PostgreSQL variant")
+        lacks(f"no PostgreSQL server named: set {POSTGRES_ENV} to a URL to run this variant")
     # A fresh database per test: tests stay independent and never see each other's schema.
     name = f"optlab_test_{uuid.uuid4().hex[:12]}"
     admin = create_engine(base, isolation_level="AUTOCOMMIT")
