@@ -163,7 +163,7 @@ def main() -> int:
         floors.append(t1 - t0)
         builds.append(t2 - t1)
         renders.append(t3 - t2)
-    assert len(frame) == STEPS and frame["verdict"].iloc[-1] in ("gain", "within noise")
+    assert len(frame.rows) == STEPS and frame.rows[-1].verdict in ("gain", "within noise")
     floor, build_s, render_s = (statistics.median(v) for v in (floors, builds, renders))
     print(f"reference: the head's run list   {floor * 1000:8.1f} ms")
     print(f"build the table ({STEPS} steps)      {build_s * 1000:8.1f} ms  "
