@@ -182,3 +182,39 @@ def test_a_level_too_short_for_p99_at_a_low_rate_that_met_the_slo_counts() -> No
     assert judge(passed, Settings("open", slo)) is None and passed.excused == (text,)
     missed = level_of(_record(140.0, 0.2, 9.7, few), [], "open", 9.7, slo, "growth")
     assert judge(missed, Settings("open", slo)) == "slo" and missed.excused == ()
+
+
+SATURATED = (
+    Reason(
+        code="saturated",
+        text="the target is saturated: offered 200.0/s, completed 150.0/s, backlog 60 in flight "
+        "at the end; the target cannot sustain this rate (not the load generator's doing): "
+        "lower workload.load.rate to measure latency under a load it sustains",
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    ("said", "qps", "verdict"),
+    [
+        # The verdict found the target saturated (its `saturated` code): the level says so.
+        (SATURATED, 150.0, "saturation"),
+        # Completions short of the rate, but the verdict's rule (run/pace.saturated_by: the
+        # backlog must grow too) did not call it saturated: the level is judged by its SLO.
+        ((), 150.0, None),
+        ((), 198.0, None),
+    ],
+)
+def test_a_real_level_is_saturated_by_its_verdicts_code(
+    said: tuple[Reason, ...], qps: float, verdict: str | None
+) -> None:
+    slo = parse_slo("p99=60ms")
+    level = level_of(_record(30.0, 0.2, qps, said), [], "open", 200.0, slo, "growth")
+    assert level.saturated is bool(said)
+    assert judge(level, Settings("open", slo)) == verdict
+
+
+def test_a_closed_level_has_no_saturation_verdict() -> None:
+    slo = parse_slo("p99=60ms")
+    level = level_of(_record(30.0, 0.2, 198.0, SATURATED), [], "closed", 4, slo, "growth")
+    assert level.saturated is None

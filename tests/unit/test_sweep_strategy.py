@@ -17,7 +17,7 @@ import pytest
 from optlab.config.slo import parse_slo
 from optlab.errors import OptlabError
 from optlab.store.sweep_result import SweepResult
-from optlab.sweep.strategy import Level, Probe, Settings, conclude, next_probe
+from optlab.sweep.strategy import Level, Probe, Settings, conclude, judge, next_probe
 
 MM2_CAPACITY = 151.6  # M/M/2, 10 ms mean service, P99 <= 100 ms (Erlang C)
 SERVICE_S = 0.010
@@ -235,3 +235,26 @@ def test_a_wide_interval_says_how_to_narrow_it() -> None:
         assert has_note == (spread > 0.15), (seed, result.capacity_interval, result.notes)
         noted += has_note
     assert noted >= 1  # M/M/1 at quick levels: +-20-50% intervals are common
+
+
+@pytest.mark.parametrize(
+    ("rate", "achieved", "seconds", "limit"),
+    [
+        (10.0, 9.0, 600.0, "saturation"),  # 10% short over 6,000 arrivals: far past the noise
+        (10.0, 9.0, 3.0, "slo"),  # 3 of 30 missing: inside 3 sigma of Poisson arrivals
+        (200.0, 191.0, 600.0, "slo"),  # within 5%
+    ],
+)
+def test_a_level_without_a_verdict_is_saturated_by_the_one_rule(
+    rate: float, achieved: float, seconds: float, limit: str
+) -> None:
+    # A simulated level carries no verdict (`saturated` None): run/pace.saturated_by on its
+    # figures alone decides, the rule the run's verdict uses. Its P99 (500 ms) misses the SLO,
+    # so a level that is not saturated is the SLO's.
+    level = Level(
+        "open", rate, achieved, 100.0, 500.0, None, 0.0, True, duration_s=seconds,
+        measured_s=seconds + 1,
+    )  # fmt: skip
+    assert level.saturated is None
+    assert judge(level, _open()) == limit
+    assert judge(Level(**{**level.__dict__, "saturated": False}), _open()) == "slo"

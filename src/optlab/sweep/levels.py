@@ -10,9 +10,9 @@ import numpy as np
 
 from optlab.config.slo import Slo
 from optlab.metrics.stages import SEND_LAG
+from optlab.run.pace import fell_short
 from optlab.store import RunRecord, WindowStats
 from optlab.store.reasons import GENERATOR, NOT_STEADY
-from optlab.sweep.probe import SATURATION_SHORTFALL
 from optlab.sweep.strategy import Level, Mode
 
 __all__ = ["LITTLE_TOLERANCE", "held_back_ms", "level_of", "littles_law_gap"]
@@ -128,7 +128,7 @@ def _generator(
     hidden, why = held
     summary = record.summary
     value = getattr(summary.total, slo.field) if summary is not None else None
-    short = record.qps is None or record.qps < (1 - SATURATION_SHORTFALL) * load
+    short = fell_short(load, record.qps, record.duration_s or 0.0)
     if short or value is None or (value > slo.ms and value - hidden <= slo.ms):
         return why, ()
     return None, own
@@ -182,4 +182,13 @@ def level_of(
         p99_ms=total.p99 if total is not None else None,
         qps_se=_qps_se(windows),
         purpose=purpose,
+        saturated=_saturated(record, mode),
     )
+
+
+def _saturated(record: RunRecord, mode: Mode) -> bool | None:
+    """Open loop: whether the run's verdict found the target saturated (its `saturated` code,
+    `run.pace.saturated_by` on the run's backlog); None where no verdict judged it."""
+    if mode != "open" or record.valid is None:
+        return None
+    return record.reason("saturated") is not None

@@ -7,17 +7,15 @@ strategy (`optlab.sweep.strategy`) is built from these.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from optlab.config.slo import Slo
+from optlab.run.pace import saturated_by
 from optlab.store.sweep_result import LIMITS, Limit
 
 Mode = Literal["open", "closed"]
-
-SATURATION_SHORTFALL = 0.05  # achieved below 95% of the offered rate: the target fell behind
 
 REFINE_DURATION_FACTOR = 4.0
 
@@ -82,6 +80,10 @@ class Level:
     # INVALID reasons that did not decide this level's verdict (a generator that fell behind
     # by less than the SLO's margin: its lag is inside the latency measured)
     excused: tuple[str, ...] = ()
+    # Open loop: the run's verdict on saturation (its `saturated` reason code: the one rule,
+    # `run.pace.saturated_by`, on the run's in-flight backlog); None where no verdict judged
+    # the level (a simulated one), which is then judged by its figures alone.
+    saturated: bool | None = None
 
     @property
     def counts_as_valid(self) -> bool:
@@ -101,7 +103,7 @@ def judge(level: Level, settings: Settings) -> Limit | Literal["invalid"] | None
         return "errors"
     if level.generator is not None:
         return "generator"
-    if level.mode == "open" and _fell_behind(level):
+    if level.mode == "open" and _saturated(level):
         return "saturation"
     if level.value_ms is None or level.value_ms > settings.slo.ms:
         return "slo"
@@ -110,16 +112,14 @@ def judge(level: Level, settings: Settings) -> Limit | Literal["invalid"] | None
     return None
 
 
-def _fell_behind(level: Level) -> bool:
-    """Completions short of the offered rate by more than 5%, and by more than Poisson
-    arrivals' own noise (3 sigma of the count): a short level at a low rate is not called
-    saturated for a few requests the schedule happened not to send."""
-    if level.achieved_qps is None:
-        return True
-    expected = level.load * level.duration_s
-    missing = expected - level.achieved_qps * level.duration_s
-    return level.achieved_qps < (1 - SATURATION_SHORTFALL) * level.load and missing > 3 * math.sqrt(
-        max(expected, 1.0)
+def _saturated(level: Level) -> bool:
+    """The target could not sustain the offered rate: the verdict's own judgement where the
+    level has one, else the one rule (`run.pace.saturated_by`) on its figures alone
+    (completions more than 5% and 3 sigma of Poisson arrivals short of the rate)."""
+    if level.saturated is not None:
+        return level.saturated
+    return saturated_by(
+        level.load, level.achieved_qps, level.duration_s, backlog_grew=None, limit_reached=None
     )
 
 
