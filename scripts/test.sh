@@ -29,6 +29,8 @@ STARTED=$SECONDS
 # cache the concurrent lanes share (exported and quantised models are built once).
 SCRATCH="$(mktemp -d "${TMPDIR:-/tmp}/optlab-tests.XXXXXX")"
 export OPTLAB_TEST_ENGINES="$SCRATCH/engines"
+# ... also for every run a test starts that builds the classifier: never the user's own cache.
+export OPTLAB_CACHE_DIR="$OPTLAB_TEST_ENGINES"
 
 PGDIR=""
 PGBIN=""
