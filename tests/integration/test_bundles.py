@@ -4,8 +4,6 @@ when OPTLAB_TEST_POSTGRES_URL is set (tests/support/storebuild.py's `db_url`: th
 from __future__ import annotations
 
 import json
-import shutil
-import sqlite3
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -25,41 +23,26 @@ from optlab.store.database import make_engine
 from optlab.store.models import SqlRun
 from optlab.store.pending import import_pending, save_pending
 from tests.support import storebuild
+from tests.support.db import copy_database
 from tests.support.legacy import old_experiment
-from tests.support.paths import REPO
 from tests.support.storebuild import alembic_cfg, save_baseline, start_run
 
 # The store tests' databases: SQLite, and PostgreSQL (a fresh database) when a URL is given.
 db_url = storebuild.db_url
 
 Invoke = Callable[..., Result]
-FAST = ("--quick", "--duration", "2", "--warmup", "0.2")
 BASELINE, STEP = "synthetic-baseline", "synthetic-faster-service"
 
 
-@pytest.fixture(scope="module")
-def measured(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The synthetic chain (baseline -> faster service) measured once for this module."""
-    root = tmp_path_factory.mktemp("bundles")
-    folder = root / "synthetic"
-    shutil.copytree(REPO / "experiments" / "examples" / "synthetic", folder)
-    database = root / "measured.db"
-    args = ["--db", f"sqlite:///{database}", "run", str(folder / "01-faster-service.yaml")]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.chdir(root)  # whatever a run leaves in its working directory stays here
-        result = CliRunner().invoke(cli, [*args, *FAST, "--chain"], catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    with sqlite3.connect(database) as db:  # everything into the main file, so a copy has it
-        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    return database
-
-
 @pytest.fixture
-def laptop(measured: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A copy of the measured SQLite database; the working directory is its folder."""
-    shutil.copy(measured, tmp_path / "laptop.db")
+def laptop(
+    synthetic_chain: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> str:
+    """A copy of the session's measured synthetic pair (baseline -> faster service, conftest's
+    synthetic_chain); the working directory is its folder."""
+    url = copy_database(synthetic_chain[1], tmp_path, "laptop.db")
     monkeypatch.chdir(tmp_path)
-    return f"sqlite:///{tmp_path / 'laptop.db'}"
+    return url
 
 
 def contents(url: str) -> dict[str, dict[str, Any]]:
