@@ -18,13 +18,18 @@ from typing import Any
 
 import numpy as np
 
+from optlab.chain.comparability import (
+    Environments,
+    code_difference,
+    environment_difference,
+    same_protocol,
+)
 from optlab.chain.lineage import Link
 from optlab.config import modes
 from optlab.config.models import ResolvedConfig
 from optlab.config.modes import MAX_CONCURRENCY, MAX_RATE
 from optlab.config.protocol import EffectiveProtocol, effective_protocol
 from optlab.config.slo import Slo
-from optlab.env.compare import compare_fingerprints
 from optlab.errors import OptlabError
 from optlab.run.measurement import RunOptions
 from optlab.run.progress import GuardedProgress, Progress
@@ -262,13 +267,16 @@ class _Sweep:
         self.reusable = self._reusable()
         self.position = 0  # the next stored level's (sizing levels included)
 
-    def _reusable(self) -> dict[tuple[str, float, str], RunRecord]:
-        """Finished, valid levels of earlier sweeps of this config that this sweep may use:
-        same protocol (duration included), environment and code."""
-        found: dict[tuple[str, float, str], RunRecord] = {}
+    def _reusable(self) -> dict[tuple[str, float], list[RunRecord]]:
+        """Finished, valid levels of earlier sweeps of this config that this sweep may use,
+        by loop and load, oldest sweep's first: same environment and code (chain.comparability's
+        rules; a run with no environment recorded is not reused). Which of them has the
+        level's protocol is asked when the level is measured (`_measure`)."""
+        found: dict[tuple[str, float], list[RunRecord]] = {}
         # One query for the experiment's runs, and one comparison per environment: a level
         # reused by several sweeps is listed by each.
         runs = {r.id: r for r in self.store.list_runs(self.link.name, levels=True)}
+        envs = Environments(self.store)
         comparable: dict[int, bool] = {}
         for sweep in self.store.list_sweeps(self.link.name):
             if sweep.config_hash != self.link.stored.config_hash:
@@ -277,16 +285,19 @@ class _Sweep:
                 run = runs.get(lv.run_id)
                 if run is None or run.status != "FINISHED" or not run.valid:
                     continue
-                if run.code_identity != self.code or run.environment_id is None:
+                if code_difference(run.code_identity, self.code) is not None:
+                    continue
+                if run.environment_id is None:
                     continue
                 if run.environment_id not in comparable:
-                    env = self.store.get_environment(run.environment_id)
-                    comparable[run.environment_id] = compare_fingerprints(
-                        env.fingerprint, self.context.fingerprint
-                    ).comparable
+                    comparable[run.environment_id] = (
+                        environment_difference(
+                            envs.fingerprint(run.environment_id), self.context.fingerprint
+                        )
+                        is None
+                    )
                 if comparable[run.environment_id]:
-                    key = (lv.mode, round(lv.load, 6), _protocol_key(run.protocol))
-                    found.setdefault(key, run)
+                    found.setdefault((lv.mode, round(lv.load, 6)), []).append(run)
         return found
 
     def run(self) -> SweepOutcome:
@@ -323,8 +334,8 @@ class _Sweep:
             if (
                 sweep.status == "FINISHED"
                 and sweep.mode == mode
-                and (sweep.slo_percentile, sweep.slo_ms) == (slo.percentile, slo.ms)
-                and _protocol_key(sweep.protocol) == _protocol_key(self.base.as_dict())
+                and sweep.slo.same_as(slo)
+                and same_protocol(sweep.protocol, self.base.as_dict())
             ):
                 return
         self.progress.note(
@@ -362,9 +373,8 @@ class _Sweep:
         """The level's run: reused, or measured now and stored at the next position."""
         position = self.position
         self.position += 1
-        key = (probe.mode, round(probe.load, 6), _protocol_key(protocol.as_dict()))
         # A rate measured again is measured anew: reusing a run would only repeat its verdict.
-        reused = None if probe.purpose == AGAIN else self.reusable.get(key)
+        reused = None if probe.purpose == AGAIN else self._reuse(probe, protocol)
         if reused is not None:
             self.store.add_sweep_level(
                 self.sweep_id, position, reused.id, probe.mode, probe.load, probe.purpose
@@ -396,6 +406,13 @@ class _Sweep:
             return "KILLED", None
         return outcome.status, self.store.get_run(outcome.run_id)
 
+    def _reuse(self, probe: Probe, protocol: EffectiveProtocol) -> RunRecord | None:
+        """The first reusable level at the probe's loop and load measured under this protocol
+        (duration included: `same_protocol`)."""
+        wanted = protocol.as_dict()
+        candidates = self.reusable.get((probe.mode, round(probe.load, 6)), [])
+        return next((run for run in candidates if same_protocol(run.protocol, wanted)), None)
+
     def _add(self, probe: Probe, record: RunRecord, reused: bool) -> str:
         windows = self.store.get_windows(record.id, "measure")
         level = level_of(record, windows, probe.mode, probe.load, self.options.slo, probe.purpose)
@@ -422,11 +439,6 @@ class _Sweep:
             error=error,
         )
         return out
-
-
-def _protocol_key(protocol: dict[str, Any]) -> str:
-    keep = {k: v for k, v in sorted(protocol.items()) if k != "provisional"}
-    return repr(keep)
 
 
 def _describe(probe: Probe) -> str:
