@@ -27,12 +27,13 @@ from tests.support.proc import (
     start_optlab,
     wait_listening,
 )
+from tests.support.protocol import QUICK
 from tests.support.waits import wait_for_phase
 
 Invoke = Callable[..., Result]
-# --allow-invalid: these tests judge what is stored, not whether a 1.5 s run on a busy 2-core
+# --allow-invalid: these tests judge what is stored, not whether a 1 s run on a busy 2-core
 # machine is VALID (an INVALID head exits 4).
-FAST = ("--quick", "--duration", "1.5", "--warmup", "0.3", "--allow-invalid")
+FAST = (*QUICK, "--allow-invalid")
 
 
 def _strict_json(line: str) -> dict[str, object]:
