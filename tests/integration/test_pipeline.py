@@ -20,9 +20,9 @@ from optlab.reference.classifier.data import requests
 from optlab.store import Store
 from tests.support.files import write
 from tests.support.inprocess import BATCHED
+from tests.support.protocol import QUICK
 
 Invoke = Callable[..., Result]
-FAST = ("--quick", "--duration", "1.5", "--warmup", "0.3")
 
 
 @pytest.fixture(autouse=True)
@@ -187,8 +187,8 @@ def test_run_stores_accuracy_batch_sizes_and_the_stage_breakdown(
     folder = tmp_path / "ic"
     folder.mkdir()
     write(folder, "base.yaml", BATCHED)
-    # Validity is not asserted: a 1.5 s run on a busy shared machine may be too short for it.
-    result = invoke("run", str(folder / "base.yaml"), *FAST, "--json")
+    # Validity is not asserted: a 1 s run on a busy shared machine may be too short for it.
+    result = invoke("run", str(folder / "base.yaml"), *QUICK, "--json")
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["status"] == "FINISHED", result.output
     assert {"preprocess", "queue", "infer", "postprocess"} <= set(summary["latency_ms"])
@@ -230,7 +230,7 @@ def test_an_accuracy_drop_beyond_the_slo_invalidates_the_run(
         "name: lossy\ntarget: {kind: python, factory: 'lossy_target:build'}\n"
         "workload: {load: {mode: closed, concurrency: 1}}\nslo: {max_accuracy_drop_pts: 1}\n",
     )
-    result = invoke("run", str(folder / "base.yaml"), *FAST, "--json")
+    result = invoke("run", str(folder / "base.yaml"), *QUICK, "--json")
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["status"] == "FINISHED" and summary["valid"] is False
     assert any("38.00 points below the fp32 reference" in r for r in summary["reasons"])
