@@ -83,6 +83,7 @@ class Run:
     requests: int | None = 2000
     errors: int | None = 0
     reasons: tuple[Reason, ...] = ()  # the verdict's own, codes and texts
+    judged: bool = True  # False: the run has no verdict (valid is None: RUNNING, FAILED)
     cpu_pct: float | None = 30.0  # the target's, % of one core
     threads: tuple[tuple[str, float], ...] = ()
     other_pct: float | None = 5.0  # other processes, % of one core
@@ -139,7 +140,7 @@ class Run:
             lags["send_lag"] = LatencyStats(p99=self.send_lag_ms, count=1)
         if self.start_lag_ms is not None:
             lags["start_lag"] = LatencyStats(p99=self.start_lag_ms, count=1)
-        valid = not self.reasons
+        valid = not self.reasons if self.judged else None
         document: dict[str, Any] = {
             "run_id": 1,
             "experiment": "case",

@@ -239,13 +239,16 @@ def test_no_data_and_unevaluated_core_rules_are_never_healthy() -> None:
     d = diagnose(replace(evidence, no_data="the run FAILED before any request finished"))
     assert d.state == "no-data" and not d.healthy and not d.findings
     assert d.to_json()["state"] == "no-data" and d.to_json()["healthy"] is False
-    # No send-lag series recorded (an old run): the generator rule cannot run: undecided.
-    old = Run().evidence()
-    summary = old.run.summary
-    assert summary is not None
-    bare = summary.model_copy(update={"harness_ms": {}})
-    d = diagnose(replace(old, run=replace(old.run, summary=bare)))
-    assert not d.findings and d.state == "undecided" and "load-generator" in d.undecided
+    # An open loop with no send-lag series recorded (an old run): the generator rule cannot
+    # run: undecided. A closed loop is judged by its verdict's codes, series or not.
+    for load, state in ((OPEN, "undecided"), ({"mode": "closed", "concurrency": 8}, "healthy")):
+        old = Run(load=load).evidence()
+        summary = old.run.summary
+        assert summary is not None
+        bare = summary.model_copy(update={"harness_ms": {}})
+        d = diagnose(replace(old, run=replace(old.run, summary=bare)))
+        assert not d.findings and d.state == state, (load, d.state, d.undecided)
+        assert ("load-generator" in d.undecided) is (state == "undecided")
 
 
 def test_every_form_says_the_state_not_healthy() -> None:

@@ -28,9 +28,9 @@ def check_generator(e: Evidence, p: Params) -> Outcome:
         # The target could not keep up: late sends are its backlog's doing, not the
         # generator's (the verdict says so too); the saturation rule names it.
         return Passed((Measure("target saturated (the verdict's reason)", 1, None),))
-    blamed = readings.verdict_says(e, *GENERATOR)
     if not e.open_loop:
-        return _start_lag(e, p, blamed)
+        return _clients(e)
+    blamed = readings.verdict_says(e, *GENERATOR)
     lag = e.harness_p99("send_lag")
     if lag is None:
         return Unevaluable("no send-lag series recorded")
@@ -68,21 +68,18 @@ def _gc_pauses(e: Evidence) -> float | None:
 GC_SHARE_PCT = 5.0  # the gc-churn rule's default
 
 
-def _start_lag(e: Evidence, p: Params, blamed: str | None) -> Outcome:
-    lag = e.harness_p99("start_lag")
-    if lag is None:
-        return Unevaluable("no start-lag series recorded")
-    limit = p["start_lag_p99_ms"]
-    m = Measure("start-lag P99", lag, limit, unit="ms")
-    if blamed is not None:
-        # A starved closed loop: fewer clients in the system than configured.
-        return Fired(None, confidence(ramp(lag, limit, 5 * limit), base=0.8, span=0.15),
-                     (m,), blamed)  # fmt: skip
-    summary = (
-        f"clients started requests {lag:.2f} ms late (P99): the load generator, not the "
-        "target, set the pace"
-    )
-    return _relative(e, p, m, summary, base=0.8, span=0.15)
+def _clients(e: Evidence) -> Outcome:
+    """A closed loop: its clients were held up between calls when the verdict says so (its
+    `clients-held-up` reason: Little's law, fewer clients inside a call than configured). The
+    start lag is no measure of it: a closed loop records it as 0 (docs/diagnose.md)."""
+    if e.run.valid is None:
+        return Unevaluable("no verdict to read (a closed loop is judged by the verdict's reason)")
+    held = e.run.reason("clients-held-up")
+    m = Measure("clients held up between calls (the verdict's reason)", 1 if held else 0, None)
+    if held is None:
+        return Passed((m,))
+    # The verdict decided, on its own bound (run/pace.py): the rule's base confidence.
+    return Fired(None, confidence(0.0, base=0.8, span=0.15), (m,), held.text)
 
 
 def _relative(

@@ -68,7 +68,7 @@ def _cases() -> dict[str, Diagnosis]:
                 },
             ).evidence()
         ),
-        "no-series": diagnose(Run(send_lag_ms=None, start_lag_ms=None).evidence()),
+        "no-series": diagnose(Run(load=OPEN, send_lag_ms=None, start_lag_ms=None).evidence()),
     }
 
 
