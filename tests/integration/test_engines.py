@@ -34,6 +34,7 @@ from optlab.reference.engines import (
     load_engine,
     onnx_engine,
 )
+from tests.support.capabilities import lacks
 from tests.support.proc import optlab_env, run_python
 
 REPO = Path(__file__).resolve().parents[2]
@@ -379,7 +380,7 @@ def test_tensorrt_missing_is_a_clear_error(tmp_path: Path) -> None:
 @pytest.mark.parametrize("engine_name", ["torch", "onnxruntime"])
 def test_cuda_without_a_gpu_is_a_clear_error(engine_name: str, tmp_path: Path) -> None:
     if engine_name == "onnxruntime" and HAS_ORT_CUDA:
-        pytest.skip("onnxruntime-gpu is installed: the session check is the one that applies")
+        lacks("onnxruntime-gpu is installed: the session check is the one that applies")
     with pytest.raises(EngineUnavailableError, match="cuda|CUDA") as raised:
         load_engine(engine_name, "fp32", "cuda", THREADS, cache_dir=tmp_path)
     assert raised.value.hint is not None and "knobs.device" in raised.value.hint
@@ -393,7 +394,7 @@ def test_onnxruntime_falling_back_to_cpu_is_caught(
     made to claim a CUDA provider: the session it creates really does fall back, and the engine
     must notice from session.get_providers() and refuse."""
     if HAS_ORT_CUDA:
-        pytest.skip("onnxruntime-gpu is installed: its CUDA provider may really start")
+        lacks("onnxruntime-gpu is installed: its CUDA provider may really start")
     monkeypatch.setattr(
         ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"]
     )
@@ -404,7 +405,7 @@ def test_onnxruntime_falling_back_to_cpu_is_caught(
 
 def test_gpu_check_degrades_without_a_gpu(tmp_path: Path) -> None:
     if HAS_CUDA:
-        pytest.skip("a GPU is visible: gpu_check.py would measure, not degrade")
+        lacks("a GPU is visible: gpu_check.py would measure, not degrade")
     done = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--cache-dir", str(tmp_path)],
         capture_output=True,

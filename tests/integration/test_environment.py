@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from optlab.env.collect import (
 from optlab.env.compare import (
     compare_fingerprints,
 )
+from tests.support.capabilities import needs_git
 from tests.support.proc import run_python
 
 
@@ -102,8 +102,6 @@ def test_collected_warnings_match_the_pure_helper(fp: dict[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------- provenance
-
-needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 
 
 def _git(repo: Path, *args: str) -> str:

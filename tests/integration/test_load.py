@@ -23,6 +23,7 @@ from optlab.load.timerfd import Alarm
 from optlab.metrics.log import Collector
 from optlab.metrics.stages import CURRENT, RequestTiming
 from optlab.reference.synthetic import build
+from tests.support.capabilities import lacks
 from tests.support.waits import wait_until
 
 Load = ClosedLoad | OpenLoad | ReplayLoad
@@ -136,7 +137,7 @@ def deputy_wake(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     else:
         alarm = Alarm.open()
         if alarm is None:
-            pytest.skip("no timerfd here")
+            lacks("no timerfd here")
         alarm.close()
     return str(request.param)
 
@@ -173,7 +174,7 @@ def test_open_loop_hands_each_slow_call_on_to_another_thread(deputy_wake: str) -
 def test_the_alarm_rings_at_its_deadline_or_when_fired() -> None:
     alarm = Alarm.open()
     if alarm is None:
-        pytest.skip("no timerfd here")
+        lacks("no timerfd here")
     try:
         deadline = time.perf_counter_ns() + 20_000_000
         alarm.arm(deadline)

@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from optlab.cli.main import cli
+from tests.support.capabilities import lacks, not_root
 from tests.support.proc import run_optlab
 
 
@@ -55,7 +56,7 @@ def listing(folder: Path) -> dict[str, bytes | str]:
 def tmpfs(folder: Path, options: str) -> Iterator[Path]:
     """A real file system of its own at `folder` (root only: mounting needs it)."""
     if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
+        lacks("mounting a tmpfs needs root")
     folder.mkdir()
     mounted = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", options, "optlab-test", str(folder)],
@@ -63,7 +64,7 @@ def tmpfs(folder: Path, options: str) -> Iterator[Path]:
         text=True,
     )
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+        lacks(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:
         yield folder
     finally:
@@ -165,7 +166,7 @@ def test_an_immutable_folder(url: str, tmp_path: Path) -> None:
     (folder / "runs.jsonl").write_text("old\n")
     frozen = subprocess.run(["chattr", "+i", str(folder)], capture_output=True, text=True)
     if frozen.returncode != 0:
-        pytest.skip(f"cannot make a folder immutable here: {frozen.stderr.strip()}")
+        lacks(f"cannot make a folder immutable here: {frozen.stderr.strip()}")
     try:
         for args in (("export", "--all", "-o"), ("report", "--html")):
             refused(
@@ -178,7 +179,7 @@ def test_an_immutable_folder(url: str, tmp_path: Path) -> None:
         subprocess.run(["chattr", "-i", str(folder)], check=False)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a 0o500 folder regardless")
+@not_root  # root writes into a 0o500 folder regardless
 def test_a_folder_without_write_permission(url: str, tmp_path: Path) -> None:
     folder = tmp_path / "locked"
     folder.mkdir()

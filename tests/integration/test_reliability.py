@@ -17,6 +17,7 @@ from click.testing import CliRunner, Result
 
 from optlab.cli.main import cli
 from optlab.store import Store
+from tests.support.capabilities import lacks
 from tests.support.files import write
 from tests.support.httpsvc import TOY, http_experiment, toy_service
 from tests.support.proc import (
@@ -422,7 +423,7 @@ def test_a_disk_that_fills_during_a_run_loses_nothing(synth: Path, tmp_path: Pat
         ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)], capture_output=True
     )
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.decode().strip()}")
+        lacks(f"cannot mount a tmpfs here (needs root): {mounted.stderr.decode().strip()}")
     try:
         db = mount / "optlab.db"
         url = f"sqlite:///{db}"

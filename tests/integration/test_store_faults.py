@@ -27,6 +27,7 @@ from optlab.store import RunErrorCount, RunFinal, Store, WindowStats, current
 from optlab.store import database as database_module
 from optlab.store.models import metadata
 from tests.support import storebuild
+from tests.support.capabilities import lacks
 from tests.support.storebuild import alembic_cfg, save_baseline, start_run
 
 # SQLite always; PostgreSQL when OPTLAB_TEST_POSTGRES_URL is set (a database per test).
@@ -220,7 +221,7 @@ def read_only_media(tmp_path: Path) -> Iterator[Path]:
                 text=True,
             )
             if mounted.returncode != 0:
-                pytest.skip(f"cannot mount a tmpfs as read-only media: {mounted.stderr.strip()}")
+                lacks(f"cannot mount a tmpfs as read-only media: {mounted.stderr.strip()}")
             shutil.copy(tmp_path / "optlab.db", folder)
             subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
         yield folder

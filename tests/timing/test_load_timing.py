@@ -20,6 +20,7 @@ from optlab.load.generator import ThreadLoadGenerator
 from optlab.load.timerfd import Alarm
 from optlab.metrics.log import Collector
 from optlab.reference.synthetic import build, simulate_open_loop
+from tests.support.capabilities import lacks
 
 
 def closed(concurrency: int) -> ClosedLoad:
@@ -63,7 +64,7 @@ def deputy_wake(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     else:
         alarm = Alarm.open()
         if alarm is None:
-            pytest.skip("no timerfd here")
+            lacks("no timerfd here")
         alarm.close()
     return str(request.param)
 
