@@ -26,6 +26,8 @@ from tests.support.paths import REPO
 from tests.support.proc import free_port, start_optlab
 from tests.support.waits import wait_for_phase, wait_until
 
+# 2 s measured: the open-loop caps below (sent <= 450 at 200/s, <= 700 at 300/s) are for 2 s;
+# the 0.5 s warmup lets the services reach their steady state before the counters reset.
 FAST = ("--quick", "--duration", "2", "--warmup", "0.5")
 Invoke = Callable[..., Result]
 

@@ -25,6 +25,7 @@ from tests.support.proc import start_optlab
 from tests.support.waits import wait_for_phase
 
 Invoke = Callable[..., Result]
+# 1.5 s: the quick chain below is judged (VALID, a P50 change) on as short a run as it holds.
 FAST = ("--quick", "--duration", "1.5", "--warmup", "0.3")
 
 
