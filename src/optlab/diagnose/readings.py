@@ -36,16 +36,16 @@ def throughput(e: Evidence) -> float | None:
 
 def busy_engine(e: Evidence) -> tuple[float, int] | None:
     """(fraction of the measured time the engine instances were busy per instance, instances),
-    from what the target reported ("infer": busy_ms); None when it reports no such thing."""
+    from the figures the target reported, as its kind reads them (`TargetKind.engine_busy`);
+    None when its kind reads no such figure or the target reported none."""
     summary = e.summary
-    if summary is None or not e.run.duration_s:
+    if summary is None or not e.run.duration_s or e.kind is None:
         return None
-    busy = summary.target_figure("infer", "busy_ms")
-    if not isinstance(busy, int | float):
+    found = e.kind.engine_busy(summary.target)
+    if found is None:
         return None
-    instances = summary.target.get("instances") if isinstance(summary.target, dict) else None
-    count = instances if isinstance(instances, int) and instances > 0 else 1
-    return float(busy) / 1000 / e.run.duration_s / count, count
+    busy, count = found
+    return busy / 1000 / e.run.duration_s / count, count
 
 
 def hot_thread(e: Evidence) -> tuple[str, float] | None:

@@ -3,10 +3,10 @@
 Each kind (`optlab.targets.kinds.<name>`) says, in one module, how its knobs are checked, what
 its inputs must be, what identifies its code, whether a service environment belongs in the
 fingerprint, how it is built into a target the load generator drives, and what its knobs mean to
-`optlab diagnose` (its stages' order, its wait stage, whether it batches or uses a GPU, and the
-knob that answers a finding: docs/diagnose.md "From a finding to the next step"). The other
-layers ask the kind (`optlab.targets.registry.kind_of`) instead of switching on `target.kind` or
-reading knobs.
+`optlab diagnose` (its stages' order, its wait stage, whether it batches or uses a GPU, how busy
+its engine was by its own figures, and the knob that answers a finding: docs/diagnose.md "From
+a finding to the next step"). The other layers ask the kind (`optlab.targets.registry.kind_of`)
+instead of switching on `target.kind` or reading knobs.
 """
 
 from __future__ import annotations
@@ -105,6 +105,14 @@ class TargetKind(ABC):
         """Whether the target runs on a GPU (so a run without GPU readings lacks them). The
         default reads the same convention: a `device` knob set to cuda."""
         return config.knobs.get("device") == "cuda"
+
+    def engine_busy(self, figures: Mapping[str, Any] | None) -> tuple[float, int] | None:
+        """(how long the target's engine was busy over the measured phase, in ms summed over
+        its instances; those instances), from the figures the target reported about itself
+        (the summary's `target`: its metrics(), or a service's `metrics_url`, docs/run-json.md).
+        None where the kind reports no such figure (the default): the rules that would read it
+        go on without it (docs/diagnose.md)."""
+        return None
 
     def remedy(
         self, rule: str, stage: str | None, config: ResolvedConfig, cores: int | None

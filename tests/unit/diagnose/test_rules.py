@@ -28,6 +28,9 @@ HELD = np.concatenate([np.full(600, 4.1), 4.1 * RNG.integers(2, 16, 1800)])
 STALLED = np.concatenate([np.full(1960, 4.0), np.full(40, 100.0)])
 BUILTIN_BATCHING = {"batching": {"mode": "dynamic", "max_batch_size": 8, "max_wait_ms": 10}}
 REPLAY = {"mode": "replay", "trace": "trace.jsonl"}
+# The classifier's own figures (docs/run-json.md `target`): its engine busy 4.9 s of the 5 s
+# measured phase.
+ENGINE_BUSY = {"instances": 1, "infer": {"busy_ms": 4900.0}}
 SERVED = NetworkEvidence(
     client_p50_ms=10.0, server_p50_ms=4.0, overhead_p50_ms=6.0, overhead_share=0.6
 )
@@ -363,6 +366,13 @@ CASES: tuple[Case, ...] = (
         then=lambda e: replace(
             e, stages={"total": e.stages["total"]}, fastest={"total": e.fastest["total"]}
         ),
+    ),
+    Case(
+        "cpu-bound",
+        "a batching classifier whose engine is busy all the time (its own figures)",
+        Run(kind="builtin", knobs=BUILTIN_BATCHING, target_figures=ENGINE_BUSY),
+        "fired",
+        "engine busy (per instance)",
     ),
     Case("cpu-bound", "CPU to spare", Run(), "passed", "target CPU (of the machine)"),
     Case(

@@ -23,7 +23,7 @@ from optlab.targets.identity import reference_identity
 from optlab.targets.kind import Remedy, TargetKind
 from optlab.targets.templates import Secrets
 
-__all__ = ["KIND", "Builtin"]
+__all__ = ["KIND", "Builtin", "classifier_engine_busy"]
 
 
 class Builtin(TargetKind):
@@ -61,6 +61,9 @@ class Builtin(TargetKind):
             "builtin image-classifier",
             "image-classifier",
         )
+
+    def engine_busy(self, figures: Mapping[str, Any] | None) -> tuple[float, int] | None:
+        return classifier_engine_busy(figures)
 
     def image_payloads(self, workload: Workload) -> list[bytes]:
         """The JPEGs an ImageInputs workload renders: an http or command target's `images`."""
@@ -118,6 +121,20 @@ class Builtin(TargetKind):
                 "back that latency at this load",
             )
         return None
+
+
+def classifier_engine_busy(figures: Mapping[str, Any] | None) -> tuple[float, int] | None:
+    """The classifier's engine busy time (ms, summed over its engine instances) and its
+    instances, from the figures it reports (docs/run-json.md `target`: `infer.busy_ms`,
+    `instances`; one instance where it says none), in process or served (`optlab serve`'s
+    /metrics); None when they hold no busy time."""
+    infer = figures.get("infer") if isinstance(figures, Mapping) else None
+    busy = infer.get("busy_ms") if isinstance(infer, Mapping) else None
+    if not isinstance(busy, int | float):
+        return None
+    assert figures is not None
+    instances = figures.get("instances")
+    return float(busy), instances if isinstance(instances, int) and instances > 0 else 1
 
 
 def _faster_engine(

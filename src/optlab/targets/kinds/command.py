@@ -22,6 +22,7 @@ from optlab.targets.base import LoadedTarget
 from optlab.targets.command import Service
 from optlab.targets.identity import hash_files, reference_identity
 from optlab.targets.kind import TargetKind
+from optlab.targets.kinds.builtin import classifier_engine_busy
 from optlab.targets.network import (
     check_templates,
     folder_of,
@@ -43,6 +44,11 @@ class Command(TargetKind):
     in_process = False
     starts_service = True
     service_note = "not recorded (measured before optlab recorded a service's environment)"
+
+    def engine_busy(self, figures: Mapping[str, Any] | None) -> tuple[float, int] | None:
+        # A service of the reference classifier (`optlab serve`, its /metrics as the
+        # metrics_url) reports its engine's busy time as the classifier does in process.
+        return classifier_engine_busy(figures)
 
     def knob_model(self, target: Target, paths: Sequence[Path]) -> type[BaseModel] | None:
         assert isinstance(target, CommandTarget)

@@ -19,6 +19,7 @@ from optlab.config.source import SourceFile
 from optlab.targets.base import LoadedTarget
 from optlab.targets.http import check_listening
 from optlab.targets.kind import TargetKind
+from optlab.targets.kinds.builtin import classifier_engine_busy
 from optlab.targets.listener import local_listener
 from optlab.targets.network import (
     check_templates,
@@ -38,6 +39,11 @@ class Http(TargetKind):
         "not checked: optlab does not start an http target's service and cannot see its "
         "interpreter or packages; its declared code_version is its only identity"
     )
+
+    def engine_busy(self, figures: Mapping[str, Any] | None) -> tuple[float, int] | None:
+        # A service of the reference classifier (`optlab serve`, its /metrics as the
+        # metrics_url) reports its engine's busy time as the classifier does in process.
+        return classifier_engine_busy(figures)
 
     def knob_model(self, target: Target, paths: Sequence[Path]) -> type[BaseModel] | None:
         assert isinstance(target, HttpTarget)
