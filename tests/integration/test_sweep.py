@@ -143,10 +143,12 @@ def test_a_sweep_is_stored_and_its_levels_are_reused(
     document = _json(first)
     assert [lv["concurrency"] for lv in document["levels"]] == [2, 4]
     assert all(lv["valid"] for lv in document["levels"]), document
-    # One server at 2 ms: 500/s with 2 clients, and 4 clients buy nothing more.
-    assert document["limited_by"] == "saturation"
+    # One server at 2 ms serves at most 500/s, whatever the clients; a busy machine only
+    # slows it. Whether 4 clients bought more than 2 depends on that machine (a starved
+    # 2-client level leaves room): the closed loop's saturation is
+    # test_closed_mode_sweeps_clients_and_names_saturation's; here, what is stored and reused.
     capacity = document["capacity_qps"]
-    assert 400 <= capacity <= 510
+    assert capacity is not None and 0 < capacity <= 510, document["message"]
     assert document["measured_s"] > 5
     store = Store.open(sqlite_url)
     runs = [lv["run_id"] for lv in document["levels"]]
@@ -168,6 +170,7 @@ def test_a_sweep_is_stored_and_its_levels_are_reused(
     assert [lv["run_id"] for lv in second["levels"]] == runs
     assert all(lv["reused"] for lv in second["levels"])
     assert second["measured_s"] == 0 and second["capacity_qps"] == capacity
+    assert second["limited_by"] == document["limited_by"]  # the same levels, the same answer
     assert "reusing run" in again.stderr
     listed_sweeps = invoke("sweeps", "server")
     assert listed_sweeps.exit_code == 0
@@ -183,7 +186,8 @@ def test_a_sweep_is_stored_and_its_levels_are_reused(
     assert json.loads(shown.stdout) == second
     frame = api.sweeps(sqlite_url, "server")
     assert list(frame["sweep_id"]) == [document["sweep_id"], second["sweep_id"]]
-    assert list(frame["capacity_qps"]) == pytest.approx([capacity, capacity])
+    # The JSON rounds a rate to 3 decimals; the frame holds it as stored.
+    assert list(frame["capacity_qps"]) == pytest.approx([capacity, capacity], abs=1e-3)
     assert list(api.sweep_levels(sqlite_url, second["sweep_id"])["run_id"]) == runs
 
     # Another protocol (longer levels) is not the same measurement: nothing is reused.
