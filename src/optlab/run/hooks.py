@@ -62,8 +62,8 @@ class TargetHooks:
                 outcome["error"] = exc
 
         thread = threading.Thread(target=body, name="optlab-target-hook", daemon=True)
-        thread.start()
-        try:
+        try:  # start() waits for the thread to begin: a Ctrl-C may land there too
+            thread.start()
             thread.join(HOOK_TIMEOUT_S)
         except KeyboardInterrupt:
             return self._note(f"target {what} was interrupted; the run is stored without it")
