@@ -19,26 +19,10 @@ from optlab.targets.http_wire import (
     Body,
     ClientConnectorError,
     HttpError,
-    HttpSpec,
 )
+from tests.support.httpspec import OK, spec
 
 Reply = Callable[[bytes, bytes], Awaitable[bytes | None]]  # (head, body) -> bytes, or None: close
-
-OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
-
-
-def spec(port: int, **changes: Any) -> HttpSpec:
-    fields: dict[str, Any] = {
-        "url": f"http://127.0.0.1:{port}/p?q=1",
-        "method": "POST",
-        "headers": (),
-        "ok_status": None,
-        "connect_timeout_s": 2.0,
-        "timeout_s": 5.0,
-        "connections": 4,
-    }
-    fields.update(changes)
-    return HttpSpec(**fields)
 
 
 class Scripted:

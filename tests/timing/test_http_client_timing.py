@@ -11,7 +11,6 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import pytest
 
@@ -22,23 +21,8 @@ from optlab.metrics.log import Collector
 from optlab.metrics.stages import SEND_LAG, RequestTiming
 from optlab.targets.http import classify
 from optlab.targets.http_client import HttpClient
-from optlab.targets.http_wire import Body, HttpSpec
-
-OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
-
-
-def spec(port: int, **changes: Any) -> HttpSpec:
-    fields: dict[str, Any] = {
-        "url": f"http://127.0.0.1:{port}/p?q=1",
-        "method": "POST",
-        "headers": (),
-        "ok_status": None,
-        "connect_timeout_s": 2.0,
-        "timeout_s": 5.0,
-        "connections": 4,
-    }
-    fields.update(changes)
-    return HttpSpec(**fields)
+from optlab.targets.http_wire import Body
+from tests.support.httpspec import spec
 
 
 def test_a_request_that_never_gets_an_answer_is_given_up_soon_after_its_timeout() -> None:

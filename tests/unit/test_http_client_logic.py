@@ -5,7 +5,6 @@ and the error names stored runs use (no server, no event loop)."""
 from __future__ import annotations
 
 import random
-from typing import Any
 
 import pytest
 
@@ -14,25 +13,11 @@ from optlab.targets.http import classify
 from optlab.targets.http_wire import (
     Body,
     ClientResponseError,
-    HttpSpec,
     ServerDisconnectedError,
     request_bytes,
 )
 from optlab.targets.server_timing import parse_server_timing, split_server_timing
-
-
-def spec(port: int, **changes: Any) -> HttpSpec:
-    fields: dict[str, Any] = {
-        "url": f"http://127.0.0.1:{port}/p?q=1",
-        "method": "POST",
-        "headers": (),
-        "ok_status": None,
-        "connect_timeout_s": 2.0,
-        "timeout_s": 5.0,
-        "connections": 4,
-    }
-    fields.update(changes)
-    return HttpSpec(**fields)
+from tests.support.httpspec import spec
 
 
 def test_each_body_becomes_one_prebuilt_request() -> None:
