@@ -30,6 +30,28 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 
+def remedies_field() -> Any:
+    return Field(
+        default_factory=list,
+        description="what `optlab diagnose` changes when a rule fires (docs/experiment-files.md "
+        "Remedies)",
+    )
+
+
+class _DeclaresRemedies(StrictModel):
+    """A target whose experiment may declare `remedies`: the field is left out of the dump when
+    empty, so the stored configs (and hashes) of every experiment written before it existed
+    stay what they were. Each subclass declares the field (`remedies_field()`) where its
+    documented field order puts it."""
+
+    @model_serializer(mode="wrap")
+    def _leave_out_no_remedies(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if not getattr(self, "remedies", None):
+            data.pop("remedies", None)
+        return data
+
+
 class BuiltinTarget(StrictModel):
     """`image-classifier`: the reference pipeline. `synthetic`: a service with a configured
     service-time distribution, the ground truth the tests and benchmarks measure against."""
@@ -38,7 +60,7 @@ class BuiltinTarget(StrictModel):
     name: Literal["image-classifier", "synthetic"] = "image-classifier"
 
 
-class PythonTarget(StrictModel):
+class PythonTarget(_DeclaresRemedies):
     """`factory(knobs)` returns a callable(request) -> response; `inputs(workload)` the requests."""
 
     kind: Literal["python"]
@@ -52,20 +74,7 @@ class PythonTarget(StrictModel):
     code_version: str | None = Field(
         None, description="declared code identity; replaces the hash of the module sources"
     )
-    remedies: list[DeclaredRemedy] = Field(
-        default_factory=list,
-        description="what `optlab diagnose` changes when a rule fires (docs/experiment-files.md "
-        "Remedies)",
-    )
-
-    @model_serializer(mode="wrap")
-    def _leave_out_no_remedies(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # Left out when empty, so the stored configs (and hashes) of every experiment written
-        # before the field existed stay what they were.
-        data: dict[str, Any] = handler(self)
-        if not self.remedies:
-            data.pop("remedies", None)
-        return data
+    remedies: list[DeclaredRemedy] = remedies_field()
 
 
 # An http(s) URL, or one that starts with a `${ENV_VAR}` resolved at run time.
@@ -74,7 +83,7 @@ ServiceUrl = Annotated[str, Field(pattern=r"^(https?://|\$\{)")]
 HEADER_NAME_PATTERN = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"
 
 
-class _HttpRequest(StrictModel):
+class _HttpRequest(_DeclaresRemedies):
     """How each request is sent. `url` and header values may hold `${ENV_VAR}` references:
     resolved when the run starts, never stored (the stored config keeps the reference)."""
 
@@ -110,20 +119,7 @@ class _HttpRequest(StrictModel):
         None, description="declared code identity of the service (a version, a commit)"
     )
 
-    remedies: list[DeclaredRemedy] = Field(
-        default_factory=list,
-        description="what `optlab diagnose` changes when a rule fires (docs/experiment-files.md "
-        "Remedies)",
-    )
-
-    @model_serializer(mode="wrap")
-    def _leave_out_no_remedies(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # Left out when empty, so the stored configs (and hashes) of every experiment written
-        # before the field existed stay what they were.
-        data: dict[str, Any] = handler(self)
-        if not self.remedies:
-            data.pop("remedies", None)
-        return data
+    remedies: list[DeclaredRemedy] = remedies_field()
 
     @field_validator("headers")
     @classmethod
