@@ -10,66 +10,33 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from optlab.config.models import ClosedLoad, OpenLoad, ReplayLoad
+from optlab.config.models import ReplayLoad
 from optlab.load.base import StopReport
 from optlab.load.generator import ThreadLoadGenerator
 from optlab.load.timerfd import Alarm
 from optlab.metrics.log import Collector
 from optlab.metrics.stages import CURRENT, RequestTiming
 from optlab.reference.synthetic import build
+from tests.support import generating
 from tests.support.capabilities import lacks
+from tests.support.generating import (
+    Load,
+    closed,
+    load_threads,
+    measure,
+    open_,
+    summary,
+)
 from tests.support.waits import wait_until
 
-Load = ClosedLoad | OpenLoad | ReplayLoad
-
-
-def closed(concurrency: int) -> ClosedLoad:
-    return ClosedLoad(mode="closed", concurrency=concurrency)
-
-
-def open_(rate: float, arrival: str = "constant", **extra: Any) -> OpenLoad:
-    return OpenLoad.model_validate({"mode": "open", "rate": rate, "arrival": arrival, **extra})
-
-
-def measure(
-    call: Callable[[Any], Any],
-    load: Load,
-    seconds: float,
-    *,
-    timeout_s: float = 10.0,
-    requests: Sequence[Any] = tuple(range(64)),
-    trace_dir: Path | None = None,
-    drain_s: float = 5.0,
-) -> tuple[StopReport, Collector, ThreadLoadGenerator]:
-    collector = Collector()
-    generator = ThreadLoadGenerator(call, requests, load, timeout_s=timeout_s, trace_dir=trace_dir)
-    collector.set_phase("measure", time.perf_counter_ns())
-    generator.start(collector)
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        time.sleep(0.1)
-        collector.drain()  # as the runner does, so buffers stay small
-    report = generator.stop(drain_timeout_s=drain_s)
-    collector.finish()
-    return report, collector, generator
-
-
-def load_threads() -> set[threading.Thread]:
-    """The load generators' threads alive now (a test waits for its own to finish)."""
-    return {t for t in threading.enumerate() if t.name.startswith("optlab-load-")}
-
-
-def summary(collector: Collector, series: str = "total") -> dict[str, Any]:
-    return collector.histograms("measure")[series].summary_ms()
-
-
 # -- closed loop ----------------------------------------------------------------------------
+
+deputy_wake = generating.deputy_wake  # a fixture: pytest finds it in this module
 
 
 def test_closed_loop_measures_the_service_time() -> None:
@@ -127,19 +94,6 @@ def test_open_loop_with_too_few_workers_falls_behind_and_says_so() -> None:
     assert report.issued < 80
     assert summary(collector, "send_lag")["max"] > 100.0
     assert summary(collector)["max"] > 100.0  # and their latency shows it
-
-
-@pytest.fixture(params=["alarm", "polling"])
-def deputy_wake(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The open loop's deputy sleeps on a timerfd alarm on Linux and polls elsewhere: both."""
-    if request.param == "polling":
-        monkeypatch.setattr(Alarm, "open", classmethod(lambda cls: None))
-    else:
-        alarm = Alarm.open()
-        if alarm is None:
-            lacks("no timerfd here")
-        alarm.close()
-    return str(request.param)
 
 
 def test_open_loop_sends_from_one_thread_while_calls_return_quickly(deputy_wake: str) -> None:

@@ -7,66 +7,20 @@ each message prints the figure."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 
-from optlab.config.models import ClosedLoad, OpenLoad
-from optlab.load.base import StopReport
-from optlab.load.generator import ThreadLoadGenerator
-from optlab.load.timerfd import Alarm
-from optlab.metrics.log import Collector
 from optlab.reference.synthetic import build, simulate_open_loop
-from tests.support.capabilities import lacks
+from tests.support import generating
+from tests.support.generating import (
+    closed,
+    measure,
+    open_,
+    summary,
+)
 
-
-def closed(concurrency: int) -> ClosedLoad:
-    return ClosedLoad(mode="closed", concurrency=concurrency)
-
-
-def open_(rate: float, arrival: str = "constant", **extra: Any) -> OpenLoad:
-    return OpenLoad.model_validate({"mode": "open", "rate": rate, "arrival": arrival, **extra})
-
-
-def measure(
-    call: Callable[[Any], Any],
-    load: ClosedLoad | OpenLoad,
-    seconds: float,
-    *,
-    requests: Sequence[Any] = tuple(range(64)),
-    trace_dir: Path | None = None,
-) -> tuple[StopReport, Collector, ThreadLoadGenerator]:
-    collector = Collector()
-    generator = ThreadLoadGenerator(call, requests, load, timeout_s=10.0, trace_dir=trace_dir)
-    collector.set_phase("measure", time.perf_counter_ns())
-    generator.start(collector)
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        time.sleep(0.1)
-        collector.drain()  # as the runner does, so buffers stay small
-    report = generator.stop(drain_timeout_s=5.0)
-    collector.finish()
-    return report, collector, generator
-
-
-def summary(collector: Collector, series: str = "total") -> dict[str, Any]:
-    return collector.histograms("measure")[series].summary_ms()
-
-
-@pytest.fixture(params=["alarm", "polling"])
-def deputy_wake(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The open loop's deputy sleeps on a timerfd alarm on Linux and polls elsewhere: both."""
-    if request.param == "polling":
-        monkeypatch.setattr(Alarm, "open", classmethod(lambda cls: None))
-    else:
-        alarm = Alarm.open()
-        if alarm is None:
-            lacks("no timerfd here")
-        alarm.close()
-    return str(request.param)
+deputy_wake = generating.deputy_wake  # a fixture: pytest finds it in this module
 
 
 def test_a_closed_loop_serves_near_the_service_time() -> None:
