@@ -9,9 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
-import sqlite3
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,7 +18,6 @@ from click.testing import CliRunner, Result
 from optlab.cli.main import cli
 from tests.support.chain import MeasuredChain, measure_chain
 from tests.support.db import copy_database
-from tests.support.files import write
 from tests.support.paths import REPO
 
 # A suite started with `&` from a non-interactive shell (a CI script, `nohup make test &`)
@@ -31,8 +27,6 @@ from tests.support.paths import REPO
 # default, so the suite gives its children that.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
-
-__all__ = ["REPO", "free_port", "wait_for_measure", "wait_until", "write"]
 
 
 @pytest.fixture
@@ -120,42 +114,3 @@ def synth(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     shutil.copytree(REPO / "experiments" / "examples" / "synthetic", folder)
     monkeypatch.chdir(tmp_path)
     return folder
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (a test's server binds it next)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def wait_until(predicate: Callable[[], object], what: str, timeout_s: float = 30) -> None:
-    """Poll until `predicate()` is true: a test waits on the condition it needs, never on a
-    fixed sleep that a busy 2-core machine can outlast. The deadline only bounds a hang."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: still not true after {timeout_s:g} s")
-        time.sleep(0.005)
-
-
-def wait_for_measure(db: Path, timeout_s: float = 60) -> int:
-    """The id of the run a subprocess is measuring, once its first measured window is stored."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        time.sleep(0.3)
-        if not db.exists():
-            continue
-        try:
-            con = sqlite3.connect(db, timeout=5)
-            row = con.execute(
-                "select r.id from runs r join run_windows w on w.run_id = r.id "
-                "where r.status = 'RUNNING' and w.phase = 'measure' limit 1"
-            ).fetchone()
-            con.close()
-        except sqlite3.OperationalError:
-            continue
-        if row:
-            return int(row[0])
-    raise AssertionError("the run never reached its measurement phase")

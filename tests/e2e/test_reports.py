@@ -24,7 +24,6 @@ from tests.support.chain import MeasuredChain
 from tests.support.frames import markdown_cells, markdown_rows
 
 # Every test here reads the session's measured chain (four 3 s runs).
-pytestmark = pytest.mark.slow
 
 Invoke = Callable[..., Result]
 

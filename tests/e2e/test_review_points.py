@@ -104,7 +104,6 @@ def test_every_table_shows_the_deciding_metric() -> None:
     assert back.loc[1, "decided_by"] == "P50" and back.loc[1, "p50_step_pct"] == -12.0
 
 
-@pytest.mark.slow
 def test_the_measured_chain_names_its_deciders(chain: Path, sqlite_url: str) -> None:
     from optlab.reports.table import stacked_table
 
@@ -142,7 +141,6 @@ def _audit_table(last_qps: float, cumulative: float, low: float, high: float) ->
     return StackedTable(header=head, rows=rows)
 
 
-@pytest.mark.slow  # reads the session's measured chain
 @pytest.mark.parametrize(
     ("last_qps", "cumulative", "low", "high", "noise"),
     [
@@ -174,7 +172,6 @@ def test_audit_gives_no_shares_of_a_total_within_noise(
     assert "note: the chain's total P99 change +0.2% [-3.0, +3.4] is within noise" in text
 
 
-@pytest.mark.slow
 def test_audit_of_a_measured_chain_shares_only_a_total_beyond_noise(
     chain: Path, invoke: Invoke
 ) -> None:
@@ -191,7 +188,6 @@ def test_audit_of_a_measured_chain_shares_only_a_total_beyond_noise(
 # -- c. check defaults to the newest head ----------------------------------------------------
 
 
-@pytest.mark.slow
 def test_check_defaults_to_the_newest_head(chain: Path, invoke: Invoke) -> None:
     result = invoke("check", "--max-regression", "p50=1000%")  # before: exit 2, HEAD missing
     assert result.exit_code == 0, result.output
@@ -203,7 +199,6 @@ def test_check_defaults_to_the_newest_head(chain: Path, invoke: Invoke) -> None:
 # -- d. an INVALID measured run exits 4 -----------------------------------------------------
 
 
-@pytest.mark.slow
 def test_an_invalid_measured_run_exits_4_unless_allowed(
     tmp_path: Path, invoke: Invoke, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -232,7 +227,6 @@ def test_an_invalid_measured_run_exits_4_unless_allowed(
 # -- e. run --json prints one line per run measured ------------------------------------------
 
 
-@pytest.mark.slow
 def test_run_json_prints_one_line_per_run_in_order(measured_chain: MeasuredChain) -> None:
     """The session's chain was measured by three `run --json` commands, the first with
     `--chain` (baseline and faster): four lines, the chain run's two among them."""
@@ -247,7 +241,6 @@ def test_run_json_prints_one_line_per_run_in_order(measured_chain: MeasuredChain
 SLOW_TARGET = "import time\n\ndef build(knobs):\n    return lambda request: time.sleep(0.4)\n"
 
 
-@pytest.mark.slow
 def test_live_line_shows_errors_and_timeouts(tmp_path: Path, sqlite_url: str) -> None:
     from optlab.cli.runs import status_line
     from optlab.run.measurement import LiveStatus
@@ -325,7 +318,6 @@ def test_html_report_charts_the_service_cpu_and_rss_beside_optlabs() -> None:
     assert "Service CPU" not in plain and plain.count("<svg") == 6
 
 
-@pytest.mark.slow
 def test_report_command_charts_a_stored_service_series(
     chain: Path, invoke: Invoke, sqlite_url: str, tmp_path: Path
 ) -> None:

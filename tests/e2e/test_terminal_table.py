@@ -104,7 +104,6 @@ def _headers(text: str) -> list[str]:
     raise AssertionError(f"no header rule in:\n{text}")
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("columns", [80, 120, 200])
 def test_the_table_fits_the_terminal(database: str, document: dict[str, Any], columns: int) -> None:
     text = on_terminal(_optlab(database, "table", HEAD), columns)
@@ -126,7 +125,6 @@ def test_the_table_fits_the_terminal(database: str, document: dict[str, Any], co
     assert "per step (--wide puts every column in the table):" in text
 
 
-@pytest.mark.slow
 def test_a_wider_terminal_shows_more_columns(database: str) -> None:
     narrow, wide = (on_terminal(_optlab(database, "table", HEAD), c) for c in (80, 200))
     assert len(_headers(narrow)) == len(KEY_HEADERS) + 1  # two Δ step columns
@@ -137,13 +135,11 @@ def test_a_wider_terminal_shows_more_columns(database: str) -> None:
     assert "latency: P50 " not in wide and "stage P50 ms" not in wide
 
 
-@pytest.mark.slow
 def test_columns_in_the_environment_wins(database: str) -> None:
     text = on_terminal(_optlab(database, "table", HEAD), 200, _env(COLUMNS="80"))
     assert max(len(line) for line in text.splitlines()) <= 80, text
 
 
-@pytest.mark.slow
 def test_wide_shows_every_column_as_piped_output_does(database: str) -> None:
     wide = on_terminal(_optlab(database, "table", HEAD, "--wide"), 80)
     piped = subprocess.run(

@@ -298,7 +298,6 @@ def test_html_draws_latency_against_throughput(swept: tuple[Path, Path]) -> None
     assert "<script" not in page.lower()
 
 
-@pytest.mark.slow
 def test_a_real_sweep_of_the_chain_reaches_the_table(tmp_path: Path) -> None:
     """`optlab sweep --chain` then `optlab table`: each step has a capacity or says why (a
     closed loop: an open one's levels are judged by the load generator's lag, which a busy

@@ -21,7 +21,6 @@ from optlab import api
 from optlab.diagnose import diagnose_run
 from optlab.reports.diagnose import render_diagnosis_html, run_line
 from optlab.store import Store
-from tests.conftest import wait_for_measure
 from tests.support.diagnosing import (
     Invoke,
     diagnosed,
@@ -31,6 +30,7 @@ from tests.support.diagnosing import (
     single_server,
 )
 from tests.support.paths import FIXTURES, REPO
+from tests.support.waits import wait_for_phase
 
 STATES = ("healthy", "findings", "undecided", "no-data")
 
@@ -48,7 +48,6 @@ def shows_its_evidence(document: dict[str, Any]) -> None:
     assert document["healthy"] is (document["state"] == "healthy"), document
 
 
-@pytest.mark.slow
 def test_real_runs_are_diagnosed_with_their_evidence(
     invoke: Invoke, folder: Path, sqlite_url: str
 ) -> None:
@@ -72,7 +71,6 @@ def test_real_runs_are_diagnosed_with_their_evidence(
         assert f"{finding['title']} (confidence {finding['confidence']:.2f})" in text
 
 
-@pytest.mark.slow
 def test_healthy_failing_and_partial_runs(invoke: Invoke, folder: Path) -> None:
     run(invoke, experiment(folder, "calm", "{mode: sleep, sleep_ms: 20}"))
     calm = diagnosed(invoke, "calm")
@@ -113,7 +111,6 @@ def test_bad_subjects_exit_2_with_a_hint(invoke: Invoke, folder: Path) -> None:
     assert invoke("diagnose", "sweep:7").exit_code == 2
 
 
-@pytest.mark.slow
 def test_the_reference_baseline_is_diagnosed_where_it_is_shown(
     invoke: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sqlite_url: str
 ) -> None:
@@ -151,7 +148,6 @@ def test_the_reference_baseline_is_diagnosed_where_it_is_shown(
     assert sorted(p.name for p in folder.iterdir()) == before
 
 
-@pytest.mark.slow
 def test_a_saturated_open_loop_run_is_the_targets(invoke: Invoke, folder: Path) -> None:
     # A lock held 4 ms a request (at most ~250/s) offered 600/s: the backlog grows, and the
     # verdict says so; the diagnosis reads its reason's code, never the generator.
@@ -197,7 +193,6 @@ def test_a_declared_remedy_writes_its_step(
     assert step["hypothesis"].startswith("diagnosis serialised: "), step
 
 
-@pytest.mark.slow
 def test_running_and_killed_runs_are_diagnosed_as_partial(
     synth: Path, invoke: Invoke, sqlite_url: str, tmp_path: Path
 ) -> None:
@@ -210,7 +205,7 @@ def test_running_and_killed_runs_are_diagnosed_as_partial(
     with (tmp_path / "out.txt").open("w") as out, (tmp_path / "err.txt").open("w") as err:
         proc = start_optlab(*args, db=db, stdout=out, stderr=err)
         try:
-            run_id = wait_for_measure(db, timeout_s=120)
+            run_id = wait_for_phase(db, "measure", timeout_s=120)
             running = diagnosed(invoke, str(run_id))
             assert running["status"] == "RUNNING" and running["partial"]
             assert "still RUNNING" in running["partial_reason"]

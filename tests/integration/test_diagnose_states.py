@@ -16,12 +16,11 @@ from pathlib import Path
 import pytest
 
 from optlab.diagnose import RULES
-from tests.conftest import write
 from tests.support.diagnosing import Invoke, diagnosed, experiment, run
+from tests.support.files import write
 from tests.support.waits import wait_for_phase
 
 
-@pytest.mark.slow
 def test_failed_killed_and_abandoned_runs_without_requests_are_no_data(
     synth: Path, invoke: Invoke, sqlite_url: str, tmp_path: Path, folder: Path
 ) -> None:
@@ -74,7 +73,6 @@ def test_a_run_id_past_the_database_range_is_refused(invoke: Invoke, folder: Pat
     assert "unexpected" not in huge.stderr and "optlab log" in huge.stderr
 
 
-@pytest.mark.slow
 def test_a_step_is_written_only_beside_a_file_here(
     invoke: Invoke, folder: Path, sqlite_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

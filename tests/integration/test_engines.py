@@ -34,6 +34,7 @@ from optlab.reference.engines import (
     load_engine,
     onnx_engine,
 )
+from tests.support import capabilities
 from tests.support.capabilities import lacks
 from tests.support.proc import optlab_env, run_python
 
@@ -41,7 +42,7 @@ REPO = Path(__file__).resolve().parents[2]
 HAS_CUDA = bool(torch.cuda.is_available())
 HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
 HAS_ORT_CUDA = "CUDAExecutionProvider" in ort.get_available_providers()
-needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="torch sees no CUDA GPU on this machine")
+needs_cuda = capabilities.needs_cuda()
 THREADS = 1
 
 
@@ -128,7 +129,6 @@ RUNS_HERE = [
 ]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("engine_name", "precision"), RUNS_HERE)
 def test_engine_agrees_with_the_fp32_reference_at_any_batch_size(
     engine_name: str,
@@ -290,7 +290,6 @@ def _predict(engine: Any) -> accuracy.Predict:
     return predict
 
 
-@pytest.mark.slow
 def test_int8_held_out_top1_is_within_one_point_of_fp32(cache: Path) -> None:
     fp32 = load_engine("onnxruntime", "fp32", "cpu", 2, cache_dir=cache)
     int8 = load_engine("onnxruntime", "int8", "cpu", 2, cache_dir=cache)
@@ -367,7 +366,7 @@ def test_threads_must_be_positive(threads: Any) -> None:
     assert raised.value.hint is not None and "knobs.threads" in raised.value.hint
 
 
-@pytest.mark.skipif(HAS_TENSORRT, reason="tensorrt is installed here")
+@capabilities.without_tensorrt()
 def test_tensorrt_missing_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(EngineUnavailableError) as raised:
         load_engine("tensorrt", "fp16", "cuda", THREADS, cache_dir=tmp_path)
@@ -376,7 +375,7 @@ def test_tensorrt_missing_is_a_clear_error(tmp_path: Path) -> None:
     assert "optlab[tensorrt]" in raised.value.hint and "onnxruntime" in raised.value.hint
 
 
-@pytest.mark.skipif(HAS_CUDA, reason="a CUDA GPU is visible here")
+@capabilities.without_cuda()
 @pytest.mark.parametrize("engine_name", ["torch", "onnxruntime"])
 def test_cuda_without_a_gpu_is_a_clear_error(engine_name: str, tmp_path: Path) -> None:
     if engine_name == "onnxruntime" and HAS_ORT_CUDA:
@@ -439,7 +438,7 @@ def test_torch_cuda_agrees_and_takes_device_tensors(
 
 
 @needs_cuda
-@pytest.mark.skipif(not HAS_ORT_CUDA, reason="onnxruntime-gpu is not installed")
+@capabilities.needs_ort_cuda()
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_onnxruntime_cuda_uses_the_cuda_provider(
     precision: str, cache: Path, held: tuple[np.ndarray, np.ndarray], reference: np.ndarray
@@ -452,7 +451,7 @@ def test_onnxruntime_cuda_uses_the_cuda_provider(
 
 
 @needs_cuda
-@pytest.mark.skipif(not HAS_TENSORRT, reason="tensorrt is not installed")
+@capabilities.needs_tensorrt()
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
 def test_tensorrt_agrees_and_caches_its_plan(
     precision: str, cache: Path, held: tuple[np.ndarray, np.ndarray], reference: np.ndarray

@@ -21,24 +21,13 @@ from optlab.env.collect import (
 from optlab.env.compare import (
     compare_fingerprints,
 )
-from tests.support.capabilities import needs_git
+from tests.support.capabilities import needs_git, without_nvml
 from tests.support.proc import run_python
 
 
 @pytest.fixture(scope="module")
 def fp() -> dict[str, Any]:
     return collect_fingerprint()
-
-
-def _nvml_works() -> bool:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        pynvml.nvmlShutdown()
-        return True
-    except Exception:
-        return False
 
 
 # --------------------------------------------------------------------------- collection
@@ -80,7 +69,7 @@ def test_collect_does_not_import_heavy_modules() -> None:
     assert out.stdout.strip() == "[]"
 
 
-@pytest.mark.skipif(_nvml_works(), reason="NVML is usable on this machine")
+@without_nvml()
 def test_no_nvml_means_no_gpus_and_a_note(fp: dict[str, Any]) -> None:
     hardware = fp["hardware"]
     assert hardware["gpus"] == []

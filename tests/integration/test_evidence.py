@@ -86,7 +86,6 @@ def cpu_pct(evidence: RunEvidence) -> float:
     return process.cpu_user_pct + process.cpu_system_pct
 
 
-@pytest.mark.slow
 def test_a_leaking_spinning_target_against_a_sleeping_one(tmp_path: Path) -> None:
     # One load thread spinning 0.3 ms a request (then 0.2 ms asleep: a thread that never lets
     # go of the GIL starves optlab's sampler thread of its once-a-second readings), keeping
@@ -148,7 +147,6 @@ def test_a_leaking_spinning_target_against_a_sleeping_one(tmp_path: Path) -> Non
     assert not any(isinstance(getattr(cb, "__self__", None), GcPauses) for cb in gc.callbacks)
 
 
-@pytest.mark.slow
 def test_a_batching_run_of_the_reference_classifier(tmp_path: Path) -> None:
     folder = tmp_path / "ic"
     folder.mkdir()
@@ -166,7 +164,6 @@ def test_a_batching_run_of_the_reference_classifier(tmp_path: Path) -> None:
     assert batching.wait_ms_mean is not None and batching.wait_ms_mean > 0
 
 
-@pytest.mark.slow
 def test_a_command_target_fills_service_and_network(tmp_path: Path, invoke: Invoke) -> None:
     path = command_experiment(tmp_path, "svc", free_port())
     # The evidence is what is checked, not the verdict: a busy machine may serve too few

@@ -73,7 +73,6 @@ def _measure(tmp_path: Path, name: str, seed: int = 0, duration_s: float = 2.0) 
     return outcome[-1].summary
 
 
-@pytest.mark.slow
 def test_lock_throughput_is_one_over_the_hold_time(tmp_path: Path) -> None:
     hold_ms = by_name("lock")[0].config(0)["knobs"]["hold_ms"]
     summary = _measure(tmp_path, "lock")
@@ -92,7 +91,6 @@ def test_lock_throughput_is_one_over_the_hold_time(tmp_path: Path) -> None:
     assert (evidence.process.cpu_user_pct or 0) + (evidence.process.cpu_system_pct or 0) < 60
 
 
-@pytest.mark.slow
 def test_leak_grows_the_resident_size(tmp_path: Path) -> None:
     # 4 s: enough resource readings for a memory trend (MEMORY_LEAST_SAMPLES of
     # src/optlab/run/evidence.py), which a 2 s run may fall short of.
@@ -108,7 +106,6 @@ def test_leak_grows_the_resident_size(tmp_path: Path) -> None:
     assert evidence.memory.mib_per_1k_requests > 40  # ~122 MiB per 1,000 requests
 
 
-@pytest.mark.slow
 def test_under_batching_waits_out_its_timeout(tmp_path: Path) -> None:
     wait_ms = by_name("under-batching")[0].config(0)["knobs"]["batching"]["max_wait_ms"]
     summary = _measure(tmp_path, "under-batching")

@@ -123,7 +123,6 @@ def test_a_step_naming_a_missing_knob_in_a_template_is_refused(
 # -- http target ---------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_http_closed_loop_records_server_timing_stages(
     tmp_path: Path, invoke: Invoke, toy: int
 ) -> None:
@@ -144,7 +143,6 @@ def test_http_closed_loop_records_server_timing_stages(
     assert latency["total"]["p50"] >= latency["server_total"]["p50"] >= 0.95
 
 
-@pytest.mark.slow
 def test_http_open_loop_keeps_its_rate_and_counts_errors_by_status(
     tmp_path: Path, invoke: Invoke
 ) -> None:
@@ -166,7 +164,6 @@ def test_http_open_loop_keeps_its_rate_and_counts_errors_by_status(
     assert summary["harness_ms"]["send_lag"]["count"] == summary["requests"]  # type: ignore[index]
 
 
-@pytest.mark.slow
 def test_a_service_that_goes_away_mid_run_counts_connection_errors(
     tmp_path: Path, invoke: Invoke
 ) -> None:
@@ -188,7 +185,6 @@ def test_a_service_that_goes_away_mid_run_counts_connection_errors(
     assert isinstance(errors, dict) and "ClientConnectorError" in errors
 
 
-@pytest.mark.slow
 def test_a_hung_service_does_not_hang_the_run(tmp_path: Path, invoke: Invoke) -> None:
     """Requests still in flight at the end are drained for a bounded time, then abandoned."""
     # Every request asleep for 10 minutes: a run that waited for them would take that long,
@@ -205,7 +201,6 @@ def test_a_hung_service_does_not_hang_the_run(tmp_path: Path, invoke: Invoke) ->
     assert elapsed < 120, f"the run took {elapsed:.1f} s: it waited for its hung requests"
 
 
-@pytest.mark.slow
 def test_two_generator_processes_merge_every_request(
     tmp_path: Path, invoke: Invoke, toy: int, sqlite_url: str
 ) -> None:
@@ -233,7 +228,6 @@ def test_two_generator_processes_merge_every_request(
 # -- command target ------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_command_target_chain_renders_knobs_and_stops_the_service(
     tmp_path: Path, invoke: Invoke, sqlite_url: str
 ) -> None:
@@ -264,7 +258,6 @@ def test_command_target_chain_renders_knobs_and_stops_the_service(
     assert base.exists()
 
 
-@pytest.mark.slow
 def test_service_metrics_and_accuracy_urls_are_the_targets_hooks(
     tmp_path: Path, invoke: Invoke
 ) -> None:
@@ -317,7 +310,6 @@ def test_service_that_exits_before_ready_fails_with_its_log(tmp_path: Path, invo
     assert "exited with code 3 before it was ready" in reason
 
 
-@pytest.mark.slow
 def test_service_not_ready_in_time_is_stopped(
     tmp_path: Path, invoke: Invoke, sqlite_url: str
 ) -> None:
@@ -337,7 +329,6 @@ def test_service_not_ready_in_time_is_stopped(
     assert not psutil.pid_exists(int(marker.read_text()))
 
 
-@pytest.mark.slow
 def test_killing_the_service_mid_run_fails_the_run_with_its_log_tail(
     tmp_path: Path, sqlite_url: str
 ) -> None:
@@ -359,7 +350,6 @@ def test_killing_the_service_mid_run_fails_the_run_with_its_log_tail(
     assert "listening on" in stdout + stderr  # and shown
 
 
-@pytest.mark.slow
 def test_ctrl_c_leaves_no_child_process_behind(tmp_path: Path, sqlite_url: str) -> None:
     port = free_port()
     # The service (aiohttp's run_app) shuts down gracefully on SIGTERM, which takes CPU: on a
@@ -409,7 +399,6 @@ def test_ctrl_c_leaves_no_child_process_behind(tmp_path: Path, sqlite_url: str) 
 TOKEN = "tok-8d1f4c2a9e77-never-store-me"
 
 
-@pytest.mark.slow
 def test_a_secret_appears_nowhere_in_the_database_or_any_report(
     tmp_path: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch, invoke: Invoke
 ) -> None:
@@ -464,7 +453,6 @@ def test_a_secret_appears_nowhere_in_the_database_or_any_report(
 # -- the serve chain -----------------------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_serve_chain_measured_over_http_shows_the_server_side_stages(
     tmp_path: Path, invoke: Invoke
 ) -> None:

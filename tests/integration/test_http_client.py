@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -20,6 +19,7 @@ from optlab.targets.http_wire import (
     ClientConnectorError,
     HttpError,
 )
+from tests.support.capabilities import not_windows
 from tests.support.httpspec import OK, spec
 
 Reply = Callable[[bytes, bytes], Awaitable[bytes | None]]  # (head, body) -> bytes, or None: close
@@ -260,7 +260,7 @@ def test_head_responses_end_at_their_headers() -> None:
     assert run(main()) == 1
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="uvloop is a dependency off Windows only")
+@not_windows  # uvloop is a dependency off Windows only
 def test_uvloop_drives_it_too() -> None:
     import uvloop  # a dependency here: a broken install fails, never skips
 

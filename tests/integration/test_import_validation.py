@@ -328,7 +328,6 @@ def test_files_that_are_not_regular_or_too_large_are_refused(
     )
 
 
-@pytest.mark.slow  # a subprocess: a regression blocks it, not the test run
 def test_a_fifo_is_refused_not_waited_on(exported: Path) -> None:
     # A subprocess, so that a regression blocks it (killed by the timeout), not the test run.
     os.mkfifo(exported.with_name("fifo.jsonl"))
@@ -390,7 +389,6 @@ def test_a_deep_or_huge_line_is_malformed_not_a_crash(exported: Path) -> None:
     refused(digits, "digits.jsonl:2: malformed run bundle")
 
 
-@pytest.mark.slow
 def test_genuine_runs_of_other_kinds_import_unrefused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -69,7 +69,6 @@ def test_closed_loop_cycles_through_the_requests_and_sets_the_request_timing() -
 # -- open loop ------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_open_loop_sees_a_stall_that_closed_loop_hides() -> None:
     """Coordinated omission: the same stalling server, measured both ways."""
     knobs = {"service_ms": 1.0, "single_server": True, "stall_every_s": 1.0, "stall_ms": 300.0}
@@ -298,7 +297,6 @@ def test_a_failed_start_leaves_no_thread_waiting(monkeypatch: pytest.MonkeyPatch
     assert not ours, ours
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("load", [closed(3), open_(200.0)], ids=["closed", "open"])
 def test_a_call_that_never_returns_is_a_timeout_while_it_hangs(load: Load) -> None:
     # One request in 40 hangs until the test releases it: it must be counted as a timeout

@@ -103,7 +103,6 @@ def server(tmp_path: Path) -> Iterator[tuple[int, int, int]]:
         yield port, proc.pid, int(worker_file.read_text())
 
 
-@pytest.mark.slow
 def test_a_same_host_http_server_is_the_service_never_a_neighbour(
     tmp_path: Path, sqlite_url: str
 ) -> None:
@@ -260,7 +259,6 @@ def build(knobs):
 """
 
 
-@pytest.mark.slow
 def test_a_run_names_a_burner_that_ran_and_exited_inside_its_measured_phase(
     tmp_path: Path,
 ) -> None:

@@ -96,7 +96,6 @@ def test_a_device_node_or_a_symlink_is_never_replaced(url: str, tmp_path: Path) 
         assert folder.exit_code == 2 and "is a directory" in folder.stderr
 
 
-@pytest.mark.slow  # a subprocess: a regression blocks it, not the test run
 def test_a_fifo_is_refused_without_opening_it(url: str, tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "pipe.jsonl")
     # A subprocess, so that a regression blocks it (killed by the timeout), not the test run.
@@ -195,7 +194,6 @@ def test_a_folder_without_write_permission(url: str, tmp_path: Path) -> None:
         folder.chmod(0o700)
 
 
-@pytest.mark.slow  # a subprocess: a regression blocks it, not the test run
 def test_a_fifo_among_pending_runs_blocks_no_command(url: str, tmp_path: Path) -> None:
     pending = tmp_path / ".optlab" / "pending"
     pending.mkdir(parents=True, mode=0o700)

@@ -132,7 +132,6 @@ def test_cache_hits_repeated_payloads_and_counts_them() -> None:
     assert metrics["hits"] == 1 and metrics["misses"] == 1 and metrics["hit_rate"] == 0.5
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("preprocess", ["numpy", "numpy-pooled"])
 def test_accuracy_is_measured_through_the_configured_pipeline(preprocess: str) -> None:
     # numpy-pooled returns one reused buffer per thread: the accuracy check must copy each
@@ -180,7 +179,6 @@ def test_inputs_follow_the_workload() -> None:
     assert min(sides) >= 64 and max(sides) <= 128 and len(sides) > 1
 
 
-@pytest.mark.slow
 def test_run_stores_accuracy_batch_sizes_and_the_stage_breakdown(
     tmp_path: Path, invoke: Invoke, sqlite_url: str
 ) -> None:
@@ -217,7 +215,6 @@ def build(knobs):
 """
 
 
-@pytest.mark.slow
 def test_an_accuracy_drop_beyond_the_slo_invalidates_the_run(
     tmp_path: Path, invoke: Invoke
 ) -> None:

@@ -86,7 +86,6 @@ def _busiest(profile: Profile) -> str:
 # -- py-spy against real processes -------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_cpu_bound_function_is_the_top_frame_and_holds_the_gil(
     burner: tuple[Profile, list[subprocess.Popen[bytes]]],
 ) -> None:
@@ -101,7 +100,6 @@ def test_cpu_bound_function_is_the_top_frame_and_holds_the_gil(
     assert profile.gil_pct is not None and profile.gil_pct > 50
 
 
-@pytest.mark.slow
 def test_two_threads_both_listed_busiest_first(
     burner: tuple[Profile, list[subprocess.Popen[bytes]]],
 ) -> None:
@@ -115,7 +113,6 @@ def test_two_threads_both_listed_busiest_first(
     assert profile.idle_pct is not None and 25 < profile.idle_pct < 75
 
 
-@pytest.mark.slow
 def test_a_waiting_process_is_idle() -> None:
     profile, _ = _profile(WAITER, 1.0)
     assert profile.samples > 30
@@ -124,7 +121,6 @@ def test_a_waiting_process_is_idle() -> None:
     assert profile.frames[0].frame.startswith("<module> (")
 
 
-@pytest.mark.slow
 def test_a_target_that_dies_leaves_what_was_sampled() -> None:
     target = _target(SHORT)
     profiler = Profiler(target.pid, rate_hz=100)

@@ -14,7 +14,8 @@ from click.testing import Result
 from optlab.config.loading import parse_stored
 from optlab.config.modes import RampLoad, mode_of
 from optlab.store import Store
-from tests.conftest import REPO, write
+from tests.support.files import write
+from tests.support.paths import REPO
 
 Invoke = Callable[..., Result]
 SCHEMA = json.loads((REPO / "docs" / "schemas" / "run-summary.schema.json").read_text("utf-8"))

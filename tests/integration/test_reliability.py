@@ -82,7 +82,6 @@ def build(knobs):
 """
 
 
-@pytest.mark.slow
 def test_numpy_nan_and_objects_from_a_target_are_stored_json_safe(
     tmp_path: Path, invoke: Invoke, sqlite_url: str
 ) -> None:
@@ -139,7 +138,6 @@ def test_a_target_that_calls_sys_exit_during_the_load_fails_the_run(
     assert "SystemExit" in summary["reasons"][0]  # type: ignore[index]
 
 
-@pytest.mark.slow
 def test_a_request_that_never_returns_is_a_timeout_not_a_valid_run(
     tmp_path: Path, invoke: Invoke
 ) -> None:
@@ -159,7 +157,6 @@ def test_a_request_that_never_returns_is_a_timeout_not_a_valid_run(
     assert "timeout 2" in result.stderr  # the error types are printed, not only a rate
 
 
-@pytest.mark.slow
 def test_sighup_stores_the_partial_run_like_sigterm(
     synth: Path, invoke: Invoke, sqlite_url: str
 ) -> None:
@@ -178,7 +175,6 @@ def test_sighup_stores_the_partial_run_like_sigterm(
     assert store.get_windows(run_id, "measure")
 
 
-@pytest.mark.slow
 def test_a_closed_output_pipe_never_fails_the_measurement(synth: Path, sqlite_url: str) -> None:
     # `optlab run X 2>&1 | head -2`: before, the run FAILED with BrokenPipeError.
     db = Path(sqlite_url.removeprefix("sqlite:///"))
@@ -195,7 +191,6 @@ def test_a_closed_output_pipe_never_fails_the_measurement(synth: Path, sqlite_ur
     assert not any("pipe" in reason.lower() for reason in run.reasons), run.reasons
 
 
-@pytest.mark.slow
 def test_heartbeats_go_on_while_a_slow_target_builds(tmp_path: Path, sqlite_url: str) -> None:
     # Before: no heartbeat while the target built, and the next `optlab run` marked a live
     # run CRASHED after 60 s of silence.
@@ -239,7 +234,6 @@ def test_nothing_listening_at_an_http_target_is_refused_before_a_run(
     assert Store.open(sqlite_url).list_runs() == []  # refused before a run, not measured
 
 
-@pytest.mark.slow
 def test_log_keeps_long_names_out_of_the_status_column_and_shows_error_types(
     tmp_path: Path, invoke: Invoke
 ) -> None:
@@ -261,7 +255,6 @@ def test_log_keeps_long_names_out_of_the_status_column_and_shows_error_types(
 
 
 @pytest.mark.postgres
-@pytest.mark.slow
 def test_a_run_survives_postgresql_stopped_for_10_s_mid_run(synth: Path) -> None:
     from tests.support.pgcluster import private_cluster
 
@@ -305,7 +298,6 @@ def test_a_run_survives_postgresql_stopped_for_10_s_mid_run(synth: Path) -> None
 
 
 @pytest.mark.postgres
-@pytest.mark.slow
 def test_a_run_whose_store_never_comes_back_is_pending_then_stored_by_the_next_command(
     synth: Path,
 ) -> None:
@@ -386,7 +378,6 @@ def _every_run_stored(url: str, done: list[subprocess.CompletedProcess[str]]) ->
     store.close()
 
 
-@pytest.mark.slow
 def test_four_concurrent_runners_on_one_sqlite_file_store_every_run(
     synth: Path, sqlite_url: str
 ) -> None:
@@ -400,7 +391,6 @@ def test_four_concurrent_runners_on_one_sqlite_file_store_every_run(
 
 
 @pytest.mark.postgres
-@pytest.mark.slow
 def test_eight_concurrent_runners_on_one_postgresql_database_store_every_run(
     synth: Path,
 ) -> None:
@@ -411,7 +401,6 @@ def test_eight_concurrent_runners_on_one_postgresql_database_store_every_run(
         _every_run_stored(pg.url, done)
 
 
-@pytest.mark.slow
 def test_a_disk_that_fills_during_a_run_loses_nothing(synth: Path, tmp_path: Path) -> None:
     # The database on a tmpfs with a few KB left: before, the run stayed RUNNING and its data
     # was neither stored nor printed.
@@ -493,7 +482,6 @@ def build(knobs):
 """
 
 
-@pytest.mark.slow
 def test_a_close_that_hangs_neither_loses_the_run_nor_deafens_optlab(
     tmp_path: Path, sqlite_url: str
 ) -> None:
@@ -518,7 +506,6 @@ def test_a_close_that_hangs_neither_loses_the_run_nor_deafens_optlab(
     assert any("close() was interrupted" in note for note in run.summary.notes)
 
 
-@pytest.mark.slow
 def test_a_keyboard_interrupt_raised_by_close_does_not_lose_the_run(
     tmp_path: Path, invoke: Invoke
 ) -> None:
@@ -535,7 +522,6 @@ def test_a_keyboard_interrupt_raised_by_close_does_not_lose_the_run(
     assert "target close() raised KeyboardInterrupt: " in summary["notes"]  # type: ignore[operator]
 
 
-@pytest.mark.slow
 def test_closed_stdout_and_stderr_do_not_fail_a_run(synth: Path, sqlite_url: str) -> None:
     args = f"run {synth / 'baseline.yaml'} {' '.join(FAST)} --json"
     closed = subprocess.run(
@@ -549,7 +535,6 @@ def test_closed_stdout_and_stderr_do_not_fail_a_run(synth: Path, sqlite_url: str
     assert run.status == "FINISHED"
 
 
-@pytest.mark.slow
 def test_a_reader_that_leaves_early_is_not_a_failure(
     synth: Path, invoke: Invoke, sqlite_url: str
 ) -> None:
@@ -566,7 +551,6 @@ def test_a_reader_that_leaves_early_is_not_a_failure(
     assert result.stdout.startswith("  id  experiment") and result.stderr == ""
 
 
-@pytest.mark.slow
 def test_a_pending_run_kept_outside_this_folder_is_found_and_no_other_database_is_made(
     synth: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sqlite_url: str
 ) -> None:
@@ -608,7 +592,6 @@ def _run_once(synth: Path, store: Store) -> str:
     return store.list_runs()[-1].status
 
 
-@pytest.mark.slow
 def test_a_service_behind_a_wrapper_dies_with_a_sigkilled_optlab(
     tmp_path: Path, sqlite_url: str
 ) -> None:
@@ -655,7 +638,6 @@ def test_a_service_behind_a_wrapper_dies_with_a_sigkilled_optlab(
 # -- verdicts that blame the right party (issue 12) ---------------------------------------------
 
 
-@pytest.mark.slow
 def test_a_saturated_open_loop_run_blames_the_target_with_offered_completed_and_backlog(
     tmp_path: Path, invoke: Invoke, sqlite_url: str
 ) -> None:

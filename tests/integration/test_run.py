@@ -80,7 +80,6 @@ def test_quick_chain_stores_everything(synth: Path, invoke: Invoke, sqlite_url: 
     assert log.exit_code == 0 and "synthetic-faster-service" in log.stdout
 
 
-@pytest.mark.slow
 def test_step_refused_until_parent_measured_then_chain(synth: Path, invoke: Invoke) -> None:
     step = str(synth / "01-faster-service.yaml")
     refused = invoke("run", step, *FAST)
@@ -96,7 +95,6 @@ def test_step_refused_until_parent_measured_then_chain(synth: Path, invoke: Invo
     ]
 
 
-@pytest.mark.slow
 def test_other_protocol_or_environment_refused(
     synth: Path, invoke: Invoke, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -111,7 +109,6 @@ def test_other_protocol_or_environment_refused(
     assert "re-measure the parent" in env.stderr
 
 
-@pytest.mark.slow
 def test_repeats_measure_n_times(synth: Path, invoke: Invoke) -> None:
     result = invoke("run", str(synth / "baseline.yaml"), *FAST, "--repeats", "2")
     assert result.exit_code == 0, result.output
@@ -132,7 +129,6 @@ def test_two_variables_refused_before_any_run(synth: Path, invoke: Invoke) -> No
     assert invoke("log").stdout.startswith("no runs yet")
 
 
-@pytest.mark.slow
 def test_python_target_code_change_refused(tmp_path: Path, invoke: Invoke) -> None:
     folder = tmp_path / "py"
     folder.mkdir()
@@ -157,7 +153,6 @@ def _spawn(synth: Path, db: Path, *args: str) -> subprocess.Popen[str]:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-@pytest.mark.slow
 def test_interrupt_leaves_a_killed_run_with_partial_data(
     synth: Path, tmp_path: Path, invoke: Invoke, sqlite_url: str, signum: int
 ) -> None:
@@ -179,7 +174,6 @@ def test_interrupt_leaves_a_killed_run_with_partial_data(
     assert earlier.status == "FINISHED" and earlier.valid
 
 
-@pytest.mark.slow
 def test_sigkill_is_marked_crashed_at_the_next_start(
     synth: Path, invoke: Invoke, sqlite_url: str
 ) -> None:
@@ -223,7 +217,6 @@ def _measure_with(synth: Path, url: str, knobs: str, protocol: EffectiveProtocol
     return measure(store, link, config, protocol, run_id, PlainProgress(), RunOptions(), [synth])
 
 
-@pytest.mark.slow
 def test_warmup_ends_when_stable_or_at_its_limit(synth: Path, sqlite_url: str) -> None:
     protocol = EffectiveProtocol(
         name="full",
@@ -255,7 +248,6 @@ def test_warmup_ends_when_stable_or_at_its_limit(synth: Path, sqlite_url: str) -
     assert not any("did not stabilise" in note for note in steady.summary.notes)
 
 
-@pytest.mark.slow
 def test_user_target_chain_attributes_stages_across_the_batching_thread(
     tmp_path: Path, invoke: Invoke, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

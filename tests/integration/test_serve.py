@@ -123,7 +123,6 @@ def server(tmp_path: Path) -> Iterator[Server]:
         started.stop()
 
 
-@pytest.mark.slow
 def test_serve_predicts_with_server_timing_and_stops_on_sigterm(
     server: Server, samples: list[Sample]
 ) -> None:
@@ -168,7 +167,6 @@ def test_serve_predicts_with_server_timing_and_stops_on_sigterm(
     assert "Traceback" not in server.stderr()
 
 
-@pytest.mark.slow
 def test_serve_forms_dynamic_batches(tmp_path: Path, samples: list[Sample]) -> None:
     server = Server(tmp_path, "--preprocess", "numpy", "--batching", BATCHING)
     try:

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 from click.testing import Result
 
 from optlab.env.collect import collect_fingerprint
@@ -158,7 +157,6 @@ def test_service_packages_are_material_and_explained_by_name(tmp_path: Path) -> 
 # -- end to end ----------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_a_command_targets_venv_gaining_a_package_is_refused_naming_it(
     tmp_path: Path, invoke: Invoke
 ) -> None:

@@ -436,7 +436,6 @@ def _save_rounds(url: str, barrier: Any, results: Any) -> None:
         store.close()
 
 
-@pytest.mark.slow
 def test_concurrent_first_saves_of_one_experiment(db_url: str) -> None:
     Store.open(db_url).close()  # the schema exists; the race is over the new rows
     # Forked from a server that imported optlab once: spawning, each writer imported it anew.

@@ -19,7 +19,8 @@ from click.testing import Result
 
 import optlab.api as api
 from optlab.store import Store
-from tests.conftest import REPO, write
+from tests.support.files import write
+from tests.support.paths import REPO
 
 Invoke = Callable[..., Result]
 
@@ -89,7 +90,6 @@ def test_a_range_that_goes_down_is_refused(invoke: Invoke, tmp_path: Path) -> No
     assert "hint: give a range that goes up" in result.stderr
 
 
-@pytest.mark.slow  # an end-to-end sweep of real levels (2-67 s on the 2-core machine)
 def test_an_slo_no_rate_meets_finishes_without_a_capacity(
     invoke: Invoke, tmp_path: Path, sqlite_url: str
 ) -> None:
@@ -109,7 +109,6 @@ def test_an_slo_no_rate_meets_finishes_without_a_capacity(
     assert stored.result.capacity_qps is None
 
 
-@pytest.mark.slow  # an end-to-end sweep of real levels (2-67 s on the 2-core machine)
 def test_a_target_that_fails_at_every_level_fails_the_sweep(
     invoke: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -130,7 +129,6 @@ def test_a_target_that_fails_at_every_level_fails_the_sweep(
     assert "ValueError" in document["error"]
 
 
-@pytest.mark.slow  # an end-to-end sweep of real levels (2-67 s on the 2-core machine)
 def test_a_sweep_is_stored_and_its_levels_are_reused(
     invoke: Invoke, tmp_path: Path, sqlite_url: str
 ) -> None:
@@ -196,7 +194,6 @@ def test_a_sweep_is_stored_and_its_levels_are_reused(
     assert not any(lv["reused"] for lv in _json(longer)["levels"])
 
 
-@pytest.mark.slow  # an end-to-end sweep of real levels (2-67 s on the 2-core machine)
 def test_closed_mode_sweeps_clients_and_names_saturation(invoke: Invoke, tmp_path: Path) -> None:
     path = _server(tmp_path, ms=5)
     args = ("--slo", "p99=60ms", "--quick", "--level-duration", "1", "--mode", "closed")
@@ -239,7 +236,6 @@ def _measuring_level(db: Path, position: int) -> bool:
     return row is not None
 
 
-@pytest.mark.slow  # an end-to-end sweep of real levels (2-67 s on the 2-core machine)
 def test_ctrl_c_keeps_the_finished_levels_and_marks_the_sweep_killed(tmp_path: Path) -> None:
     path = _server(tmp_path, ms=2)
     db = tmp_path / "sweep.db"
@@ -264,7 +260,6 @@ def test_ctrl_c_keeps_the_finished_levels_and_marks_the_sweep_killed(tmp_path: P
     assert sweep.result is not None and sweep.result.capacity_qps is None
 
 
-@pytest.mark.slow  # an end-to-end sweep of real levels (2-67 s on the 2-core machine)
 def test_a_plainly_saturated_level_stops_early(invoke: Invoke, tmp_path: Path) -> None:
     path = _server(tmp_path, "slow", ms=10)  # one server at 10 ms: 100/s at most
     args = ("--slo", "p99=500ms", "--quick", "--level-duration", "20")
@@ -278,7 +273,6 @@ def test_a_plainly_saturated_level_stops_early(invoke: Invoke, tmp_path: Path) -
     assert "stopping early: saturated" in result.stderr
 
 
-@pytest.mark.slow  # an end-to-end sweep of real levels (2-67 s on the 2-core machine)
 def test_export_refuses_a_level_and_says_sweeps_stay_behind(
     invoke: Invoke, tmp_path: Path, sqlite_url: str
 ) -> None:
@@ -300,7 +294,6 @@ def test_export_refuses_a_level_and_says_sweeps_stay_behind(
     assert "wrote 1 run " in exported.stdout
 
 
-@pytest.mark.slow  # an end-to-end sweep of real levels (2-67 s on the 2-core machine)
 def test_a_step_swept_alone_says_its_parent_has_no_sweep(invoke: Invoke, tmp_path: Path) -> None:
     _server(tmp_path, "base", ms=2)
     step = write(tmp_path, "faster.yaml", "name: faster\nparent: base\nchange: {service_ms: 1}\n")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import Result
 
-from tests.conftest import write
+from tests.support.files import write
 
 Invoke = Callable[..., Result]
 

@@ -31,7 +31,7 @@ def _measure(tmp_path: Path, name: str) -> RunSummary:
     with Store.open(f"sqlite:///{tmp_path / 'runs.db'}") as store:
         options = RunOptions(quick=True, duration_s=2.0, warmup_s=0.3)
         outcome = run(path, store, options, _Quiet())
-    assert outcome[-1].status == "FINISHED"
+    assert outcome[-1].status == "FINISHED", f"the run ended {outcome[-1].status}"
     return outcome[-1].summary
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,6 +21,7 @@ from optlab.metrics.stages import SEND_LAG, RequestTiming
 from optlab.targets.http import classify
 from optlab.targets.http_client import HttpClient
 from optlab.targets.http_wire import Body
+from tests.support.capabilities import needs_linux
 from tests.support.httpspec import spec
 
 
@@ -51,7 +51,7 @@ def test_a_request_that_never_gets_an_answer_is_given_up_soon_after_its_timeout(
     assert 0.2 <= elapsed < 2.0, f"given up after {elapsed:.3f} s (timeout 0.2 s)"
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timerfd is Linux's")
+@needs_linux  # timerfd is Linux's
 def test_the_open_loop_sends_on_schedule_waking_on_a_timer(monkeypatch: pytest.MonkeyPatch) -> None:
     """The open loop through this client: a constant 200/s for 1 s against a threaded server.
     On Linux the generator sleeps on a timerfd until just before each send (here the whole
@@ -97,7 +97,8 @@ def test_the_open_loop_sends_on_schedule_waking_on_a_timer(monkeypatch: pytest.M
     # 200/s for as long as it ran: the schedule, not the test's own sleep, sets the count.
     issued = report.issued
     assert 180 <= issued <= 200 * ran_s + 15, f"{issued} sent in {ran_s:.2f} s at 200/s"
-    assert collector.totals("measure") == (report.completed, 0)
+    totals = collector.totals("measure")
+    assert totals == (report.completed, 0), f"{totals} collected, {report.completed} completed"
     lag = collector.histograms("measure")[SEND_LAG]
     median = lag.value_at_percentile_ns(50)
     # Sent within 1 ms of its intended time.

@@ -29,7 +29,7 @@ def test_record_array_of_a_million_values_is_fast() -> None:
     hist = LatencyHistogram()
     hist.record_array(values[:1000])  # builds the shared bucket tables
     attempts = [_cpu_s(lambda: hist.record_array(values)) for _ in range(3)]
-    assert hist.count == 3_001_000
+    assert hist.count == 3_001_000, f"{hist.count} recorded"
     figures = "record_array(1e6) took " + ", ".join(f"{s * 1e3:.1f}" for s in attempts) + " ms"
     # About 20 ms idle; the best of three attempts, every one shown.
     assert min(attempts) < 0.1, figures
@@ -45,6 +45,6 @@ def test_worker_log_records_well_above_the_harness_target() -> None:
             log.record(i, 1000, 0, 0, timing)
 
     rate = n / _cpu_s(record)
-    assert log.pending() == n
+    assert log.pending() == n, f"{log.pending()} pending of {n}"
     # Comfortably above the 200k/s harness target split over a few threads.
     assert rate > 300_000, f"{rate:,.0f} records/s of CPU"

@@ -23,6 +23,7 @@ from optlab.reference.classifier.batcher import (
     InstancePool,
     Overloaded,
 )
+from tests.support.capabilities import needs_posix_signals
 from tests.support.waits import wait_until
 
 # A deadline no test reaches: batches close only when full. A batch that waited for it would
@@ -397,7 +398,7 @@ class Interrupted(Exception):
     pass
 
 
-@pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs POSIX signals")
+@needs_posix_signals
 def test_pool_waiter_interrupted_by_a_signal_leaves_the_line() -> None:
     # Signals are delivered to the main thread only, which is where pytest runs a test.
     assert threading.current_thread() is threading.main_thread()

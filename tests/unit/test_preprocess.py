@@ -34,6 +34,7 @@ from PIL import Image
 from optlab.errors import OptlabError
 from optlab.reference.classifier.data import MODEL_SIDE, Sample, decode_reference, render, requests
 from optlab.reference.classifier.preprocess import VARIANTS, make_preprocessor
+from tests.support.capabilities import without_cuda
 from tests.support.preprocessed import as_array
 
 LEVEL = 1.0 / (255.0 * 0.25)  # one uint8 step after normalisation with STD 0.25
@@ -230,7 +231,7 @@ def test_bad_side_is_refused(side: int) -> None:
         make_preprocessor("numpy", side=side)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+@without_cuda()
 @pytest.mark.parametrize("device", ["cuda", "cuda:0"])
 def test_torch_on_cuda_without_cuda_is_a_clear_error(device: str) -> None:
     with pytest.raises(OptlabError, match="needs CUDA") as raised:

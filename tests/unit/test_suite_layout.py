@@ -21,53 +21,10 @@ CAPABILITIES = TESTS / "support" / "capabilities.py"
 # (issue 22, point 5), by rule: each one is listed, and a module not listed fails at once.
 # Empty each list as the modules are fixed; an empty PENDING is the goal.
 PENDING: dict[str, set[str]] = {
-    "imports": {
-        "tests/integration/test_diagnose.py",
-        "tests/integration/test_diagnose_states.py",
-        "tests/integration/test_ramp_run.py",
-        "tests/integration/test_sweep.py",
-        "tests/integration/test_sweep_refusals.py",
-    },
-    "skips": {
-        "tests/integration/test_engines.py",
-        "tests/integration/test_environment.py",
-        "tests/integration/test_http_client.py",
-        "tests/timing/test_http_client_timing.py",
-        "tests/unit/test_batcher.py",
-        "tests/unit/test_preprocess.py",
-    },
-    "slow": {
-        "tests/e2e/test_reports.py",
-        "tests/e2e/test_review_points.py",
-        "tests/e2e/test_terminal_table.py",
-        "tests/integration/test_capacity_table.py",
-        "tests/integration/test_diagnose.py",
-        "tests/integration/test_diagnose_states.py",
-        "tests/integration/test_engines.py",
-        "tests/integration/test_evidence.py",
-        "tests/integration/test_fault_scenarios.py",
-        "tests/integration/test_http.py",
-        "tests/integration/test_import_validation.py",
-        "tests/integration/test_load.py",
-        "tests/integration/test_neighbours.py",
-        "tests/integration/test_output_files.py",
-        "tests/integration/test_pipeline.py",
-        "tests/integration/test_profile.py",
-        "tests/integration/test_reliability.py",
-        "tests/integration/test_run.py",
-        "tests/integration/test_serve.py",
-        "tests/integration/test_service_env.py",
-        "tests/integration/test_store_faults.py",
-        "tests/integration/test_sweep.py",
-        "tests/unit/test_sweep_levels.py",
-    },
-    "timing-messages": {
-        "tests/timing/test_batcher_timing.py",
-        "tests/timing/test_fault_scenarios_timing.py",
-        "tests/timing/test_http_client_timing.py",
-        "tests/timing/test_load_timing.py",
-        "tests/timing/test_metrics_timing.py",
-    },
+    "imports": set(),
+    "skips": set(),
+    "slow": set(),
+    "timing-messages": set(),
 }
 
 

@@ -61,7 +61,6 @@ def _fires(windows: list[WindowStats], qps: float, mean_ms: float) -> bool:
     return gap < -LITTLE_TOLERANCE and -gap > critical * se
 
 
-@pytest.mark.slow
 def test_littles_law_stays_quiet_on_honest_mmc_levels() -> None:
     # The old rule (3 sigma on the bare spread of 5-15 integer samples) fired on 0.3-76% of
     # such levels: at a low rate every sample is often 0, and their spread says "no noise".
