@@ -153,8 +153,9 @@ def test_table_audit_check_and_capacity_agree_on_a_4x_gain_and_an_aa_step(
         for kind in ("step_delta", "cumulative_delta"):
             for metric in ("qps", "p50", "p99"):
                 low = entry[kind][f"{metric}_low_pct"]
-                # A ratio's interval never crosses -100%; the JSON rounds it to 0.1, and a paired
-                # t on 2 pairs (1 degree of freedom) may reach -99.96%, printed -100.0.
+                # A ratio's interval never crosses -100%: expm1 of the log-ratio's low end, which a
+                # paired t on 2 pairs (1 degree of freedom) can put so far down that the float is
+                # exactly -100.0.
                 assert -100 <= low <= entry[kind][f"{metric}_pct"], (kind, metric, entry[kind])
     # The planted gain: QPS x~4 (x3 to x4 on a busy machine) beyond noise, decided by QPS.
     assert x4["verdict"] == "gain" and "QPS" in x4["decided_by"], x4
