@@ -56,14 +56,13 @@ def start_optlab(
 ) -> subprocess.Popen[str]:
     """`optlab ARGS` started in the background, text mode. `new_session=True` gives it its own
     process group (a test then signals the group, as a terminal does its foreground job)."""
-    return subprocess.Popen(
+    return _start(
         optlab_argv(*args, python=python),
-        env=optlab_env(db, env),
-        cwd=cwd,
+        optlab_env(db, env),
+        cwd,
         stdout=stdout,
         stderr=stderr,
-        text=True,
-        start_new_session=new_session,
+        new_session=new_session,
     )
 
 
@@ -78,16 +77,7 @@ def run_optlab(
 ) -> subprocess.CompletedProcess[str]:
     """`optlab ARGS` run to its end, output captured; the timeout only bounds a hang. The exit
     status is the test's to check."""
-    return subprocess.run(
-        optlab_argv(*args, python=python),
-        env=optlab_env(db, env),
-        cwd=cwd,
-        input=input,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return _run(optlab_argv(*args, python=python), optlab_env(db, env), cwd, timeout, input)
 
 
 def run_python(
@@ -99,15 +89,7 @@ def run_python(
 ) -> subprocess.CompletedProcess[str]:
     """`python -c CODE` in a fresh interpreter (what a module imports, a clean process's view),
     output captured; the exit status is the test's to check."""
-    return subprocess.run(
-        [sys.executable, "-c", code, *args],
-        env=optlab_env(None, env),
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return _run([sys.executable, "-c", code, *args], optlab_env(None, env), cwd, timeout)
 
 
 def start_python(
@@ -120,14 +102,49 @@ def start_python(
 ) -> subprocess.Popen[str]:
     """`python -c CODE` started in the background (a neighbour burning CPU, a helper process);
     the test ends it."""
+    return _start([sys.executable, "-c", code], optlab_env(None, env), cwd, stdin, stdout, stderr)
+
+
+def _start(
+    argv: list[str],
+    env: dict[str, str],
+    cwd: Path | None,
+    stdin: Stream = None,
+    stdout: Stream = subprocess.PIPE,
+    stderr: Stream = subprocess.PIPE,
+    new_session: bool = False,
+) -> subprocess.Popen[str]:
+    """The one background start, text mode (`start_optlab`, `start_python`)."""
     return subprocess.Popen(
-        [sys.executable, "-c", code],
-        env=optlab_env(None, env),
+        argv,
+        env=env,
         cwd=cwd,
         stdin=stdin,
         stdout=stdout,
         stderr=stderr,
         text=True,
+        start_new_session=new_session,
+    )
+
+
+def _run(
+    argv: list[str],
+    env: dict[str, str],
+    cwd: Path | None,
+    timeout: float,
+    input: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """The one run to the end, output captured, exit status left to the test (`run_optlab`,
+    `run_python`); the timeout only bounds a hang."""
+    return subprocess.run(
+        argv,
+        env=env,
+        cwd=cwd,
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 
