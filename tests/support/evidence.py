@@ -19,12 +19,12 @@ from optlab.diagnose.evidence import Evidence, evidence_of
 from optlab.metrics.histogram import LatencyHistogram
 from optlab.run.validity import RunFacts, verdict
 from optlab.store import RunEvidence, RunRecord, RunSummary
-from optlab.store.reasons import Reason
+from optlab.store.reasons import Reason, ReasonCode
 from optlab.store.records import GpuSample, ResourceSample, StageStatsRow, WindowStats
 from optlab.store.summary import GcEvidence, LatencyStats, ProcessEvidence, ThreadCpu
 from optlab.targets.registry import find_kind
 
-__all__ = ["NOW", "OPEN", "SLOW", "Run", "facts", "reasons", "stage_row"]
+__all__ = ["NOW", "OPEN", "SLOW", "Run", "facts", "reasons", "record_of", "stage_row"]
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 OPEN: dict[str, Any] = {"mode": "open", "rate": 400.0, "arrival": "poisson"}
@@ -162,37 +162,7 @@ class Run:
         if self.target_figures is not None:
             document["target"] = self.target_figures
         summary = RunSummary.model_validate(document)
-        run = RunRecord(
-            id=1,
-            uid="u",
-            experiment="case",
-            config_id=1,
-            config_hash="h",
-            environment_id=None,
-            status=self.status,
-            protocol_name="quick",
-            protocol=self.protocol,
-            provisional=True,
-            repeat=False,
-            code_identity={},
-            git_commit=None,
-            git_dirty=None,
-            hostname="elsewhere",
-            pid=1,
-            started_at=NOW,
-            heartbeat_at=NOW,
-            finished_at=NOW,
-            warmup_s=1.0,
-            duration_s=5.0,
-            valid=valid,
-            reasons=tuple(r.text for r in self.reasons),
-            reason_codes=tuple(r.code for r in self.reasons),
-            requests=self.requests,
-            errors=self.errors,
-            qps=self.qps,
-            summary=summary,
-            error_message=None,
-        )
+        run = record_of(summary, tuple(r.code for r in self.reasons), self.protocol)
         rss = self.rss_mib or ()
         samples = tuple(
             ResourceSample(
@@ -239,6 +209,44 @@ class Run:
             cores=self.cores,
             fastest=fastest,
         )
+
+
+def record_of(
+    summary: RunSummary, codes: tuple[ReasonCode, ...] = (), protocol: dict[str, Any] | None = None
+) -> RunRecord:
+    """The stored run record around `summary` (its status, verdict, counts and durations), with
+    the verdict's reason `codes` and the run's stored `protocol`."""
+    return RunRecord(
+        id=summary.run_id,
+        uid="u",
+        experiment=summary.experiment,
+        config_id=1,
+        config_hash="h",
+        environment_id=None,
+        status=summary.status,
+        protocol_name=summary.protocol,
+        protocol=protocol or {},
+        provisional=summary.provisional,
+        repeat=False,
+        code_identity={},
+        git_commit=None,
+        git_dirty=None,
+        hostname="elsewhere",
+        pid=1,
+        started_at=NOW,
+        heartbeat_at=NOW,
+        finished_at=NOW,
+        warmup_s=summary.warmup_s,
+        duration_s=summary.duration_s,
+        valid=summary.valid,
+        reasons=summary.reasons,
+        reason_codes=codes,
+        requests=summary.requests,
+        errors=summary.errors,
+        qps=summary.qps,
+        summary=summary,
+        error_message=None,
+    )
 
 
 def facts(**changes: Any) -> RunFacts:

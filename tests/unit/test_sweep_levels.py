@@ -4,8 +4,6 @@ SLO, the latency) rather than by an absolute lag."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import numpy as np
 import pytest
 
@@ -15,6 +13,7 @@ from optlab.store import LatencyStats, RunRecord, RunSummary, WindowStats
 from optlab.store.reasons import Reason
 from optlab.sweep.levels import LITTLE_TOLERANCE, level_of, littles_law_gap
 from optlab.sweep.strategy import Settings, judge
+from tests.support.evidence import record_of
 
 SERVICE_S = 0.010
 WARMUP_S = 1.0
@@ -91,7 +90,6 @@ def _record(
     p99_ms: float, send_lag_p99_ms: float, qps: float, said: tuple[Reason, ...]
 ) -> RunRecord:
     reasons = tuple(r.text for r in said)
-    now = datetime.now(UTC)
     total = LatencyStats(p50=p99_ms / 4, p95=p99_ms / 2, p99=p99_ms, mean=p99_ms / 3, count=2000)
     lag = LatencyStats(p50=0.1, p99=send_lag_p99_ms, mean=send_lag_p99_ms / 5, count=2000)
     summary = RunSummary(
@@ -100,14 +98,7 @@ def _record(
         warmup_s=1.0, duration_s=10.0, latency_ms={"total": total},
         harness_ms={"send_lag": lag},
     )  # fmt: skip
-    return RunRecord(
-        id=1, uid="u", experiment="e", config_id=1, config_hash="h", environment_id=None,
-        status="FINISHED", protocol_name="quick", protocol={}, provisional=True, repeat=False,
-        code_identity={}, git_commit=None, git_dirty=None, hostname="h", pid=1,
-        started_at=now, heartbeat_at=now, finished_at=now, warmup_s=1.0, duration_s=10.0,
-        valid=not reasons, reasons=reasons, reason_codes=tuple(r.code for r in said),
-        requests=2000, errors=0, qps=qps, summary=summary, error_message=None,
-    )  # fmt: skip
+    return record_of(summary, tuple(r.code for r in said))
 
 
 LAGGED = (

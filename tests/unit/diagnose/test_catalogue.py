@@ -9,10 +9,10 @@ from dataclasses import replace
 
 from optlab.diagnose import RULES, diagnose
 from optlab.diagnose.evidence import Evidence, evidence_of
-from optlab.store import RunEvidence, RunRecord, RunSummary
+from optlab.store import RunEvidence, RunSummary
 from optlab.store.records import GpuSample, ResourceSample, StageStatsRow
 from optlab.store.summary import MemoryTrend
-from tests.support.evidence import NOW
+from tests.support.evidence import record_of
 from tests.support.paths import FIXTURES as ALL_FIXTURES
 from tests.support.paths import REPO
 
@@ -53,36 +53,7 @@ def _evidence(fixture: str) -> Evidence:
             "duration_s": 600.0,
         }
     )
-    run = RunRecord(
-        id=1,
-        uid="x",
-        experiment="gpu",
-        config_id=1,
-        config_hash="h",
-        environment_id=None,
-        status="FINISHED",
-        protocol_name="full",
-        protocol={},
-        provisional=False,
-        repeat=False,
-        code_identity={},
-        git_commit=None,
-        git_dirty=None,
-        hostname="h",
-        pid=1,
-        started_at=NOW,
-        heartbeat_at=NOW,
-        finished_at=NOW,
-        warmup_s=30.0,
-        duration_s=600.0,
-        valid=True,
-        reasons=(),
-        requests=1000,
-        errors=0,
-        qps=data["qps"],
-        summary=summary,
-        error_message=None,
-    )
+    run = record_of(summary)
     return evidence_of(run, data["config"], stages=stages, samples=samples, cores=16)
 
 
