@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -22,8 +22,10 @@ from optlab.config.modes.base import (
 __all__ = [
     "CONSTANT_CHUNK",
     "POISSON_CHUNK",
+    "MaxInFlight",
     "Open",
     "OpenLoad",
+    "SendingPool",
     "constant_offsets",
     "poisson_offsets",
 ]
@@ -33,31 +35,41 @@ POISSON_CHUNK = 4096  # its draws depend on it: changing it changes every seed's
 CONSTANT_CHUNK = 1024
 
 
+# The open-loop modes' sending pool (open, ramp): one definition of the field and its limits.
+MaxInFlight = Annotated[
+    int,
+    Field(
+        ge=1,
+        le=100_000,
+        description="threads available to the open loop; when all are busy, requests leave "
+        "late and the generator reports that it fell behind",
+    ),
+]
+
+
+class SendingPool:
+    """For a mode whose load has `max_in_flight` (open, ramp): its sending pool is the limit."""
+
+    def in_flight_limit(self, load: Any) -> int:
+        return int(load.max_in_flight)
+
+    def in_flight_field(self, load: Any) -> str:
+        return "max_in_flight"
+
+
 class OpenLoad(LoadCommon):
     """Requests at a fixed rate whatever the service does; latency from the intended send time."""
 
     mode: Literal["open"]
     rate: float = Field(gt=0, le=MAX_RATE, description="requests per second")
     arrival: Literal["constant", "poisson"] = "poisson"
-    max_in_flight: int = Field(
-        512,
-        ge=1,
-        le=100_000,
-        description="threads available to the open loop; when all are busy, requests leave "
-        "late and the generator reports that it fell behind",
-    )
+    max_in_flight: MaxInFlight = 512
 
 
-class Open(LoadMode[OpenLoad]):
+class Open(SendingPool, LoadMode[OpenLoad]):
     name = "open"
     model = OpenLoad
     open_loop = True
-
-    def in_flight_limit(self, load: OpenLoad) -> int:
-        return load.max_in_flight
-
-    def in_flight_field(self, load: OpenLoad) -> str:
-        return "max_in_flight"
 
     def peak_rate(self, load: OpenLoad) -> tuple[float, str]:
         return load.rate, "rate"

@@ -31,7 +31,7 @@ from optlab.config.modes.base import (
     LoadMode,
     Schedule,
 )
-from optlab.config.modes.open import CONSTANT_CHUNK, POISSON_CHUNK
+from optlab.config.modes.open import CONSTANT_CHUNK, POISSON_CHUNK, MaxInFlight, SendingPool
 
 __all__ = ["MAX_RAMP_S", "Ramp", "RampLoad", "ramp_offsets", "ramp_seconds"]
 
@@ -59,13 +59,7 @@ class RampLoad(LoadCommon):
         description="seconds from `start_rate` to `rate`: the least warm-up, measured after it",
     )
     arrival: Literal["constant", "poisson"] = "poisson"
-    max_in_flight: int = Field(
-        512,
-        ge=1,
-        le=100_000,
-        description="threads available to the open loop; when all are busy, requests leave "
-        "late and the generator reports that it fell behind",
-    )
+    max_in_flight: MaxInFlight = 512
 
     @model_validator(mode="before")
     @classmethod
@@ -83,16 +77,10 @@ class RampLoad(LoadCommon):
         return self.rate * START_FRACTION if self.start_rate is None else self.start_rate
 
 
-class Ramp(LoadMode[RampLoad]):
+class Ramp(SendingPool, LoadMode[RampLoad]):
     name = "ramp"
     model = RampLoad
     open_loop = True
-
-    def in_flight_limit(self, load: RampLoad) -> int:
-        return load.max_in_flight
-
-    def in_flight_field(self, load: RampLoad) -> str:
-        return "max_in_flight"
 
     def peak_rate(self, load: RampLoad) -> tuple[float, str]:
         # A ramp down starts at its peak.
