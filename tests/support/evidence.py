@@ -24,7 +24,21 @@ from optlab.store.records import GpuSample, ResourceSample, StageStatsRow, Windo
 from optlab.store.summary import GcEvidence, LatencyStats, ProcessEvidence, ThreadCpu
 from optlab.targets.registry import find_kind
 
-__all__ = ["NOW", "OPEN", "SLOW", "Run", "facts", "reasons", "record_of", "stage_row"]
+__all__ = [
+    "CLIENTS_HELD_UP",
+    "GENERATOR_BEHIND",
+    "NOW",
+    "OPEN",
+    "SATURATED",
+    "SLOW",
+    "STUCK",
+    "UNSTABLE",
+    "Run",
+    "facts",
+    "reasons",
+    "record_of",
+    "stage_row",
+]
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 OPEN: dict[str, Any] = {"mode": "open", "rate": 400.0, "arrival": "poisson"}
@@ -280,3 +294,42 @@ def reasons(word: str, **changes: Any) -> tuple[Reason, ...]:
     said = verdict(facts(**changes)).coded
     assert any(word in r.text for r in said), said
     return said
+
+
+# The verdict's reasons for each kind of INVALID run, with the numbers that make it.
+GENERATOR_BEHIND = reasons(
+    "load generator",
+    send_lag_p99_ms=60.0,
+    total_p99_ms=8.0,
+    send_lag_p99_low_ms=60.0,
+    in_flight_max=3,
+    in_flight_limit=1000,
+)
+CLIENTS_HELD_UP = reasons(
+    "load generator",
+    open_loop=False,
+    clients=8,
+    total_mean_ms=4.0,
+    total_max_ms=6.0,
+    timeout_ms=1000.0,
+    completed=5000,
+    measured_s=5.0,
+)
+SATURATED = reasons(
+    "saturated",
+    intended_qps=400.0,
+    completed_qps=300.0,
+    in_flight_start=0,
+    in_flight_end=200,
+    in_flight_max=200,
+    send_lag_p99_ms=40.0,
+)
+STUCK = reasons("stuck in a call", open_loop=False, stuck_clients=3, clients=8)
+UNSTABLE = reasons(
+    "unstable",
+    open_loop=False,
+    first_half_qps=401.0,
+    second_half_qps=251.0,
+    measured_s=10.0,
+    requested_s=10.0,
+)

@@ -13,7 +13,17 @@ import numpy as np
 
 from optlab.diagnose import Diagnosis, diagnose
 from optlab.store.summary import GcEvidence
-from tests.support.evidence import OPEN, SLOW, Run, reasons
+from tests.support.evidence import (
+    CLIENTS_HELD_UP,
+    GENERATOR_BEHIND,
+    OPEN,
+    SATURATED,
+    SLOW,
+    STUCK,
+    UNSTABLE,
+    Run,
+    reasons,
+)
 
 
 def first(d: Diagnosis) -> str | None:
@@ -21,19 +31,10 @@ def first(d: Diagnosis) -> str | None:
 
 
 def test_a_saturated_open_loop_blames_the_target_never_the_generator() -> None:
-    said = reasons(
-        "saturated",
-        intended_qps=400.0,
-        completed_qps=300.0,
-        in_flight_start=0,
-        in_flight_end=200,
-        in_flight_max=200,
-        send_lag_p99_ms=40.0,
-    )
     run = Run(
         load=OPEN,
         qps=300.0,
-        reasons=said,
+        reasons=SATURATED,
         send_lag_ms=40.0,
         cpu_pct=190.0,
         in_flight=(0, 50, 100, 150, 200),
@@ -59,15 +60,7 @@ def test_a_saturated_open_loop_blames_the_target_never_the_generator() -> None:
 
 
 def test_a_generator_bound_run_is_the_generators_and_its_advice_fits_the_target() -> None:
-    lag = 60.0
-    said = reasons(
-        "load generator",
-        send_lag_p99_ms=lag,
-        total_p99_ms=8.0,
-        send_lag_p99_low_ms=lag,
-        in_flight_max=3,
-        in_flight_limit=1000,
-    )
+    said, lag = GENERATOR_BEHIND, 60.0  # its send-lag P99
     d = diagnose(Run(load=OPEN, reasons=said, send_lag_ms=lag).evidence())
     assert first(d) == "load-generator", d.findings
     assert d.top is not None and "kind command or http" in d.top.advice  # in process
@@ -99,21 +92,12 @@ def test_every_other_invalid_reason_is_read_the_same_way() -> None:
     )
     assert first(d) == "errors" and d.partial is None  # partial is gather's; see below
 
-    stuck = reasons("stuck in a call", open_loop=False, stuck_clients=3, clients=8)
-    d = diagnose(Run(reasons=stuck).evidence())
+    d = diagnose(Run(reasons=STUCK).evidence())
     assert first(d) == "errors" and "stuck" in (d.top.summary if d.top else "")
 
-    drift = reasons(
-        "unstable",
-        open_loop=False,
-        first_half_qps=401.0,
-        second_half_qps=251.0,
-        measured_s=10.0,
-        requested_s=10.0,
-    )
-    noisy = diagnose(Run(reasons=drift, other_pct=150.0).evidence())
+    noisy = diagnose(Run(reasons=UNSTABLE, other_pct=150.0).evidence())
     assert first(noisy) == "noisy-neighbour"
-    quiet = diagnose(Run(reasons=drift).evidence())
+    quiet = diagnose(Run(reasons=UNSTABLE).evidence())
     assert not quiet.healthy and quiet.state == "undecided" and "INVALID" in str(quiet.state_reason)
 
     for word, changes in (
@@ -128,17 +112,7 @@ def test_every_other_invalid_reason_is_read_the_same_way() -> None:
 
 
 def test_a_starved_closed_loop_is_the_generators() -> None:
-    said = reasons(
-        "load generator",
-        open_loop=False,
-        clients=8,
-        total_mean_ms=4.0,
-        total_max_ms=6.0,
-        timeout_ms=1000.0,
-        completed=5000,
-        measured_s=5.0,
-    )
-    d = diagnose(Run(reasons=said, in_flight=(4, 4, 4, 4, 4), start_lag_ms=3.0).evidence())
+    d = diagnose(Run(reasons=CLIENTS_HELD_UP, in_flight=(4,) * 5, start_lag_ms=3.0).evidence())
     assert first(d) == "load-generator", d.findings
 
 
@@ -261,15 +235,7 @@ def test_every_form_says_the_state_not_healthy() -> None:
 
     failed = Run(status="FAILED", requests=0, errors=0, qps=None)
     nothing = diagnose(replace(failed.evidence(), no_data="the run FAILED before any request"))
-    drift = reasons(
-        "unstable",
-        open_loop=False,
-        first_half_qps=401.0,
-        second_half_qps=251.0,
-        measured_s=10.0,
-        requested_s=10.0,
-    )
-    undecided = diagnose(Run(reasons=drift).evidence())
+    undecided = diagnose(Run(reasons=UNSTABLE).evidence())
     for d, word in ((nothing, "no data"), (undecided, "undecided")):
         assert word in render_diagnosis(d) and "healthy: no rule fired" not in render_diagnosis(d)
         assert word in render_diagnosis_markdown(d).lower() and "**Healthy**" not in (

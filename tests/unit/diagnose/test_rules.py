@@ -18,7 +18,15 @@ from optlab.diagnose.findings import Fired, Passed, Unevaluable
 from optlab.diagnose.rules import RULES, rule_by_id
 from optlab.store.records import GpuSample
 from optlab.store.summary import BatchingEvidence, GcEvidence, MemoryTrend, NetworkEvidence
-from tests.support.evidence import OPEN, SLOW, Run, reasons
+from tests.support.evidence import (
+    CLIENTS_HELD_UP,
+    GENERATOR_BEHIND,
+    OPEN,
+    SATURATED,
+    SLOW,
+    STUCK,
+    Run,
+)
 
 Outcome = Literal["fired", "passed", "not-evaluated"]
 RNG = np.random.default_rng(3)
@@ -41,36 +49,6 @@ NEAR = NetworkEvidence(
 
 def gpus(util: float, throttled: tuple[str, ...] = ()) -> tuple[GpuSample, ...]:
     return (GpuSample(index=0, util_pct=util, throttle_reasons=throttled),)
-
-
-GENERATOR_BEHIND = reasons(
-    "load generator",
-    send_lag_p99_ms=60.0,
-    total_p99_ms=8.0,
-    send_lag_p99_low_ms=60.0,
-    in_flight_max=3,
-    in_flight_limit=1000,
-)
-CLIENTS_HELD_UP = reasons(
-    "load generator",
-    open_loop=False,
-    clients=8,
-    total_mean_ms=4.0,
-    total_max_ms=6.0,
-    timeout_ms=1000.0,
-    completed=5000,
-    measured_s=5.0,
-)
-SATURATED = reasons(
-    "saturated",
-    intended_qps=400.0,
-    completed_qps=300.0,
-    in_flight_start=0,
-    in_flight_end=200,
-    in_flight_max=200,
-    send_lag_p99_ms=40.0,
-)
-STUCK = reasons("stuck in a call", open_loop=False, stuck_clients=3, clients=8)
 
 
 def no_stages(e: Evidence) -> Evidence:
