@@ -99,7 +99,19 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class StepCapacityRow(_Frozen):
+class _Figures(_Frozen):
+    """A row of figures: a NaN or infinity given to any field (or a dict field's values) is
+    stored as None."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def no_figure_is_nan(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: _finite(v) for k, v in value.items()}
+        return _finite(value)
+
+
+class StepCapacityRow(_Figures):
     """One step's capacity under the table's SLO (`reports.capacity`), or why it has none."""
 
     capacity_qps: float | None = None
@@ -118,13 +130,6 @@ class StepCapacityRow(_Frozen):
     capacity_reason: str | None = None
     capacity_verdict: Literal["gain", "within noise", "regressed", "not judged"] | None = None
     capacity_loop: Literal["open", "closed"] | None = None
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def no_figure_is_nan(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: _finite(v) for k, v in value.items()}
-        return _finite(value)
 
     def document(self, slo: Slo) -> Capacity:
         """The JSON's `capacity` object of the step."""
@@ -153,7 +158,7 @@ class StepCapacityRow(_Frozen):
         )
 
 
-class TableRow(_Frozen):
+class TableRow(_Figures):
     """One step of the chain: what it is, its run's figures, its change against its parent
     (`*_step_*`) and the baseline (`*_cumulative_*`) with their intervals, its verdict; its
     stages' P50s by stage name; its capacity in a table that judges capacity."""
@@ -215,13 +220,6 @@ class TableRow(_Frozen):
     step_method: str | None = None
     stages: dict[str, float | None] = {}
     capacity: StepCapacityRow | None = None
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def no_figure_is_nan(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: _finite(v) for k, v in value.items()}
-        return _finite(value)
 
     @classmethod
     def from_cells(cls, cells: dict[str, Any]) -> TableRow:
