@@ -18,6 +18,7 @@ from optlab.diagnose.findings import (
     past,
     ramp,
 )
+from optlab.run.pace import SATURATION_SHORTFALL
 from optlab.store.reasons import GENERATOR
 
 __all__ = ["check_errors", "check_gc", "check_generator", "check_neighbour", "check_saturated"]
@@ -108,8 +109,9 @@ def check_saturated(e: Evidence, p: Params) -> Outcome:
     rate, qps = e.offered_qps, readings.throughput(e)
     measures: list[Measure] = []
     if rate and qps is not None:
+        # The line the one saturation rule (`run.pace.saturated_by`) draws, shown beside it.
         measures.append(Measure("completed / offered rate", 100 * qps / rate,
-                                100 * (1 - p["shortfall"]), "<=", "%"))  # fmt: skip
+                                100 * (1 - SATURATION_SHORTFALL), "<=", "%"))  # fmt: skip
     wait = readings.wait_stage(e)
     top = readings.serial_stage(e)
     stage = wait[0] if wait is not None else (top[0] if top is not None else None)

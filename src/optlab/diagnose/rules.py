@@ -113,7 +113,7 @@ RULES: tuple[Rule, ...] = (
         "target saturated",
         "the offered rate is more than the target completes: requests queue for it",
         ("load", "requests", "windows"),
-        {"shortfall": 0.05},
+        {},
         core=True,
         check_fn=check_saturated,
     ),
