@@ -193,6 +193,39 @@ def test_a_declared_remedy_writes_its_step(
     assert step["hypothesis"].startswith("diagnosis serialised: "), step
 
 
+def test_remedies_declared_after_a_run_keep_the_experiment(
+    invoke: Invoke, folder: Path, sqlite_url: str
+) -> None:
+    # Measure first, then declare what diagnose should suggest: remedies are advice, not a
+    # measured variable, so the file is not refused as an edited stored config; the hash and
+    # the runs stay, and the stored config takes the remedies (docs/experiment-files.md).
+    path = experiment(folder, "asleep", "{mode: sleep, sleep_ms: 1}")
+    run(invoke, path)
+    store = Store.open(sqlite_url)
+    before = store.get_experiment("asleep")
+    assert before is not None and before.current_config is not None
+    remedy = {"rule": "serialised", "knob": "sleep_ms", "multiply": 0.5, "why": "sleep less"}
+    spec = yaml.safe_load(path.read_text("utf-8"))
+    spec["target"]["remedies"] = [remedy]
+    path.write_text(yaml.safe_dump(spec), "utf-8")
+    diffed = invoke("diff", str(path))
+    assert diffed.exit_code == 0, diffed.output
+    assert "config of asleep: remedies updated" in diffed.output, diffed.output
+    after = store.get_experiment("asleep")
+    assert after is not None and after.current_config is not None
+    assert after.current_config.id == before.current_config.id
+    assert after.current_config.config_hash == before.current_config.config_hash
+    stored = after.current_config.config["target"]["remedies"]
+    assert [r["knob"] for r in stored] == ["sleep_ms"], stored
+    assert store.count_runs("asleep") == 1
+    # The same file again: nothing to update. A measured variable still is refused.
+    assert "remedies updated" not in invoke("diff", str(path)).output
+    spec["knobs"]["sleep_ms"] = 2
+    path.write_text(yaml.safe_dump(spec), "utf-8")
+    refused = invoke("diff", str(path))
+    assert refused.exit_code == 2 and "knobs.sleep_ms: 1 -> 2" in refused.output, refused.output
+
+
 def test_running_and_killed_runs_are_diagnosed_as_partial(
     synth: Path, invoke: Invoke, sqlite_url: str, tmp_path: Path
 ) -> None:

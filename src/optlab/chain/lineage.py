@@ -19,6 +19,7 @@ from optlab.config.loading import (
     config_hash,
     load_experiment,
     parse_stored,
+    remedies_of,
     search_paths,
 )
 from optlab.config.merge import deep_merge
@@ -38,7 +39,8 @@ class Link:
     path: Path | None
     plan: Plan | None  # None for an ancestor known only from the database
     stored: StoredConfig
-    action: str  # "stored", "unchanged", "replaced (no runs yet)", "from database"
+    # "stored", "unchanged", "remedies updated", "replaced (no runs yet)", "from database"
+    action: str
 
 
 @dataclass(frozen=True)
@@ -112,14 +114,17 @@ def reconcile(
             )
         parent_hash = parent.config_hash if parent is not None else None
         same_parent = existing.parent == plan.parent
-        if (
+        same = (
             current.config_hash == plan.config_hash
             and same_parent
             and current.parent_config_hash == parent_hash
-        ):
+        )
+        if same and remedies_of(current.config) == remedies_of(plan.config):
             return current, "unchanged"
         runs = store.count_runs(plan.experiment)
-        if runs:
+        if same:
+            action = "remedies updated"  # the same measured config, other advice for diagnose
+        elif runs:
             changes = diff_values(current.config, plan.config)
             lines = [f"  {c.path}: {render_value(c.old)} -> {render_value(c.new)}" for c in changes]
             if not same_parent:
@@ -132,7 +137,8 @@ def reconcile(
                 f"{'; for a baseline, a new baseline' if plan.parent is None else ''}, "
                 f"e.g. {plan.experiment}-v2) and point its children's `parent` at that name",
             )
-        action = "replaced (no runs yet)"
+        else:
+            action = "replaced (no runs yet)"
     else:
         action = "stored"
     variable = plan.variable

@@ -75,7 +75,27 @@ def load_experiment(path: Path) -> ExperimentFile:
 
 
 def config_hash(config: dict[str, Any]) -> str:
-    return hashlib.sha256(canonical_json(config, ascii_only=True).encode()).hexdigest()
+    """The identity of what is measured: the canonical JSON of the config without
+    `target.remedies` (what diagnose suggests is advice, not a variable: declaring or editing
+    remedies keeps the hash, and the stored config takes the new ones; docs/experiment-files.md
+    "Remedies")."""
+    return hashlib.sha256(
+        canonical_json(measured_part(config), ascii_only=True).encode()
+    ).hexdigest()
+
+
+def remedies_of(config: dict[str, Any]) -> Any:
+    """The config's `target.remedies` (None when it declares none)."""
+    target = config.get("target")
+    return target.get("remedies") if isinstance(target, dict) else None
+
+
+def measured_part(config: dict[str, Any]) -> dict[str, Any]:
+    """The config without `target.remedies`."""
+    target = config.get("target")
+    if not isinstance(target, dict) or "remedies" not in target:
+        return config
+    return {**config, "target": {k: v for k, v in target.items() if k != "remedies"}}
 
 
 def search_paths(source: SourceFile) -> list[Path]:

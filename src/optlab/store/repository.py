@@ -201,6 +201,10 @@ class Store(RunsMixin, SweepsMixin, MeasurementsMixin, TransferMixin, ImportMixi
                     source_hash=source_hash,
                 ),
             )
+            # The same hash with another config: only `target.remedies` differ (advice, not a
+            # measured variable: `config_hash`), and the stored config takes the new ones.
+            if row.config_json != config:
+                row.config_json = config
             experiment.current_config = row
             session.flush()
             return stored_config(row, name)
