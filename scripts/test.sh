@@ -139,12 +139,17 @@ side_by_side() {
     done
     set +m
     echo "integration (pid ${pids[integration]}) and e2e (pid ${pids[e2e]}) running side by side"
-    local done_pid
-    for _ in integration e2e; do # as each one ends (bash >= 5.1)
+    local done_pid running=("${pids[integration]}" "${pids[e2e]}")
+    while ((${#running[@]})); do # as each one ends (bash >= 5.1), waiting only on the rest
         rc=0
-        wait -n -p done_pid "${pids[integration]}" "${pids[e2e]}" || rc=$?
+        wait -n -p done_pid "${running[@]}" || rc=$?
         name=integration
         [[ "$done_pid" == "${pids[e2e]}" ]] && name=e2e
+        local left=() pid
+        for pid in "${running[@]}"; do
+            [[ "$pid" == "$done_pid" ]] || left+=("$pid")
+        done
+        running=("${left[@]}")
         ((rc == 5)) && rc=0
         echo "-- $name lane: exit $rc, $((SECONDS - lanes_started)) s"
         ((rc == 0)) || failed+=("$name")
