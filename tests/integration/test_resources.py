@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import threading
@@ -12,7 +13,7 @@ import psutil
 import pytest
 
 from optlab.metrics.resources import ResourceReading, ResourceSampler
-from tests.support.proc import start_python
+from tests.support.proc import run_python, start_python
 from tests.support.waits import wait_until
 
 INTERVAL = 0.1
@@ -247,6 +248,54 @@ def test_phase_snapshots_give_the_measured_span_usage_and_rss_marks() -> None:
     marks = sampler.tree_rss()
     assert len(marks) == 2 and marks[0][0] < marks[1][0]
     assert all(own is not None and own > 0 and service is None for _, own, service in marks)
+
+
+# In a fresh interpreter, whose only child is the watch: a child another test left behind in
+# this process would move this tree's memory too.
+WATCHED = """\
+import json, time
+import psutil
+from optlab.metrics import resources
+from optlab.metrics.resources import ResourceSampler
+
+resources.CHILDREN_REFRESH_S = 0.0  # children looked for at every sample, not every 5 s
+sampler = ResourceSampler(interval_s=0.1)
+sampler.start()
+sampler.set_phase("measure")
+deadline = time.monotonic() + 60
+while not (sampler.tree_rss() and psutil.Process().children()) and time.monotonic() < deadline:
+    time.sleep(0.02)
+watch = psutil.Process().children()[0]
+taken = []
+while len(taken) < 3 and time.monotonic() < deadline:
+    taken += sampler.take()
+    time.sleep(0.05)
+found = {
+    "watch": watch.name(),
+    "watch_rss": watch.memory_info().rss,
+    "own_rss": psutil.Process().memory_info().rss,
+    "sampled": taken[-1].rss_bytes,
+}
+sampler.set_phase("drain")
+sampler.stop()
+found["marks"] = [own for _, own, _ in sampler.tree_rss()]
+print(json.dumps(found))
+"""
+
+
+def test_the_process_watch_is_no_part_of_the_runs_memory() -> None:
+    # The watch (a child started with the measured phase to name short-lived neighbours) is a
+    # measuring tool: its ~15-20 MiB must not read as memory the run grew by, or every short
+    # healthy run looked like a leak once the children were next looked for (docs/diagnose.md,
+    # memory-leak).
+    done = run_python(WATCHED)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    watch_rss = found["watch_rss"]
+    assert found["watch"] == "optlab-watch" and watch_rss > 5 * 2**20, found  # it would show
+    first, last = found["marks"]
+    assert last - first < watch_rss / 2, found
+    assert abs(found["sampled"] - found["own_rss"]) < watch_rss / 2, found
 
 
 def test_usage_is_unknown_without_the_measured_phase() -> None:

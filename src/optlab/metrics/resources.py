@@ -113,6 +113,10 @@ class ResourceSampler:
         self._watch: ProcessWatch | None = None
         self._watched: list[Seen] = []
         self._inside_ever: set[int] = set()
+        # Measuring tools optlab starts (the process watch): their CPU is optlab's, but their
+        # memory is no part of the run's: one started with the measured phase would read as
+        # ~20 MiB of growth over it (docs/diagnose.md, memory-leak).
+        self._tools: set[int] = set()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -277,6 +281,7 @@ class ResourceSampler:
         started = self.started_ns / 1e9 if self.started_ns is not None else 0.0
         with self._lock:
             found = [self._trees[p] for p in NEIGHBOUR_SNAPSHOTS if p in self._trees]
+            tools = set(self._tools)
         marks = []
         for own, service in found:
             at = own.at_s if own is not None else service.at_s if service is not None else None
@@ -284,7 +289,7 @@ class ResourceSampler:
                 marks.append(
                     (
                         at - started,
-                        own.rss_bytes if own is not None else None,
+                        own.rss_without(tools) if own is not None else None,
                         service.rss_bytes if service is not None else None,
                     )
                 )
@@ -304,6 +309,7 @@ class ResourceSampler:
                 elif self._watch.pid is not None:
                     with self._lock:  # the measuring tool, whoever's child it is
                         self._inside_ever.add(self._watch.pid)
+                        self._tools.add(self._watch.pid)
             elif phase == "drain":
                 self._stop_watch()
 
@@ -444,7 +450,9 @@ class ResourceSampler:
             self._snapshots[phase] = (time.perf_counter(), time.time(), seen)
 
     def _rss(self) -> int | None:
-        return self._tree_rss(self._tracked())
+        with self._lock:
+            tools = set(self._tools)
+        return self._tree_rss([p for p in self._tracked() if p.pid not in tools])
 
     @staticmethod
     def _tree_rss(procs: list[psutil.Process]) -> int | None:

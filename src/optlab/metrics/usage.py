@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import psutil
@@ -76,7 +77,15 @@ class TreeSnapshot:
     @property
     def rss_bytes(self) -> int | None:
         """The tree's resident memory; None when no process's could be read."""
-        found = [p.rss_bytes for p in self.processes.values() if p.rss_bytes is not None]
+        return self.rss_without(())
+
+    def rss_without(self, pids: Collection[int]) -> int | None:
+        """The tree's resident memory without these processes' (a measuring tool's)."""
+        found = [
+            p.rss_bytes
+            for pid, p in self.processes.items()
+            if p.rss_bytes is not None and pid not in pids
+        ]
         return sum(found) if found else None
 
 
