@@ -28,7 +28,7 @@ from optlab.config.models import (
     HttpInputs,
     StepFile,
 )
-from optlab.reports.diagnose_json import DiagnoseDocument
+from optlab.diagnose.document import DiagnoseDocument
 from optlab.reports.sweep_json import SweepDocument
 from optlab.reports.table_json import TableDocument
 from optlab.store.summary import RunSummary

@@ -21,7 +21,14 @@ class OptlabError(Exception):
 
 
 class ConfigError(OptlabError):
-    """An experiment file is missing, unreadable or invalid."""
+    """An experiment file is missing, unreadable or invalid. `at` is the key path of the
+    field at fault, where a check knows it and the caller adds the file and line."""
+
+    def __init__(
+        self, message: str, hint: str | None = None, *, at: tuple[str | int, ...] | None = None
+    ) -> None:
+        super().__init__(message, hint)
+        self.at = at
 
 
 class RefusedError(OptlabError):

@@ -94,8 +94,8 @@ class Evidence:
 
     @property
     def open_loop(self) -> bool:
-        """Requests left on a schedule (open loop, replay): their send lag is recorded and
-        judged; a closed loop's clients are judged by their start lag instead."""
+        """Requests left on a schedule (open loop, ramp, replay): their send lag is recorded and
+        judged; a closed loop's clients by the verdict (`clients-held-up`)."""
         return self.mode is not None and self.mode.open_loop
 
     @property

@@ -7,7 +7,7 @@ from __future__ import annotations
 from optlab.diagnose.evidence import WAIT_STAGES, Evidence
 from optlab.diagnose.findings import Unevaluable
 from optlab.run.pace import BACKLOG_GROWTH_MIN, saturated_by
-from optlab.store.reasons import ReasonCode
+from optlab.store.reasons import SATURATION, ReasonCode
 from optlab.store.summary import ProcessEvidence
 
 __all__ = [
@@ -151,7 +151,7 @@ def saturation(e: Evidence) -> tuple[str, ReasonCode | None] | None:
     the code of the verdict's reason that says so: from the verdict's reasons or, for runs
     judged before the rule (code None), from the rate and the backlog the windows show; None
     when it was not."""
-    found = e.run.reason("saturated", "stopped-early")
+    found = e.run.reason(*SATURATION)
     if found is not None:
         return found.text, found.code
     if not e.open_loop:

@@ -1,1 +1,2 @@
-"""Reports: the stacked-gains DataFrame (`table`) and its renderers (`terminal`)."""
+"""Reports: the stacked-gains table (`stacked.StackedTable`, built by `table`) and its renderers
+(terminal, markdown, HTML, CSV, JSON), the capacity column, audit, check and diagnose's forms."""

@@ -43,14 +43,13 @@ from optlab.config.protocol import protocol_label
 from optlab.config.slo import Slo
 from optlab.metrics.change import percent_change
 from optlab.metrics.stats import beyond_noise, ratio_interval
-from optlab.reports.stacked import CAPACITY_COLUMNS, CapacitySlo, StepCapacityRow
+from optlab.reports.stacked import CapacitySlo, StepCapacityRow
 
 if TYPE_CHECKING:
     from optlab.reports.stacked import StackedTable, TableRow
     from optlab.store import Store, SweepRecord
 
 __all__ = [
-    "CAPACITY_COLUMNS",
     "SWEEP_CONFIDENCE",
     "Capacity",
     "Change",
@@ -64,7 +63,6 @@ __all__ = [
     "choose_sweeps",
     "default_slo",
     "most_headroom",
-    "slo_of",
     "stack_capacity",
 ]
 
@@ -121,10 +119,6 @@ class StepCapacity:
     loop: str | None = None  # "open" or "closed": the sweep's loop
 
 
-def slo_of(sweep: SweepRecord) -> Slo:
-    return Slo(sweep.slo_percentile, sweep.slo_ms)
-
-
 def _newest_finished(sweeps: Sequence[SweepRecord]) -> SweepRecord | None:
     finished = [s for s in sweeps if s.status == FINISHED]
     return max(finished, key=lambda s: s.id) if finished else None
@@ -139,7 +133,7 @@ def default_slo(store: Store, names: Sequence[str]) -> Slo | None:
     newest = _newest_finished(store.list_sweeps(names[-1]))
     if newest is None:
         newest = _newest_finished([s for name in names for s in store.list_sweeps(name)])
-    return None if newest is None else slo_of(newest)
+    return None if newest is None else newest.slo
 
 
 def capacity_of(sweep: SweepRecord) -> Capacity:
@@ -152,7 +146,7 @@ def capacity_of(sweep: SweepRecord) -> Capacity:
 
 
 def _same_slo(sweep: SweepRecord, slo: Slo) -> bool:
-    return slo.same_as(slo_of(sweep))
+    return slo.same_as(sweep.slo)
 
 
 def _sweep_command(path: str | None, name: str, slo: Slo, like: SweepRecord | None) -> str:
@@ -258,7 +252,7 @@ def _unswept(sweeps: Sequence[SweepRecord], config_hash: str | None, slo: Slo, c
     if under:
         newest = max(under, key=lambda s: s.id)
         return f"its sweep {newest.id} under {slo.label} is {newest.status}: run {command}"
-    others = sorted({slo_of(s).label for s in current if s.status == FINISHED})
+    others = sorted({s.slo.label for s in current if s.status == FINISHED})
     if others:
         return f"swept under {', '.join(others)}, not under {slo.label}: run {command}"
     if any(_same_slo(s, slo) and s.status == FINISHED for s in sweeps):

@@ -1,5 +1,5 @@
 """The stacked-gains table as CSV and as JSON (docs/table-json.md), for scripts and CI; and
-the reports' shared cell helpers (`plain`, `present`, `as_list`).
+the reports' shared cell helpers (`plain`, `present`).
 
 Both renderers take the `reports.stacked.StackedTable` of `reports.table.stacked_table` and
 nothing else: every number was computed there. The JSON is its `to_document()`; the CSV is
@@ -47,16 +47,6 @@ def present(value: Any) -> bool:
     """True for a value worth showing (not None, NaN or an empty list)."""
     value = plain(value)
     return value is not None and value != [] and value != ""
-
-
-def as_list(value: Any) -> list[str]:
-    """A list column's cell as a list of strings; a "; "-joined string is split back."""
-    value = plain(value)
-    if value is None or value == "":
-        return []
-    if isinstance(value, list):
-        return [str(v) for v in value if v is not None and str(v) != ""]
-    return [part for part in str(value).split("; ") if part]
 
 
 def render_csv(table: StackedTable) -> str:

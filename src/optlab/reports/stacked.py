@@ -43,6 +43,7 @@ __all__ = [
     "TableHeader",
     "TableRow",
     "stage_column",
+    "stage_of",
 ]
 
 TABLE_SCHEMA_VERSION: Literal[1] = 1
@@ -82,7 +83,8 @@ def stage_column(stage: str) -> str:
     return f"{stage}{_STAGE_SUFFIX}"
 
 
-def _stage_of(column: str) -> str | None:
+def stage_of(column: str) -> str | None:
+    """`infer_p50_ms` -> `infer`; None for a column that is no stage's."""
     if column.endswith(_STAGE_SUFFIX) and column != "p50_ms":
         return column.removesuffix(_STAGE_SUFFIX)
     return None
@@ -229,7 +231,7 @@ class TableRow(_Figures):
         stages: dict[str, Any] = {}
         capacity: dict[str, Any] = {}
         for column, value in cells.items():
-            if (stage := _stage_of(column)) is not None:
+            if (stage := stage_of(column)) is not None:
                 stages[stage] = _finite(value)
             elif column in CAPACITY_COLUMNS:
                 capacity[column] = value
@@ -250,7 +252,7 @@ class TableRow(_Figures):
         """The cell of `column` (`COLUMNS`, `<stage>_p50_ms`, a capacity column), lists as
         lists; `default` for a column the row lacks or holds no value in."""
         value: Any = None
-        if (stage := _stage_of(column)) is not None:
+        if (stage := stage_of(column)) is not None:
             value = self.stages.get(stage)
         elif column in CAPACITY_COLUMNS:
             value = getattr(self.capacity, column) if self.capacity is not None else None
@@ -266,7 +268,7 @@ class TableRow(_Figures):
     def __contains__(self, column: object) -> bool:
         return isinstance(column, str) and (
             column in COLUMNS
-            or (_stage_of(column) or "") in self.stages
+            or (stage_of(column) or "") in self.stages
             or (column in CAPACITY_COLUMNS and self.capacity is not None)
         )
 

@@ -34,6 +34,7 @@ from optlab.reports.stacked import (
     StackedTable,
     TableHeader,
     TableRow,
+    stage_of,
 )
 from optlab.reports.table_json import EnvironmentInfo
 from optlab.targets.registry import find_kind
@@ -351,7 +352,7 @@ def stacked_table(store: Store, head: str, slo: Slo | None = None) -> StackedTab
     kind = _baseline_kind(store, steps[0].experiment)
     order = kind.stage_order if kind is not None else ()
     stages = sorted(
-        {stage for row in rows for column in row if (stage := _stage(column)) is not None},
+        {stage for row in rows for column in row if (stage := stage_of(column)) is not None},
         # The kind's stages in its request order, then the others by column name.
         key=lambda stage: (order.index(stage) if stage in order else len(order), f"{stage}_p50_ms"),
     )
@@ -369,13 +370,6 @@ def stacked_table(store: Store, head: str, slo: Slo | None = None) -> StackedTab
     )
     table = StackedTable(header=header, rows=tuple(TableRow.from_cells(row) for row in rows))
     return add_capacity(table, store, slo, CONFIDENCE)
-
-
-def _stage(column: str) -> str | None:
-    """`infer_p50_ms` -> `infer`; None for a column that is no stage's."""
-    if column.endswith("_p50_ms") and column != "p50_ms":
-        return column.removesuffix("_p50_ms")
-    return None
 
 
 __all__: Sequence[str] = ("COLUMNS", "TABLE_SCHEMA_VERSION", "stacked_table")

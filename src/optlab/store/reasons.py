@@ -22,6 +22,7 @@ __all__ = [
     "GENERATOR",
     "NOT_STEADY",
     "REASON_CODES",
+    "SATURATION",
     "Reason",
     "ReasonCode",
     "code_of",
@@ -48,8 +49,10 @@ REASON_CODES: tuple[ReasonCode, ...] = get_args(ReasonCode)
 
 # The load generator, not the target, set the pace.
 GENERATOR: frozenset[ReasonCode] = frozenset({"generator-behind", "clients-held-up"})
+# The target could not sustain the offered rate (open loop): judged so, or stopped as plainly so.
+SATURATION: tuple[ReasonCode, ...] = ("saturated", "stopped-early")
 # The target did not hold a steady state at that load.
-NOT_STEADY: frozenset[ReasonCode] = frozenset({"saturated", "stopped-early", "unstable"})
+NOT_STEADY: frozenset[ReasonCode] = frozenset({*SATURATION, "unstable"})
 
 
 class Reason(BaseModel):

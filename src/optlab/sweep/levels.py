@@ -12,7 +12,7 @@ from optlab.config.slo import Slo
 from optlab.metrics.stages import SEND_LAG
 from optlab.run.pace import fell_short
 from optlab.store import RunRecord, WindowStats
-from optlab.store.reasons import GENERATOR, NOT_STEADY
+from optlab.store.reasons import GENERATOR, NOT_STEADY, SATURATION
 from optlab.sweep.strategy import Level, Mode
 
 __all__ = ["LITTLE_TOLERANCE", "held_back_ms", "level_of", "littles_law_gap"]
@@ -188,7 +188,8 @@ def level_of(
 
 def _saturated(record: RunRecord, mode: Mode) -> bool | None:
     """Open loop: whether the run's verdict found the target saturated (its `saturated` code,
-    `run.pace.saturated_by` on the run's backlog); None where no verdict judged it."""
+    `run.pace.saturated_by` on the run's backlog, or `stopped-early`: stopped as plainly
+    saturated; the codes diagnose reads too); None where no verdict judged it."""
     if mode != "open" or record.valid is None:
         return None
-    return record.reason("saturated") is not None
+    return record.reason(*SATURATION) is not None

@@ -41,9 +41,10 @@ class TargetKind(ABC):
     # optlab starts the target's service and samples its process tree (a command target); an
     # http target's is sampled only when it happens to listen on this host.
     starts_service: ClassVar[bool] = False
-    # The order reports list the target's stages in (the rest follow as they come); () when
-    # the kind knows none.
-    stage_order: ClassVar[tuple[str, ...]] = ()
+    # The order reports list the target's stages in (the others follow by name): by default a
+    # serving pipeline's usual request order, which a service's Server-Timing stages (`optlab
+    # serve`'s, many others') follow; a kind that knows its own overrides it.
+    stage_order: ClassVar[tuple[str, ...]] = ("queue", "preprocess", "infer", "postprocess")
     # The stage a request waits in for a batch to close (docs/run-json.md "batching": a target
     # that reports `batching` figures times that wait as its `queue` stage).
     batch_wait_stage: ClassVar[str | None] = "queue"

@@ -5,6 +5,7 @@ python, http and command targets answer with what their experiment file declares
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,24 +34,25 @@ def _number(value: Any) -> float | None:
 
 def _applied(declared: DeclaredRemedy, current: Any) -> Any:
     """The knob's value after `declared`; None where it cannot apply (a numeric op on a value
-    that is not a number) or changes nothing (at its bound already)."""
+    that is not a number, a result that is not finite), changes nothing (at its bound already,
+    or an integer knob the op moves by less than one), or where the bound would move the knob
+    against the op (a knob already past `max`)."""
     if "set" in declared.model_fields_set:
         return None if current == declared.set else declared.set
     number = _number(current)
     if number is None:
         return None
     if declared.increment is not None:
-        new = number + declared.increment
+        raw = number + declared.increment
     else:
         assert declared.multiply is not None
-        new = number * declared.multiply
-    if declared.max is not None:
-        new = min(new, declared.max)
-    if new == number:
+        raw = number * declared.multiply
+    new = raw if declared.max is None else min(raw, declared.max)
+    if isinstance(current, int) and math.isfinite(new):
+        new = float(round(new))  # an integer knob stays an integer (a count of workers)
+    if not math.isfinite(new) or new == number or (new - number) * (raw - number) < 0:
         return None
-    if isinstance(current, int) and new.is_integer():
-        return int(new)
-    return new
+    return int(new) if isinstance(current, int) else new
 
 
 def declared_remedy(
@@ -72,14 +74,17 @@ def check_declared(declared: Sequence[DeclaredRemedy], knobs: Mapping[str, Any])
     op meets a knob that is not a number (ConfigError without a location: the loader adds it)."""
     for i, remedy in enumerate(declared):
         where = f"target.remedies[{i}].knob"
+        at = ("target", "remedies", i, "knob")
         if remedy.knob not in knobs:
             raise ConfigError(
                 f"{where}: {remedy.knob!r} is not a knob of this config",
                 hint=f"the knobs are: {', '.join(knobs) or 'none'}; a remedy changes one of them",
+                at=at,
             )
         if "set" not in remedy.model_fields_set and _number(knobs[remedy.knob]) is None:
             raise ConfigError(
                 f"{where}: {remedy.knob!r} is {knobs[remedy.knob]!r}, not a number to "
                 "increment or multiply",
                 hint="use set: VALUE for a knob that is not a number",
+                at=at,
             )

@@ -54,7 +54,9 @@ def validate_knobs(
     try:
         kind.check_knobs(target, checked)
     except ConfigError as exc:
-        raise ConfigError(f"{source.where(file_prefix)}: {exc.message}", exc.hint) from None
+        # The field at fault where the check names it (a declared remedy), else the knobs.
+        where = source.where(exc.at if exc.at is not None else file_prefix)
+        raise ConfigError(f"{where}: {exc.message}", exc.hint) from None
     return checked
 
 

@@ -6,19 +6,23 @@ as partial evidence instead of an error."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from optlab.config.loading import load_experiment
 from optlab.config.models import BaselineFile, PythonTarget
 from optlab.diagnose import diagnose
 from optlab.diagnose.evidence import evidence_of
 from optlab.errors import ConfigError
 from optlab.reports.diagnose import render_diagnosis
 from optlab.targets.registry import kind_of
+from optlab.targets.resolve import resolve_baseline
 from tests.support.evidence import Run
+from tests.support.files import write
 
 RNG = np.random.default_rng(4)
 # A 4 ms lock under 8 clients, handed over unfairly: a quarter go straight through.
@@ -62,6 +66,7 @@ def test_a_declared_remedy_is_the_serialised_findings_next_step() -> None:
 
 POOL = {"rule": "serialised", "knob": "pool", "set": "lifo", "why": "w"}
 SHORTER = {"rule": "serialised", "knob": "batch_ms", "multiply": 0.25, "why": "w"}
+SCALED = {"rule": "serialised", "knob": "workers", "why": "w"}  # and its multiply
 
 
 @pytest.mark.parametrize(
@@ -75,6 +80,11 @@ SHORTER = {"rule": "serialised", "knob": "batch_ms", "multiply": 0.25, "why": "w
         ({"pool": "fifo"}, POOL, "lifo"),
         ({"pool": "lifo"}, POOL, None),  # set already
         ({"batch_ms": 10.0}, SHORTER, 2.5),
+        ({"workers": 10}, WORKERS, None),  # past max already: max never moves it back
+        ({"workers": 4}, {**SCALED, "multiply": 0.5}, 2),
+        ({"workers": 3}, {**SCALED, "multiply": 1.5}, 4),  # an integer knob stays one
+        ({"workers": 1}, {**SCALED, "multiply": 1.2}, None),  # less than one worker more
+        ({"batch_ms": 1.7e308}, {**SHORTER, "multiply": 10.0}, None),  # not finite
     ],
 )
 def test_each_op_its_bound_and_its_filters(
@@ -121,6 +131,24 @@ def test_declared_remedies_are_checked_when_the_file_loads() -> None:
         _load([{**WORKERS, "rule": "serialized"}], {"workers": 2})
 
 
+def test_a_remedy_naming_a_missing_knob_is_refused_at_its_own_line(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "b.yaml",
+        "name: b\n"
+        "target:\n"
+        "  kind: python\n"
+        "  factory: m:build\n"
+        "  remedies:\n"
+        "    - {rule: serialised, knob: workers, increment: 1, why: w}\n"
+        "knobs: {threads: 2}\n"
+        "workload: {load: {mode: closed, concurrency: 1}}\n",
+    )
+    with pytest.raises(ConfigError) as refused:
+        resolve_baseline(load_experiment(path))
+    assert refused.value.message.startswith(f"{path}:6: target.remedies[0].knob:"), refused.value
+
+
 def test_no_remedies_leave_the_stored_config_as_it_was() -> None:
     plain = PythonTarget.model_validate({"kind": "python", "factory": "m:build"})
     assert "remedies" not in plain.model_dump(mode="json")
@@ -149,4 +177,3 @@ def test_a_stored_config_that_no_longer_parses_is_partial_evidence() -> None:
     assert mostly.config is None and mostly.partial is not None and "protocol" in mostly.partial
     assert mostly.kind is not None and mostly.kind.name == "python" and mostly.in_process
     assert mostly.mode is not None and not mostly.open_loop and mostly.clients == 8
-

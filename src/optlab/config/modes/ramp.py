@@ -102,7 +102,9 @@ class Ramp(SendingPool, LoadMode[RampLoad]):
         # An open sweep's level keeps the ramp's shape: the same length, from the same
         # fraction of its rate (each level warms up linearly to its own rate).
         if axis.open_loop and axis.name == "open":
-            shape = {"rate": level, "start_rate": load.first_rate * level / load.rate}
+            # (A ramp down starts above its rate: kept within the open loop's most.)
+            start = min(load.first_rate * level / load.rate, MAX_RATE)
+            shape = {"rate": level, "start_rate": start}
             return RampLoad.model_validate({**load.model_dump(), **shape})
         return super().step(load, axis, level)
 

@@ -29,10 +29,8 @@ __all__ = ["KIND", "Builtin", "classifier_engine_busy"]
 class Builtin(TargetKind):
     name = "builtin"
     in_process = True
-    # The pipeline's stages in a request's order: the wait for an engine instance or a batch
-    # (`queue`, its batch wait stage too), then the work.
-    stage_order = ("queue", "preprocess", "infer", "postprocess")
-    batch_wait_stage = "queue"
+    # Its pipeline's stages are the default order (`TargetKind.stage_order`): the wait for an
+    # engine instance or a batch (`queue`, the default batch wait stage too), then the work.
 
     def knob_model(self, target: Target, paths: Sequence[Path]) -> type[BaseModel] | None:
         return BuiltinKnobs
