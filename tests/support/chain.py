@@ -4,9 +4,11 @@
     synthetic-baseline (2 ms) -> synthetic-faster-service (1 ms) -> synthetic-slower (4 ms)
                                                                  -> synthetic-back (2 ms)
 
-Every run is `COMPARED` (3 per-second windows, the fewest a step is judged from). A copy of
+Every run measures CHAIN_DURATION_S (5 per-second windows; `COMPARED`'s 3 are the fewest a
+step is judged from, but with 3 one second disturbed by the suite's other lane left the 2 ms ->
+1 ms step "within noise": QPS windows 3279, 2878, 1802, an interval of [-99%, +26024%]). A copy of
 the database taken after the first two runs (`pair`) holds baseline -> faster only, for tests
-that count runs. `slower` is far beyond a 3 s run's P99 noise (a regression); `back` undoes
+that count runs. `slower` is far beyond a short run's P99 noise (a regression); `back` undoes
 the faster step's change (a chain whose total is about nothing). `slower` is measured before
 `back`, so `back` is the newest head.
 """
@@ -25,13 +27,15 @@ from click.testing import CliRunner
 from tests.support.db import checkpoint
 from tests.support.files import write
 from tests.support.paths import SYNTHETIC
-from tests.support.protocol import COMPARED
+from tests.support.protocol import COMPARED_WARMUP_S
 
 BASELINE = "synthetic-baseline"
 FASTER = "synthetic-faster-service"
 SLOWER = "synthetic-slower"
 BACK = "synthetic-back"
 STEPS = (BASELINE, FASTER, SLOWER, BACK)
+CHAIN_DURATION_S = 5.0
+CHAIN = ("--quick", "--duration", f"{CHAIN_DURATION_S:g}", "--warmup", f"{COMPARED_WARMUP_S:g}")
 
 SLOWER_YAML = (
     f"name: {SLOWER}\nparent: {FASTER}\n"
@@ -79,7 +83,7 @@ def measure_chain(root: Path) -> MeasuredChain:
     os.chdir(root)
     try:
         for step, chain in (("01-faster-service", True), ("02-slower", False), ("02-back", False)):
-            args = ["run", str(folder / f"{step}.yaml"), *COMPARED, "--json"]
+            args = ["run", str(folder / f"{step}.yaml"), *CHAIN, "--json"]
             args += ["--chain"] if chain else []
             result = CliRunner().invoke(cli, [*db, *args], catch_exceptions=False)
             assert result.exit_code == 0, result.output
