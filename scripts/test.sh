@@ -105,21 +105,16 @@ start_postgres() {
     fi
 }
 
-# Integration modules run by the e2e process, so that the two processes end at about the same
-# time (their lane is still integration: what they may do does not change).
-# Measured 2026-12-02 (busy machine): integration 698 s, e2e 326 s side by side; these four
-# (~150-200 s) move the e2e process's end towards the integration one's.
+# Integration modules run by the e2e process (their lane is still integration: what they may
+# do does not change): the measured synthetic chain they share is then measured once.
 WITH_E2E=(
-    tests/integration/test_sweep.py
-    tests/integration/test_diagnose.py
-    tests/integration/test_diagnose_states.py
     tests/integration/test_capacity_table.py
 )
 
-# Integration modules run by a second integration process: the integration lane is the
-# longest, and its tests mostly wait (services starting, measured seconds, a database
-# stopped for 10 s), so a third process shortens the suite's wall time on 2 cores. Measured
-# 2026-12-02 (idle): integration 511 s beside e2e 465 s as two processes.
+# Integration modules run by a second integration process, so that the three processes end
+# at about the same time. Measured 2026-12-02 on an idle clean clone: as two processes,
+# integration 511 s beside e2e 465 s; as three with test_sweep, test_diagnose and
+# test_diagnose_states in the e2e process, 270 s, 400 s (these) and 539 s (e2e).
 SECOND_INTEGRATION=(
     tests/integration/test_reliability.py
     tests/integration/test_http.py
