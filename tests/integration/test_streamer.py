@@ -1,0 +1,132 @@
+"""The token streamer (optlab.reference.streamer) served on 127.0.0.1 and read by the SSE reader
+(optlab.targets.sse): exact token counts against the server's own log, events of the configured
+size, reasoning counted toward the first token, `usage` when asked, a step time that the
+server's log shows, and bad requests refused with the OpenAI error shape."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from optlab.metrics.llm import StreamTiming, itl_event_gaps
+from optlab.reference.streamer import StreamerKnobs, make_app
+from optlab.targets.sse import StreamResult, read_stream
+from tests.support.proc import free_port
+
+Body = dict[str, Any]
+
+
+def served(
+    knobs: StreamerKnobs, test: Callable[[str, aiohttp.ClientSession], Awaitable[None]]
+) -> None:
+    """Run `test(base_url, session)` against a streamer with these knobs."""
+
+    async def main() -> None:
+        runner = web.AppRunner(make_app(knobs))
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            async with aiohttp.ClientSession() as session:
+                await test(f"http://127.0.0.1:{port}", session)
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())
+
+
+async def stream(session: aiohttp.ClientSession, url: str, body: Body) -> StreamResult:
+    sent = time.monotonic_ns()
+    async with session.post(url, json={"stream": True, **body}) as response:
+        assert response.status == 200, await response.text()
+        return await read_stream(response.content, sent, sent)
+
+
+async def truth(session: aiohttp.ClientSession, base: str) -> dict[str, Any]:
+    async with session.get(f"{base}/truth") as response:
+        return {record["id"]: record for record in await response.json()}
+
+
+def test_token_counts_events_and_usage_match_the_servers_log() -> None:
+    knobs = StreamerKnobs(slots=4, decode_base_ms=2.0, tokens_per_event=4)
+
+    async def check(base: str, session: aiohttp.ClientSession) -> None:
+        bodies = [{"prompt": "a b c", "max_tokens": n, "user": f"r{n}"} for n in (1, 5, 8, 30)]
+        found = await asyncio.gather(
+            *(stream(session, f"{base}/v1/completions", body) for body in bodies)
+        )
+        logged = await truth(session, base)
+        for body, result in zip(bodies, found, strict=True):
+            record = logged[body["user"]]
+            n = body["max_tokens"]
+            assert result.timing.tokens == record["output_tokens"] == n
+            assert record["input_tokens"] == 3
+            # Events of 4 tokens, the last one holding what is left.
+            sizes = [k for _, k in result.timing.token_events]
+            assert sizes == [4] * (n // 4) + ([n % 4] if n % 4 else []), sizes
+            assert [k for _, k in record["events"]] == sizes
+            assert result.finish_reason == "length" and result.usage_tokens is None
+
+    served(knobs, check)
+
+
+def test_chat_reasoning_counts_toward_the_first_token_and_usage_is_streamed() -> None:
+    knobs = StreamerKnobs(slots=2, decode_base_ms=1.0, reasoning_tokens=3)
+
+    async def check(base: str, session: aiohttp.ClientSession) -> None:
+        body = {
+            "messages": [{"role": "user", "content": "why is the sky blue"}],
+            "max_tokens": 6,
+            "stream_options": {"include_usage": True},
+            "user": "chat",
+        }
+        result = await stream(session, f"{base}/v1/chat/completions", body)
+        assert result.timing.tokens == 6 and result.usage_tokens == 6
+        record = (await truth(session, base))["chat"]
+        assert record["input_tokens"] == 5
+        # The first token is a reasoning token: TTFT is its arrival, not the first content's.
+        first = result.timing.token_events[0][0]
+        assert result.timing.ttft_ns() == first - result.timing.intended_ns
+
+    served(knobs, check)
+
+
+def test_the_servers_log_shows_its_step_time() -> None:
+    # One sequence at a time, 10 ms a step: the server's own gaps are the step, however busy
+    # the machine (a late step only lengthens one gap; its median stays the step or more).
+    knobs = StreamerKnobs(slots=1, decode_base_ms=10.0)
+
+    async def check(base: str, session: aiohttp.ClientSession) -> None:
+        await stream(
+            session, f"{base}/v1/completions", {"prompt": "x", "max_tokens": 20, "user": "u"}
+        )
+        record = (await truth(session, base))["u"]
+        events = tuple((t, n) for t, n in record["events"])
+        server = StreamTiming(record["arrived_ns"], record["arrived_ns"], events, record["end_ns"])
+        gaps = sorted(itl_event_gaps(server))
+        assert len(gaps) == 19 and gaps[len(gaps) // 2] >= 9.9e6, gaps
+
+    served(knobs, check)
+
+
+def test_bad_requests_are_refused_with_the_openai_error_shape() -> None:
+    async def check(base: str, session: aiohttp.ClientSession) -> None:
+        for body in (
+            {"prompt": 5, "stream": True},
+            {"prompt": "x", "max_tokens": 0, "stream": True},
+            {"prompt": "x", "max_tokens": "many", "stream": True},
+            {"prompt": "x", "stream": False},
+        ):
+            async with session.post(f"{base}/v1/completions", json=body) as response:
+                assert response.status == 400
+                error = (await response.json())["error"]
+                assert error["type"] == "invalid_request_error" and error["message"], body
+        async with session.post(f"{base}/v1/chat/completions", data=b"{nope") as response:
+            assert response.status == 400
+
+    served(StreamerKnobs(), check)
