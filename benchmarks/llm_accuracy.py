@@ -27,7 +27,8 @@ from typing import Any
 
 import aiohttp
 
-from optlab.metrics.llm import StreamTiming, itl_event_gaps, percentile
+from optlab.metrics.llm import StreamTiming, itl_event_gaps
+from optlab.metrics.stats import percentile
 from optlab.targets.sse import read_stream
 
 REPO = Path(__file__).resolve().parents[1]

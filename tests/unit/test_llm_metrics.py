@@ -17,8 +17,8 @@ from optlab.metrics.llm import (
     itl_event_gaps,
     itl_request_mean,
     itl_token_split,
-    percentile,
 )
+from optlab.metrics.stats import percentile
 from optlab.targets.sse import StreamError, count_tokens, read_stream
 
 MS = 1_000_000

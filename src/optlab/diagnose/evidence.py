@@ -22,6 +22,7 @@ from optlab.config.modes import MODES, LoadCommon, LoadMode, mode_of
 from optlab.errors import ConfigError
 from optlab.metrics.histogram import LatencyHistogram
 from optlab.metrics.stages import HARNESS_SERIES
+from optlab.metrics.stats import percentile
 from optlab.store import RunEvidence, RunRecord, RunSummary, Store
 from optlab.store.records import ResourceSample, StageStatsRow, WindowStats
 from optlab.targets.kind import TargetKind
@@ -32,17 +33,6 @@ __all__ = ["Evidence", "evidence_of", "gather", "percentile"]
 MEASURED = "measure"
 # Stages that are waiting, not work: a request waiting for an engine instance or a batch.
 WAIT_STAGES = frozenset({"queue", "batch", "batch_wait", "wait"})
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-th percentile (0..100) by linear interpolation (numpy's default); None if empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def _mean(values: Sequence[float | None]) -> float | None:

@@ -30,7 +30,7 @@ Linux host, so a server's log on the same host is comparable).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -40,7 +40,6 @@ __all__ = [
     "itl_event_gaps",
     "itl_request_mean",
     "itl_token_split",
-    "percentile",
 ]
 
 
@@ -153,14 +152,3 @@ def figures(streams: Iterable[StreamTiming]) -> TokenFigures:
             found.tpot_ms.append(tpot / 1e6)
             found.tpot_token_weighted_ms.extend([tpot / 1e6] * (stream.tokens - 1))
     return found
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-th percentile (0-100) by linear interpolation, as numpy's default; None if empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)

@@ -58,6 +58,7 @@ __all__ = [
     "beyond_noise",
     "compare",
     "metric_label",
+    "percentile",
     "ratio_interval",
     "run_interval",
     "step_verdict",
@@ -313,9 +314,7 @@ def compare(
     parts = [(within_p.se, within_p.df), (within_c.se, within_c.df)]
     se = math.hypot(within_p.se, within_c.se)
     half = _t(level, _welch_df(parts)) * se
-    method = (
-        f"Welch t on log within-run spread: parent {within_p.method}, child {within_c.method}"
-    )
+    method = f"Welch t on log within-run spread: parent {within_p.method}, child {within_c.method}"
     if between is not None:
         between_half = _t(level, between.df) * between.se
         if between_half > half:
@@ -352,3 +351,15 @@ def step_verdict(comparisons: Sequence[Comparison]) -> tuple[str, list[str]]:
     if worse:
         return "regressed", flags
     return ("gain" if better else "within noise"), flags
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0-100) by linear interpolation, as numpy's default; None if empty
+    (a few values, no array: diagnose's readings, a stream's token times)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
