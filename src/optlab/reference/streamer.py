@@ -84,6 +84,11 @@ class _Sequence:
     events: list[list[int]] = field(default_factory=list)  # [send ns, tokens], as written
 
 
+def _event(chunk: dict[str, Any]) -> bytes:
+    """One Server-Sent Event carrying `chunk` as its JSON data."""
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
 class Engine:
     """The continuous-batching loop: one asyncio task stepping the model."""
 
@@ -94,7 +99,6 @@ class Engine:
         self.truth: list[dict[str, Any]] = []
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
-        self.steps = 0
         self._next_stall_ns: int | None = None
 
     def submit(self, seq: _Sequence) -> None:
@@ -131,7 +135,6 @@ class Engine:
             wait_s = (due - time.monotonic_ns()) / 1e9
             if wait_s > 0:
                 await asyncio.sleep(wait_s)
-            self.steps += 1
             for seq in list(self.running):
                 seq.generated += 1
                 seq.pending += 1
@@ -159,7 +162,7 @@ class Engine:
                 choice["reasoning"] = text
             choice["finish_reason"] = None
             chunk = {"object": "text_completion", "model": MODEL, "choices": [choice]}
-        payload = b"data: " + json.dumps(chunk).encode() + b"\n\n"
+        payload = _event(chunk)
         seq.queue.put_nowait((payload, seq.pending))
         seq.pending = 0
 
@@ -175,14 +178,14 @@ class Engine:
             "model": MODEL,
             "choices": [last],
         }
-        tail = b"data: " + json.dumps(end).encode() + b"\n\n"
+        tail = _event(end)
         if seq.include_usage:
             usage = {
                 "prompt_tokens": seq.input_tokens,
                 "completion_tokens": seq.generated,
                 "total_tokens": seq.input_tokens + seq.generated,
             }
-            tail += b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n"
+            tail += _event({"choices": [], "usage": usage})
         tail += b"data: [DONE]\n\n"
         seq.queue.put_nowait((tail, 0))
         seq.queue.put_nowait(None)
