@@ -87,6 +87,16 @@ def cpu_pct(evidence: RunEvidence) -> float:
 
 
 def test_a_leaking_spinning_target_against_a_sleeping_one(tmp_path: Path) -> None:
+    # Two load threads asleep 2 ms a request, keeping nothing: measured first, since the
+    # leaky run's memory, freed once it ends, shrank a later run's RSS (-3 MiB per 1,000).
+    sleeper = measured(
+        tmp_path / "sleepy",
+        "sleepy",
+        "{leak_bytes: 0, cycles: 0, busy_ms: 0, sleep_ms: 2}",
+        "{mode: closed, concurrency: 2}",
+        4.0,
+    )
+    sleepy = evidence_of(sleeper)
     # One load thread spinning 0.3 ms a request (then 0.2 ms asleep: a thread that never lets
     # go of the GIL starves optlab's sampler thread of its once-a-second readings), keeping
     # 10 KiB and making cyclic garbage.
@@ -99,15 +109,6 @@ def test_a_leaking_spinning_target_against_a_sleeping_one(tmp_path: Path) -> Non
             4.0,
         )
     )
-    # Two load threads asleep 2 ms a request, keeping nothing.
-    sleeper = measured(
-        tmp_path / "sleepy",
-        "sleepy",
-        "{leak_bytes: 0, cycles: 0, busy_ms: 0, sleep_ms: 2}",
-        "{mode: closed, concurrency: 2}",
-        4.0,
-    )
-    sleepy = evidence_of(sleeper)
     for evidence in (busy, sleepy):
         assert evidence.cores == len(psutil.Process().cpu_affinity() or [])
         assert evidence.service is None and evidence.network is None  # in process
