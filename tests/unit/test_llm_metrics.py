@@ -109,8 +109,8 @@ def test_the_reader_counts_text_reasoning_and_usage() -> None:
         {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 6}},
     )
     result = _read(stream)
-    assert [n for _, n in result.timing.events] == [0, 2, 3, 1, 0]
-    assert result.timing.tokens == 6 and result.usage_tokens == 6
+    assert [n for _, n in result.timing.events] == [2, 3, 1]  # token-bearing events only
+    assert result.timing.tokens == 6 and result.usage_tokens == 6 and result.source == "words"
     assert result.finish_reason == "length"
     assert count_tokens({"choices": [{"delta": {"reasoning": "a b"}, "text": "c"}]}) == 3
 

@@ -13,6 +13,7 @@ from pydantic import (
 )
 
 from optlab.config.knobs import StrictModel
+from optlab.config.llm import Prompts
 
 # The load modes' models live with their modes (config/modes/); these names stay importable
 # from here, where the rest of the file's schema is.
@@ -157,8 +158,58 @@ class HttpTarget(_HttpRequest):
     kind: Literal["http"]
 
 
+class OpenAITarget(_HttpRequest):
+    """An OpenAI-compatible endpoint streaming Server-Sent Events (docs/experiment-files.md
+    "Streaming LLM targets"): `url` is the API's base (`http://HOST:PORT/v1`), `api` picks
+    `/completions` or `/chat/completions`. With `command`, optlab starts the server as it starts
+    a command target's (the same fields) and records its environment.
+
+    Every request body is built from the workload's `prompts` and these fields: `model`,
+    `max_tokens` (the prompt's output length), `temperature`, `seed`, `ignore_eos` and
+    `min_tokens` (servers that honour them keep every answer at its asked length),
+    `include_usage` (`stream_options.include_usage`) and `extra_body` (merged last). Tokens are
+    counted per event from streamed `usage` where the server streams it per chunk, else by
+    `tokenizer` (`words`: whitespace-separated words; `events`: one per event), and each
+    request's total is its final `usage` where there is one (the run says which it used).
+    """
+
+    kind: Literal["openai"]
+    method: Literal["POST"] = "POST"
+    api: Literal["completions", "chat"] = "completions"
+    model: str = Field(min_length=1, max_length=500)
+    temperature: float | None = Field(0.0, ge=0, le=100)
+    seed: int | None = Field(None, ge=0)
+    ignore_eos: bool = False
+    min_tokens: bool = Field(
+        False, description="send min_tokens = max_tokens (vLLM, SGLang honour it)"
+    )
+    include_usage: bool = True
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+    tokenizer: Literal["words", "events"] = "words"
+    # A server optlab starts (as `kind: command`); none: one already listening at `url`.
+    command: list[str] | None = Field(None, min_length=1)
+    env: dict[Annotated[str, Field(pattern=ENV_NAME_PATTERN)], str] = Field(default_factory=dict)
+    cwd: str | None = Field(None, description="working directory; default the experiment's")
+    health_url: ServiceUrl | None = None
+    ready_timeout_s: float = Field(60.0, gt=0, le=3600)
+    stop_grace_s: float = Field(10.0, ge=0, le=600)
+    log_tail_lines: int = Field(40, ge=0, le=10_000)
+
+    @field_validator("extra_body")
+    @classmethod
+    def _not_the_stream_fields(cls, body: dict[str, Any]) -> dict[str, Any]:
+        owned = sorted(body.keys() & {"stream", "prompt", "messages", "max_tokens", "model"})
+        if owned:
+            raise ValueError(
+                f"extra_body sets {', '.join(owned)}, which optlab sets from the target and "
+                "the workload's prompts"
+            )
+        return body
+
+
 Target = Annotated[
-    BuiltinTarget | PythonTarget | CommandTarget | HttpTarget, Field(discriminator="kind")
+    BuiltinTarget | PythonTarget | CommandTarget | HttpTarget | OpenAITarget,
+    Field(discriminator="kind"),
 ]
 
 
@@ -169,6 +220,16 @@ class Workload(StrictModel):
     inputs: dict[str, Any] = Field(
         default_factory=dict, description="passed to the target's inputs(workload)"
     )
+    prompts: Prompts | None = Field(None, description="a streaming LLM target's requests")
+
+    @model_serializer(mode="wrap")
+    def _leave_out_no_prompts(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Left out when unset, so the stored configs (and hashes) of every experiment written
+        # before the field existed stay what they were.
+        data: dict[str, Any] = handler(self)
+        if self.prompts is None:
+            data.pop("prompts", None)
+        return data
 
 
 class HttpInputs(StrictModel):
@@ -232,6 +293,10 @@ class SloLimits(StrictModel):
     p99_ms: float | None = Field(None, gt=0)
     p999_ms: float | None = Field(None, gt=0)
     min_qps: float | None = Field(None, gt=0)
+    # A streaming LLM target's request is good when its TTFT and its TPOT are within these
+    # (both where both are set): goodput is the share of requests that are.
+    ttft_ms: float | None = Field(None, gt=0, description="per request: TTFT at most this")
+    tpot_ms: float | None = Field(None, gt=0, description="per request: TPOT at most this")
     max_accuracy_drop_pts: float | None = Field(
         1.0,
         ge=0,
@@ -239,6 +304,16 @@ class SloLimits(StrictModel):
         description="held-out top-1 points a run may lose against the fp32 reference model "
         "before its verdict flags it (targets that report accuracy only)",
     )
+
+    @model_serializer(mode="wrap")
+    def _leave_out_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # The token bounds are left out when unset, so the stored configs (and hashes) of
+        # every experiment written before they existed stay what they were.
+        data: dict[str, Any] = handler(self)
+        for key in ("ttft_ms", "tpot_ms"):
+            if getattr(self, key) is None:
+                data.pop(key, None)
+        return data
 
 
 class ResolvedConfig(StrictModel):

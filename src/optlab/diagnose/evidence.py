@@ -21,7 +21,7 @@ from optlab.config.models import ResolvedConfig
 from optlab.config.modes import MODES, LoadCommon, LoadMode, mode_of
 from optlab.errors import ConfigError
 from optlab.metrics.histogram import LatencyHistogram
-from optlab.metrics.stages import HARNESS_SERIES
+from optlab.metrics.stages import is_target_stage
 from optlab.metrics.stats import percentile
 from optlab.store import RunEvidence, RunRecord, RunSummary, Store
 from optlab.store.records import ResourceSample, StageStatsRow, WindowStats
@@ -127,7 +127,7 @@ class Evidence:
         return {
             name: row
             for name, row in self.stages.items()
-            if name not in HARNESS_SERIES and row.count > 0 and row.mean_ms is not None
+            if is_target_stage(name) and row.count > 0 and row.mean_ms is not None
         }
 
     def share(self, stage: str) -> float | None:

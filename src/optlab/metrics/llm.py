@@ -30,11 +30,18 @@ Linux host, so a server's log on the same host is comparable).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+from optlab.metrics.stages import LLM_PREFIX
 
 __all__ = [
+    "LLM_SERIES",
+    "LlmTally",
     "StreamTiming",
+    "fold_streams",
+    "is_llm_series",
     "TokenFigures",
     "figures",
     "itl_event_gaps",
@@ -47,17 +54,24 @@ __all__ = [
 class StreamTiming:
     """One streamed request as seen by whoever timed it (client or server).
 
-    `events` are (time ns, tokens carried) for every event in arrival order, token-bearing or
-    not (a role-only first chunk, a `usage` chunk carry 0); `end_ns` is when the stream ended.
+    `events` are (time ns, tokens carried) in arrival order (events that carry no token, a
+    role-only first chunk or a `usage` chunk, may be among them with 0); `end_ns` is when the
+    stream ended. `total_tokens` is the server's own count of the answer (its `usage`) where
+    it gave one; the events' sum otherwise.
     """
 
     intended_ns: int
     sent_ns: int
     events: tuple[tuple[int, int], ...]
     end_ns: int
+    total_tokens: int | None = None
+    input_tokens: int | None = None  # the prompt's tokens: the server's usage, else as built
+    source: str | None = None  # where the events' token counts came from (`optlab.targets.sse`)
 
     @property
     def tokens(self) -> int:
+        if self.total_tokens is not None:
+            return self.total_tokens
         return sum(n for _, n in self.events)
 
     @property
@@ -152,3 +166,120 @@ def figures(streams: Iterable[StreamTiming]) -> TokenFigures:
             found.tpot_ms.append(tpot / 1e6)
             found.tpot_token_weighted_ms.extend([tpot / 1e6] * (stream.tokens - 1))
     return found
+
+
+# -- a run's streams, folded as they complete (`optlab.metrics.log.Collector`) -------------------
+
+# The histograms a streaming run adds beside "total" (which is its E2E), each named by its
+# definition above (docs/run-json.md "llm"); stored with the run's other series.
+TTFT, TTFT_SENT, CLIENT_WAIT = "llm.ttft", "llm.ttft_sent", "llm.client_wait"
+ITL_EVENT_GAP, ITL_TOKEN_SPLIT, ITL_REQUEST_MEAN = (
+    "llm.itl_event_gap",
+    "llm.itl_token_split",
+    "llm.itl_request_mean",
+)
+TPOT, TPOT_TOKEN_WEIGHTED, E2E = "llm.tpot", "llm.tpot_token_weighted", "llm.e2e"
+LLM_SERIES = (
+    TTFT,
+    TTFT_SENT,
+    CLIENT_WAIT,
+    ITL_EVENT_GAP,
+    ITL_TOKEN_SPLIT,
+    ITL_REQUEST_MEAN,
+    TPOT,
+    TPOT_TOKEN_WEIGHTED,
+    E2E,
+)
+
+
+def is_llm_series(name: str) -> bool:
+    return name.startswith(LLM_PREFIX)
+
+
+@dataclass
+class LlmTally:
+    """A phase's streams beyond their histograms: counts, and each request's (TTFT, TPOT) in ns
+    (TPOT -1 where it has none) for goodput under any bound."""
+
+    requests: int = 0
+    output_tokens: int = 0
+    input_tokens: int = 0
+    token_events: int = 0
+    totals_from_usage: int = 0  # requests whose length is the server's own count
+    sources: dict[str, int] = field(default_factory=dict)  # per-event counts: from where
+    pairs: list[Any] = field(default_factory=list)  # int64 arrays of shape (n, 2)
+
+    def copy(self) -> LlmTally:
+        return LlmTally(
+            self.requests,
+            self.output_tokens,
+            self.input_tokens,
+            self.token_events,
+            self.totals_from_usage,
+            dict(self.sources),
+            list(self.pairs),
+        )
+
+    def goodput(self, ttft_ms: float | None, tpot_ms: float | None) -> float | None:
+        """The share of requests whose TTFT and TPOT are within the bounds given; None with no
+        bound, or no request."""
+        import numpy as np
+
+        if (ttft_ms is None and tpot_ms is None) or not self.pairs:
+            return None
+        pairs = np.concatenate(self.pairs)
+        if pairs.size == 0:
+            return None
+        good = np.ones(len(pairs), dtype=bool)
+        if ttft_ms is not None:
+            good &= pairs[:, 0] <= ttft_ms * 1e6
+        if tpot_ms is not None:
+            # A one-token answer has no TPOT: nothing of it can miss a TPOT bound.
+            good &= (pairs[:, 1] < 0) | (pairs[:, 1] <= tpot_ms * 1e6)
+        return float(good.mean())
+
+
+def fold_streams(
+    streams: Sequence[StreamTiming], origins: Sequence[int], tally: LlmTally
+) -> dict[str, list[int]]:
+    """Each stream's values (ns) by series, its origin being its request's (the intended send
+    in an open loop, the send otherwise); the counts go into `tally`."""
+    out: dict[str, list[int]] = {name: [] for name in LLM_SERIES}
+    pairs: list[tuple[int, int]] = []
+    for stream, origin in zip(streams, origins, strict=True):
+        events = [(t, n) for t, n in stream.events if n > 0]
+        tokens = stream.tokens
+        tally.requests += 1
+        tally.output_tokens += tokens
+        tally.input_tokens += stream.input_tokens or 0
+        tally.token_events += len(events)
+        if stream.total_tokens is not None:
+            tally.totals_from_usage += 1
+        source = stream.source or "events"
+        tally.sources[source] = tally.sources.get(source, 0) + 1
+        out[E2E].append(stream.end_ns - origin)
+        if not events:
+            continue
+        first = events[0][0]
+        ttft = first - origin
+        out[TTFT].append(ttft)
+        out[TTFT_SENT].append(first - stream.sent_ns)
+        out[CLIENT_WAIT].append(stream.sent_ns - origin)
+        before = first
+        for at, n in events[1:]:
+            gap = at - before
+            out[ITL_EVENT_GAP].append(gap)
+            out[ITL_TOKEN_SPLIT].extend([round(gap / n)] * n)
+            before = at
+        tpot = -1
+        if tokens >= 2:
+            out[ITL_REQUEST_MEAN].append(round((events[-1][0] - first) / (tokens - 1)))
+            tpot = round((stream.end_ns - first) / (tokens - 1))
+            out[TPOT].append(tpot)
+            out[TPOT_TOKEN_WEIGHTED].extend([tpot] * (tokens - 1))
+        pairs.append((ttft, tpot))
+    if pairs:
+        import numpy as np
+
+        tally.pairs.append(np.asarray(pairs, dtype=np.int64))
+    return out

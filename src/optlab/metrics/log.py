@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from optlab.metrics.histogram import LatencyHistogram
+from optlab.metrics.llm import LlmTally, StreamTiming, fold_streams
 from optlab.metrics.stages import SEND_LAG, START_LAG, TOTAL, RequestTiming
 from optlab.metrics.windows import NS, ErrorStat, Int64Array, OpenWindow, PhaseLog, Window
 
@@ -26,7 +27,17 @@ __all__ = ["SEND_LAG", "START_LAG", "TOTAL", "Collector", "InboxLog", "Window", 
 class _Buffers:
     """One generation of a log's samples; swapped out whole so the collector never copies."""
 
-    __slots__ = ("end", "errors", "send_lag", "stage_dicts", "stage_rows", "start_lag", "total")
+    __slots__ = (
+        "end",
+        "errors",
+        "send_lag",
+        "stage_dicts",
+        "stage_rows",
+        "start_lag",
+        "stream_rows",
+        "streams",
+        "total",
+    )
 
     def __init__(self) -> None:
         self.end = array("q")
@@ -36,6 +47,9 @@ class _Buffers:
         # Row numbers into the arrays above, for the (usually few) requests that recorded stages.
         self.stage_rows = array("q")
         self.stage_dicts: list[dict[str, int]] = []
+        # Row numbers of the requests whose responses were streamed, and their streams.
+        self.stream_rows = array("q")
+        self.streams: list[StreamTiming] = []
         # Errors are rare and carry strings, so a plain list is fine: (end_ns, type, message).
         self.errors: list[tuple[int, str, str | None]] = []
 
@@ -57,6 +71,8 @@ def _merge(taken: list[_Buffers]) -> _Buffers:
         merged.start_lag += buf.start_lag
         merged.stage_rows.extend(row + offset for row in buf.stage_rows)
         merged.stage_dicts += buf.stage_dicts
+        merged.stream_rows.extend(row + offset for row in buf.stream_rows)
+        merged.streams += buf.streams
         merged.errors += buf.errors
     return merged
 
@@ -95,9 +111,13 @@ class WorkerLog:
                 buf.total.append(total_ns)
                 buf.send_lag.append(send_lag_ns)
                 buf.start_lag.append(start_lag_ns)
-                if timing is not None and timing.stages is not None:
-                    buf.stage_rows.append(len(buf.end) - 1)
-                    buf.stage_dicts.append(timing.stages)
+                if timing is not None:
+                    if timing.stages is not None:
+                        buf.stage_rows.append(len(buf.end) - 1)
+                        buf.stage_dicts.append(timing.stages)
+                    if timing.stream is not None:
+                        buf.stream_rows.append(len(buf.end) - 1)
+                        buf.streams.append(timing.stream)
             else:
                 buf.errors.append((end_ns, error, message))
 
@@ -252,6 +272,34 @@ class Collector:
                 window.send_lags.append(p_send[bounds[k] : bounds[k + 1]])
         if buf.stage_dicts:
             self._fold_stages(which, buf.stage_rows, buf.stage_dicts)
+        if buf.streams:
+            self._fold_streams(which, end - total, buf.stream_rows, buf.streams)
+
+    def _fold_streams(
+        self,
+        which: npt.NDArray[np.intp],
+        origins: Int64Array,
+        rows: array[int],
+        streams: list[StreamTiming],
+    ) -> None:
+        """Streamed responses into their phase's `llm.*` histograms and tally; a request's
+        origin is its end minus its total (the intended send in an open loop)."""
+        picked = np.frombuffer(rows, dtype=np.int64)
+        phase_of_row = which[picked].tolist()
+        origin_of_row = origins[picked].tolist()
+        by_phase: dict[int, tuple[list[StreamTiming], list[int]]] = {}
+        for phase_index, origin, stream in zip(phase_of_row, origin_of_row, streams, strict=True):
+            if phase_index < 0:
+                continue
+            group = by_phase.setdefault(phase_index, ([], []))
+            group[0].append(stream)
+            group[1].append(origin)
+        for phase_index, (found, starts) in by_phase.items():
+            phase = self._phases[phase_index]
+            for name, values in fold_streams(found, starts, phase.llm).items():
+                if values:
+                    series = phase.histogram(name)
+                    series.record_array(np.asarray(values, dtype=np.int64))
 
     def _fold_stages(
         self, which: npt.NDArray[np.intp], rows: array[int], dicts: list[dict[str, int]]
@@ -339,6 +387,14 @@ class Collector:
             if entry is None:
                 return {}
             return {name: hist.copy() for name, hist in entry.histograms.items()}
+
+    def llm_tally(self, phase: str) -> LlmTally | None:
+        """A copy of the phase's streamed-response counts; None when it streamed none."""
+        with self._lock:
+            entry = self._phase(phase)
+            if entry is None or not entry.llm.requests:
+                return None
+            return entry.llm.copy()
 
     def error_counts(self, phase: str) -> dict[str, tuple[int, str | None]]:
         with self._lock:

@@ -12,6 +12,7 @@ import contextvars
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 __all__ = [
     "CURRENT",
@@ -23,6 +24,7 @@ __all__ = [
     "TOTAL",
     "RequestTiming",
     "current_request",
+    "is_target_stage",
     "stage",
 ]
 
@@ -34,17 +36,28 @@ SEND_LAG = "send_lag"  # how late each request left against its intended time
 START_LAG = "start_lag"  # how long a started request waited for a free client
 LAG_SERIES = (SEND_LAG, START_LAG)  # the generator's own lateness, never part of a latency
 HARNESS_SERIES = (TOTAL, *LAG_SERIES)
+# A streaming target's token series (`optlab.metrics.llm`): stored beside the stages, not stages.
+LLM_PREFIX = "llm."
+
+
+def is_target_stage(name: str) -> bool:
+    """Whether a stored series is one of the target's own stages (not the total, the
+    harness's lags, or a streaming target's token series)."""
+    return name not in HARNESS_SERIES and not name.startswith(LLM_PREFIX)
 
 
 class RequestTiming:
-    """Stage durations of one request, in nanoseconds."""
+    """Stage durations of one request, in nanoseconds; a streamed response's event times."""
 
-    __slots__ = ("stages",)
+    __slots__ = ("stages", "stream")
 
     def __init__(self) -> None:
         # None until the first stage: most targets never call stage(), and the generator creates
         # one of these per request, so the common path must not allocate a dict.
         self.stages: dict[str, int] | None = None
+        # A streaming target's response (`optlab.metrics.llm.StreamTiming`): its events' arrival
+        # times, its end, its tokens; its origin is the request's (the collector's fold).
+        self.stream: Any = None
 
     def add(self, stage: str, ns: int) -> None:
         stages = self.stages

@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from optlab.metrics.histogram import LatencyHistogram
+from optlab.metrics.llm import LlmTally
 
 __all__ = ["ErrorStat", "Int64Array", "OpenWindow", "PhaseLog", "Window"]
 
@@ -66,6 +67,7 @@ class PhaseLog:
     open_windows: dict[int, OpenWindow] = field(default_factory=dict)
     next_window: int = 0  # index of the first window not yet emitted
     windows: list[Window] = field(default_factory=list)
+    llm: LlmTally = field(default_factory=LlmTally)  # a streaming target's counts
 
     def histogram(self, series: str) -> LatencyHistogram:
         hist = self.histograms.get(series)

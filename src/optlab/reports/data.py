@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from optlab.diagnose import Diagnosis, diagnose_run
 from optlab.metrics.histogram import LatencyHistogram
-from optlab.metrics.stages import HARNESS_SERIES
+from optlab.metrics.stages import is_target_stage
 
 if TYPE_CHECKING:
     from optlab.reports.stacked import StackedTable
@@ -98,7 +98,7 @@ def stage_p50s(rows: list[StageStatsRow]) -> dict[str, float]:
     return {
         row.stage: float(row.p50_ms)
         for row in rows
-        if row.stage not in HARNESS_SERIES and row.p50_ms is not None
+        if is_target_stage(row.stage) and row.p50_ms is not None
     }
 
 

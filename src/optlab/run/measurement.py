@@ -255,6 +255,8 @@ class _Run:
             observed=self._observed(),
             slo_ms=self.options.slo_ms if self.options.slo_ms is not None else _slo_ms(self.config),
             timeout_ms=self.config.workload.timeout_ms,
+            llm=collector.llm_tally("measure"),
+            goodput_ms=(self.config.slo.ttft_ms, self.config.slo.tpot_ms),
         )
 
     def _observed(self) -> Observed:

@@ -19,11 +19,18 @@ from optlab.config.modes import Load, mode_of
 from optlab.config.protocol import EffectiveProtocol
 from optlab.metrics.change import percent_change
 from optlab.metrics.histogram import LatencyHistogram
+from optlab.metrics.llm import LlmTally, is_llm_series
 from optlab.metrics.resources import ResourceReading
 from optlab.metrics.stages import LAG_SERIES, SEND_LAG, START_LAG, TOTAL
 from optlab.run.evidence import Observed, run_evidence
 from optlab.run.pace import send_lag_quantile
-from optlab.run.summary import MAX_JSON_DEPTH, json_safe, latency_summary, resource_summary
+from optlab.run.summary import (
+    MAX_JSON_DEPTH,
+    json_safe,
+    latency_summary,
+    llm_summary,
+    resource_summary,
+)
 from optlab.run.validity import LoadFacts, RunFacts, Verdict, halves, verdict
 from optlab.store import LatencyStats, RunFinal, RunRecord, RunSummary
 from optlab.targets.templates import Secrets
@@ -77,6 +84,10 @@ class Collected:
     # request timeout: what the load generator's lag and its clients' pace are weighed by.
     slo_ms: float | None = None
     timeout_ms: float | None = None
+    # A streaming target's counts over the measured phase, and the per-request bounds its
+    # goodput is judged by (slo.ttft_ms, slo.tpot_ms).
+    llm: LlmTally | None = None
+    goodput_ms: tuple[float | None, float | None] = (None, None)
 
 
 @dataclass(frozen=True)
@@ -196,7 +207,7 @@ def _summary(
     errors: Mapping[str, tuple[int, str | None]],
     qps: float | None,
 ) -> RunSummary:
-    stages, harness = _split(c.histograms)
+    stages, harness, llm_series = _split_all(c.histograms)
     summary: dict[str, Any] = {
         "run_id": c.run_id,
         "experiment": c.experiment,
@@ -218,6 +229,8 @@ def _summary(
         "resources": resource_summary(c.readings, c.peak_rss_bytes),
         "who": c.who,
     }
+    if c.llm is not None:
+        summary["llm"] = llm_summary(llm_series, c.llm, c.measured_s, c.goodput_ms)
     if c.accuracy is not None:
         summary["accuracy"] = c.accuracy
     if c.target_metrics is not None:
@@ -250,9 +263,18 @@ def _split(
     histograms: Mapping[str, LatencyHistogram],
 ) -> tuple[dict[str, LatencyHistogram], dict[str, LatencyHistogram]]:
     """The latency series (total and the target's stages) apart from the harness's lags."""
-    stages = {k: v for k, v in histograms.items() if k not in LAG_SERIES}
-    harness = {k: v for k, v in histograms.items() if k in LAG_SERIES}
+    stages, harness, _ = _split_all(histograms)
     return stages, harness
+
+
+def _split_all(
+    histograms: Mapping[str, LatencyHistogram],
+) -> tuple[dict[str, LatencyHistogram], dict[str, LatencyHistogram], dict[str, LatencyHistogram]]:
+    """The latency series, the harness's lags, and a streaming target's token series."""
+    llm = {k: v for k, v in histograms.items() if is_llm_series(k)}
+    stages = {k: v for k, v in histograms.items() if k not in LAG_SERIES and k not in llm}
+    harness = {k: v for k, v in histograms.items() if k in LAG_SERIES}
+    return stages, harness, llm
 
 
 def step_against(

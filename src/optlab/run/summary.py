@@ -9,6 +9,18 @@ import statistics
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from optlab.metrics.llm import (
+    CLIENT_WAIT,
+    E2E,
+    ITL_EVENT_GAP,
+    ITL_REQUEST_MEAN,
+    ITL_TOKEN_SPLIT,
+    TPOT,
+    TPOT_TOKEN_WEIGHTED,
+    TTFT,
+    TTFT_SENT,
+    LlmTally,
+)
 from optlab.metrics.stages import TOTAL
 from optlab.store import (
     GpuSample,
@@ -229,3 +241,51 @@ def _short_repr(value: Any, limit: int = 200) -> str:
     except Exception:
         text = f"<{type(value).__name__}>"
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def llm_summary(
+    series: dict[str, LatencyHistogram],
+    tally: LlmTally,
+    measured_s: float,
+    goodput_ms: tuple[float | None, float | None],
+) -> dict[str, Any]:
+    """A streaming run's `llm` section (docs/run-json.md "llm"): each series by its
+    definition, the token counts and rates, goodput under the config's per-request bounds."""
+    stats = latency_summary(series)
+
+    def of(name: str) -> dict[str, Any] | None:
+        return stats.get(name)
+
+    seconds = measured_s if measured_s > 0 else None
+    ttft_bound, tpot_bound = goodput_ms
+    counted = max(tally.sources.items(), key=lambda kv: kv[1])[0] if tally.sources else None
+    return {
+        "ttft_ms": of(TTFT),
+        "itl_ms": of(ITL_EVENT_GAP),
+        "tpot_ms": of(TPOT),
+        "e2e_ms": of(E2E),
+        "output_tokens": tally.output_tokens,
+        "output_tokens_per_s": tally.output_tokens / seconds if seconds else None,
+        "tokens_per_event": (
+            tally.output_tokens / tally.token_events if tally.token_events else None
+        ),
+        "goodput": tally.goodput(ttft_bound, tpot_bound),
+        "goodput_slo": (
+            {"ttft_ms": ttft_bound, "tpot_ms": tpot_bound}
+            if ttft_bound is not None or tpot_bound is not None
+            else None
+        ),
+        "ttft_sent_ms": of(TTFT_SENT),
+        "client_wait_ms": of(CLIENT_WAIT),
+        "itl_token_split_ms": of(ITL_TOKEN_SPLIT),
+        "itl_request_mean_ms": of(ITL_REQUEST_MEAN),
+        "tpot_token_weighted_ms": of(TPOT_TOKEN_WEIGHTED),
+        "requests": tally.requests,
+        "requests_per_s": tally.requests / seconds if seconds else None,
+        "input_tokens": tally.input_tokens,
+        "total_tokens_per_s": (
+            (tally.input_tokens + tally.output_tokens) / seconds if seconds else None
+        ),
+        "token_counts": counted,
+        "totals_from_usage": tally.totals_from_usage,
+    }

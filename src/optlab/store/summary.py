@@ -29,6 +29,8 @@ __all__ = [
     "PairedTag",
     "BatchingEvidence",
     "GcEvidence",
+    "GoodputSlo",
+    "LlmSummary",
     "MemoryTrend",
     "Neighbour",
     "NetworkEvidence",
@@ -50,9 +52,11 @@ SUMMARY_SCHEMA_VERSION: Final = 3
 
 # Fields of the JSON form that `run --json` leaves out when they are None (they are absent
 # from a run that has no such thing, not null).
-_OPTIONAL = ("accuracy", "target", "service", "paired", "parent", "evidence")
+_OPTIONAL = ("accuracy", "target", "service", "paired", "parent", "evidence", "llm")
 # Fields that only the stored form holds; the rest come from columns and measurement rows.
 _STORED = ("notes", "load", "resources", "who", *_OPTIONAL)
+# The stage_stats rows of a streaming run's token series (`optlab.metrics.llm` names them).
+LLM_ROWS = "llm."
 # Run columns, by summary field (`from_stored`'s `facts`).
 FACTS = (
     "run_id",
@@ -259,6 +263,42 @@ class RunEvidence(_Frozen):
     profile: ProfileEvidence | None = None
 
 
+class GoodputSlo(_Frozen):
+    """The per-request bounds a streaming run's goodput is judged by (the config's slo)."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+
+
+class LlmSummary(_Frozen):
+    """A streaming LLM target's figures over the measured phase (docs/run-json.md "llm"),
+    each named by its definition: `itl_ms` is the per-event gap (vLLM's, SGLang's), beside
+    the per-token split and the per-request mean; `tpot_ms` is (E2E − TTFT)/(tokens − 1) per
+    request, beside its token-weighted form; TTFT from the intended send (open loop) with
+    the send's own (`ttft_sent_ms`) and the client's wait between them."""
+
+    ttft_ms: LatencyStats | None = None
+    itl_ms: LatencyStats | None = None
+    tpot_ms: LatencyStats | None = None
+    e2e_ms: LatencyStats | None = None
+    output_tokens: int = 0
+    output_tokens_per_s: float | None = None
+    tokens_per_event: float | None = None
+    goodput: float | None = None  # share of requests within every bound of goodput_slo
+    goodput_slo: GoodputSlo | None = None
+    ttft_sent_ms: LatencyStats | None = None
+    client_wait_ms: LatencyStats | None = None
+    itl_token_split_ms: LatencyStats | None = None
+    itl_request_mean_ms: LatencyStats | None = None
+    tpot_token_weighted_ms: LatencyStats | None = None
+    requests: int = 0
+    requests_per_s: float | None = None
+    input_tokens: int = 0
+    total_tokens_per_s: float | None = None
+    token_counts: Literal["usage", "words", "events"] | None = None
+    totals_from_usage: int = 0  # requests whose length is the server's own usage count
+
+
 class RunSummary(_Frozen):
     """What one run came to. Field order is `run --json`'s key order."""
 
@@ -291,6 +331,7 @@ class RunSummary(_Frozen):
     paired: PairedTag | None = None
     parent: ParentStep | None = None
     evidence: RunEvidence | None = None  # absent from runs measured before it was recorded
+    llm: LlmSummary | None = None  # a streaming LLM target's figures
 
     # -- what readers need, without digging ---------------------------------------------
 
@@ -362,7 +403,10 @@ def stored_form(
     value["schema_version"] = SUMMARY_SCHEMA_VERSION
     series = {**summary.latency_ms, **summary.harness_ms}
     overlap = summary.latency_ms.keys() & summary.harness_ms.keys()
-    if series == dict(latency) and not overlap:
+    # A streaming run's token series are rows too (their histograms); its `llm` section,
+    # stored whole, holds their figures.
+    rows = {name: stats for name, stats in latency.items() if not name.startswith(LLM_ROWS)}
+    if series == rows and not overlap:
         value["latency_stages"] = list(summary.latency_ms)
         value["harness_stages"] = list(summary.harness_ms)
     else:

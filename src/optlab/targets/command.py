@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from optlab.config.models import CommandTarget
+from optlab.config.models import CommandTarget, OpenAITarget
 from optlab.errors import ConfigError, TargetError
 from optlab.targets.templates import Secrets
 
@@ -133,11 +133,12 @@ class Service:
 
     def __init__(
         self,
-        target: CommandTarget,
+        target: CommandTarget | OpenAITarget,
         knobs: dict[str, Any],
         secrets: Secrets,
         folder: Path,
     ) -> None:
+        assert target.command, "a service needs a command"
         self.target = target
         self.secrets = secrets
         fill = secrets.fill

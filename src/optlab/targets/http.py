@@ -19,17 +19,18 @@ from typing import Any
 from pydantic import ValidationError
 
 from optlab.config.models import (
-    CommandTarget,
     HttpInputs,
     HttpTarget,
+    OpenAITarget,
     Workload,
 )
 from optlab.config.modes import mode_of
 from optlab.errors import ConfigError, TargetError
-from optlab.targets.http_client import HttpClient
+from optlab.targets.http_client import HttpClient, StreamSpec
 from optlab.targets.http_wire import MESSAGE_CHARS, Body, HttpError, HttpSpec
 from optlab.targets.registry import reference_images
-from optlab.targets.templates import Secrets
+from optlab.targets.sse import StreamError
+from optlab.targets.templates import NetworkTarget, Secrets
 
 __all__ = [
     "HttpRecipe",
@@ -43,7 +44,7 @@ __all__ = [
 
 
 def http_spec(
-    target: HttpTarget | CommandTarget,
+    target: NetworkTarget,
     workload: Workload,
     secrets: Secrets,
     knobs: dict[str, Any],
@@ -70,9 +71,10 @@ class HttpRecipe:
 
     spec: HttpSpec
     bodies: tuple[Body, ...]
+    stream: StreamSpec | None = None  # a streaming LLM target's responses
 
     def build(self) -> HttpClient:
-        return HttpClient(self.spec, self.bodies)
+        return HttpClient(self.spec, self.bodies, self.stream)
 
 
 # -- bodies -------------------------------------------------------------------------------------
@@ -189,13 +191,16 @@ def fetch_json(
     secrets: Secrets,
     *,
     timeout_s: float = 30.0,
+    headers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """One side request to the service (its metrics, accuracy): a JSON object, or a
     TargetError naming the field (the URL redacted)."""
     import urllib.error
     import urllib.request
 
-    request = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+    request = urllib.request.Request(
+        url, method=method, data=b"" if method == "POST" else None, headers=headers or {}
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             payload = response.read()
@@ -223,7 +228,7 @@ def fetch_json(
 
 def classify(exc: BaseException) -> tuple[str, str]:
     """(error type, example message) of a failed request, as the run's error table shows it."""
-    if isinstance(exc, HttpError):
+    if isinstance(exc, HttpError | StreamError):
         return exc.kind, str(exc)[:MESSAGE_CHARS]
     if isinstance(exc, asyncio.TimeoutError | TimeoutError):
         return "timeout", "no complete response within workload.timeout_ms"
@@ -234,7 +239,7 @@ def classify(exc: BaseException) -> tuple[str, str]:
     return type(exc).__name__, message
 
 
-def check_listening(target: HttpTarget, knobs: dict[str, Any], where: str) -> None:
+def check_listening(target: HttpTarget | OpenAITarget, knobs: dict[str, Any], where: str) -> None:
     """Before a run is created: something accepts connections at an `http` target's URL.
 
     Without it a service that is not up is measured for the whole protocol as a wall of

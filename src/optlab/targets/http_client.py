@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
 from optlab.metrics.stages import RequestTiming
@@ -32,13 +34,14 @@ from optlab.targets.http_wire import (
     request_bytes,
 )
 from optlab.targets.server_timing import parse_server_timing
+from optlab.targets.sse import SseReader
 
 if TYPE_CHECKING:
     import ssl
 
     import httptools
 
-__all__ = ["HttpClient"]
+__all__ = ["HttpClient", "StreamSpec"]
 
 MAX_SERVER_STAGES = 32  # distinct Server-Timing names kept per client; more are ignored
 # A timeout fires between timeout_s and timeout_s + this share of it (one sweep of the pool
@@ -46,6 +49,17 @@ MAX_SERVER_STAGES = 32  # distinct Server-Timing names kept per client; more are
 SWEEP_SHARE = 0.05
 SWEEP_MAX_S = 0.1
 SWEEP_MIN_S = 0.001
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """A streaming target's responses are Server-Sent Events, timed as they arrive
+    (`optlab.targets.sse`): how tokens are counted, and each body's `max_tokens`."""
+
+    tokenizer: Literal["words", "events"]
+    max_tokens: tuple[int, ...]  # by body index
+    input_tokens: tuple[int, ...]  # by body index, as built (the server's usage wins)
+    exact: bool  # the requests asked for exactly max_tokens (ignore_eos, min_tokens)
 
 
 # -- the connection -----------------------------------------------------------------------------
@@ -69,16 +83,24 @@ class _Connection(asyncio.Protocol):
         self.framed = False  # Content-Length or Transfer-Encoding: else the body ends at EOF
         self.keep_alive = True
         self.closed = False
+        self.reader: SseReader | None = None  # the current response's stream, when streaming
+        self.stamp = 0  # when the bytes being parsed arrived (perf_counter_ns)
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        # Stamped before anything is parsed: a streamed event's time is its bytes' arrival.
+        self.stamp = time.perf_counter_ns()
         try:
             self.parser.feed_data(data)
         except Exception as exc:  # HttpParserError, or an upgrade we never asked for
             self._fail(ClientResponseError(f"invalid HTTP response: {exc}"))
+            return
+        reader = self.reader
+        if reader is not None and reader.error is not None:
+            self._fail(reader.error)  # a stream that cannot be measured is not read further
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -123,8 +145,11 @@ class _Connection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         kept = self.error_body
-        if kept is not None and len(kept) < MESSAGE_CHARS * 4:
-            kept += body
+        if kept is not None:
+            if len(kept) < MESSAGE_CHARS * 4:
+                kept += body
+        elif self.reader is not None:
+            self.reader.feed(body, self.stamp)
 
     def on_message_complete(self) -> None:
         if self.status < 200:  # 100 Continue and other interim responses: the real one follows
@@ -173,9 +198,12 @@ class HttpClient:
     """Keep-alive connections, at most `spec.connections` of them (the load's in-flight limit);
     `send` is called from the generator's event loop only."""
 
-    def __init__(self, spec: HttpSpec, bodies: Sequence[Body]) -> None:
+    def __init__(
+        self, spec: HttpSpec, bodies: Sequence[Body], stream: StreamSpec | None = None
+    ) -> None:
         self.spec = spec
         self.bodies = list(bodies)
+        self.stream = stream
         self.head = spec.method == "HEAD"
         self._ok_status = frozenset(spec.ok_status) if spec.ok_status is not None else None
         self._requests: list[bytes] = []
@@ -232,22 +260,36 @@ class HttpClient:
         conn = idle.pop() if idle else await self._acquire(deadline)
         waiter: asyncio.Future[int] = loop.create_future()
         conn.begin(waiter, deadline)
+        stream = self.stream
+        if stream is not None:
+            written = time.perf_counter_ns()
+            conn.reader = SseReader(
+                written,
+                tokenizer=stream.tokenizer,
+                max_tokens=stream.max_tokens[index],
+                exact=stream.exact,
+                input_tokens=stream.input_tokens[index],
+            )
         try:
             conn.transport.write(self._requests[index])  # type: ignore[union-attr]
             status = await waiter
         except BaseException:
             conn.waiter = None
+            conn.reader = None
             conn.abort()  # a failed or cancelled request leaves the connection in no known state
             self._release(conn)
             raise
         conn.waiter = None
-        timings, error_body = conn.timings, conn.error_body
+        timings, error_body, reader = conn.timings, conn.error_body, conn.reader
+        conn.reader = None
         self._release(conn)
         if timings is not None:
             self._record_stages(timings, timing)
         if error_body is not None:
             text = bytes(error_body[:MESSAGE_CHARS]).decode("utf-8", "replace").strip()
             raise HttpError(status, f"{status}: {text}".strip(": "))
+        if reader is not None:
+            timing.stream = reader.result(conn.stamp).timing  # raises a StreamError
 
     # -- the pool -------------------------------------------------------------------------------
     async def _acquire(self, deadline: float) -> _Connection:

@@ -18,9 +18,15 @@ from optlab.errors import ConfigError
 from optlab.targets.base import LoadedTarget
 from optlab.targets.http import HttpRecipe, check_input_files, fetch_json, http_bodies, http_spec
 from optlab.targets.references import import_knob_model
-from optlab.targets.templates import Secrets, check_knob_references, target_templates
+from optlab.targets.templates import (
+    NetworkTarget,
+    Secrets,
+    check_knob_references,
+    target_templates,
+)
 
 __all__ = [
+    "not_in_process",
     "network_inputs",
     "network_knob_model",
     "network_target",
@@ -29,13 +35,11 @@ __all__ = [
 ]
 
 
-def network_knob_model(
-    target: HttpTarget | CommandTarget, paths: Sequence[Path]
-) -> type[BaseModel] | None:
+def network_knob_model(target: NetworkTarget, paths: Sequence[Path]) -> type[BaseModel] | None:
     return import_knob_model(target.knobs_model, paths) if target.knobs_model else None
 
 
-def check_templates(target: HttpTarget | CommandTarget, knobs: dict[str, Any]) -> None:
+def check_templates(target: NetworkTarget, knobs: dict[str, Any]) -> None:
     """Every `{knobs.…}` the target's templated fields name is a knob the config holds."""
     check_knob_references(target_templates(target), knobs)
 
@@ -63,7 +67,7 @@ def network_inputs(workload: Workload, source: SourceFile) -> Workload:
     return workload.model_copy(update={"inputs": inputs})
 
 
-def _not_in_process(request: Any) -> Any:
+def not_in_process(request: Any) -> Any:
     raise RuntimeError("a network target is driven through its client, not called in-process")
 
 
@@ -76,7 +80,7 @@ def network_target(config: ResolvedConfig, paths: Sequence[Path], secrets: Secre
     bodies = http_bodies(config.workload, folder_of(paths))
     spec = http_spec(target, config.workload, secrets, config.knobs)
     loaded = LoadedTarget(
-        _not_in_process,
+        not_in_process,
         bodies,
         f"{target.method} {secrets.redact(spec.url)}",
         client=HttpRecipe(spec, tuple(bodies)),
@@ -92,7 +96,7 @@ def folder_of(paths: Sequence[Path]) -> Path:
 
 def service_hooks(
     loaded: LoadedTarget,
-    target: HttpTarget | CommandTarget,
+    target: NetworkTarget,
     knobs: dict[str, Any],
     secrets: Secrets,
 ) -> None:

@@ -36,6 +36,7 @@ KIND_MODULES = {
     "python": "optlab.targets.kinds.python",
     "http": "optlab.targets.kinds.http",
     "command": "optlab.targets.kinds.command",
+    "openai": "optlab.targets.kinds.openai",
 }
 # An experiment file's `kind: builtin` is two kinds, told apart by the target's `name`.
 BUILTIN_NAMES = {"image-classifier": "builtin", "synthetic": "synthetic"}

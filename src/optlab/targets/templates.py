@@ -14,13 +14,13 @@ import os
 import re
 import sys
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from optlab.config.models import CommandTarget, HttpTarget
+from optlab.config.models import CommandTarget, HttpTarget, OpenAITarget
 from optlab.errors import ConfigError
 
-if TYPE_CHECKING:
-    from optlab.config.models import CommandTarget, HttpTarget
+# The targets measured over the network, whose fields may hold templates.
+NetworkTarget = CommandTarget | HttpTarget | OpenAITarget
 
 __all__ = [
     "ENV_REFERENCE",
@@ -84,11 +84,11 @@ def check_knob_references(templates: Iterable[tuple[str, str]], knobs: Mapping[s
         render(template, knobs, field)
 
 
-def target_templates(target: CommandTarget | HttpTarget) -> list[tuple[str, str]]:
+def target_templates(target: NetworkTarget) -> list[tuple[str, str]]:
     """(field, text) of every templated field of a network target."""
     found = [("target.url", target.url)]
     found += [(f"target.headers.{k}", v) for k, v in target.headers.items()]
-    if isinstance(target, CommandTarget):
+    if isinstance(target, CommandTarget | OpenAITarget) and target.command:
         found += [(f"target.command[{i}]", arg) for i, arg in enumerate(target.command)]
         found += [(f"target.env.{k}", v) for k, v in target.env.items()]
         if target.health_url:
@@ -102,7 +102,7 @@ def target_templates(target: CommandTarget | HttpTarget) -> list[tuple[str, str]
 
 def check_environment(target: Any, where: str, environ: Mapping[str, str] | None = None) -> None:
     """Before a run is created: every `${ENV_VAR}` the target names is set."""
-    if not isinstance(target, CommandTarget | HttpTarget):
+    if not isinstance(target, NetworkTarget):
         return
     environ = os.environ if environ is None else environ
     for field, text in target_templates(target):

@@ -33,7 +33,7 @@ from optlab.targets.network import (
 from optlab.targets.service_env import inspect_service
 from optlab.targets.templates import Secrets
 
-__all__ = ["KIND", "Command"]
+__all__ = ["KIND", "Command", "command_identity"]
 
 # Files a service writes (its pid file, its log): named in its arguments, yet not its code.
 WRITTEN_BY_SERVICES = (".pid", ".log", ".lock", ".sock", ".out", ".err", ".tmp")
@@ -63,7 +63,7 @@ class Command(TargetKind):
         return network_inputs(workload, source)
 
     def identity(self, target: Mapping[str, Any], paths: Sequence[Path]) -> dict[str, Any]:
-        return _command_identity(target, paths)
+        return command_identity(target, paths)
 
     def service_environment(
         self, target: Mapping[str, Any], folder: Path, environ: Mapping[str, str] | None
@@ -88,7 +88,7 @@ class Command(TargetKind):
         return loaded
 
 
-def _command_identity(target: Mapping[str, Any], paths: Sequence[Path]) -> dict[str, Any]:
+def command_identity(target: Mapping[str, Any], paths: Sequence[Path]) -> dict[str, Any]:
     files: dict[str, str] = {}
     command = list(target.get("command", []))
     if command:

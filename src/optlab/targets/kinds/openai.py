@@ -1,0 +1,171 @@
+"""`kind: openai`: an OpenAI-compatible endpoint streaming tokens over Server-Sent Events
+(docs/experiment-files.md "Streaming LLM targets"), already listening at `url` or started by
+optlab from `command` as a command target's service is.
+
+Its requests are the workload's `prompts` (`optlab.targets.llm_requests`); its responses are
+timed event by event as their bytes arrive (`optlab.targets.sse`), and the run's `llm` section
+holds TTFT, ITL, TPOT, E2E, tokens/s and goodput (docs/run-json.md "llm"). A prompts file's
+sha256 is added to the workload at load, so a step whose file changed is refused as a hidden
+variable, as one whose lengths or tokenizer differ is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from optlab.config.llm import Prompts
+from optlab.config.models import OpenAITarget, ResolvedConfig, Target, Workload
+from optlab.config.source import SourceFile
+from optlab.errors import ConfigError, TargetError
+from optlab.targets.base import LoadedTarget
+from optlab.targets.command import Service
+from optlab.targets.http import HttpRecipe, check_listening, fetch_json, http_spec
+from optlab.targets.http_client import StreamSpec
+from optlab.targets.kind import TargetKind
+from optlab.targets.kinds.command import command_identity
+from optlab.targets.listener import local_listener
+from optlab.targets.llm_requests import file_sha256, llm_requests
+from optlab.targets.network import (
+    check_templates,
+    folder_of,
+    network_knob_model,
+    not_in_process,
+    service_hooks,
+)
+from optlab.targets.service_env import inspect_service
+from optlab.targets.templates import Secrets
+
+__all__ = ["KIND", "OpenAI"]
+
+PATHS = {"completions": "/completions", "chat": "/chat/completions"}
+
+
+class OpenAI(TargetKind):
+    name = "openai"
+    in_process = False
+    service_note = (
+        "not checked: optlab does not start this endpoint and cannot see its interpreter or "
+        "packages; its declared code_version is its only identity"
+    )
+    batch_figures = None  # an LLM server's batches are its running sequences, not `batching`
+
+    def knob_model(self, target: Target, paths: Sequence[Path]) -> type[BaseModel] | None:
+        assert isinstance(target, OpenAITarget)
+        return network_knob_model(target, paths)
+
+    def check_knobs(self, target: Target, knobs: dict[str, Any]) -> None:
+        assert isinstance(target, OpenAITarget)
+        check_templates(target, knobs)
+        super().check_knobs(target, knobs)
+
+    def resolve_inputs(self, workload: Workload, source: SourceFile) -> Workload:
+        if workload.inputs:
+            raise ConfigError(
+                f"{source.where(('workload', 'inputs'))}: an openai target's requests are "
+                "its workload.prompts, not inputs",
+                hint="give workload.prompts: {input_tokens: N, output_tokens: N} (or a "
+                "prompts file)",
+            )
+        prompts = workload.prompts or Prompts()
+        if prompts.file is not None:
+            path = source.path.resolve().parent / prompts.file
+            if not path.is_file():
+                raise ConfigError(
+                    f"{source.where(('workload', 'prompts', 'file'))}: {path} does not exist",
+                    hint="give a JSONL file beside the experiment, one request per line",
+                )
+            prompts = prompts.model_copy(update={"file_sha256": file_sha256(path)})
+        return workload.model_copy(update={"prompts": prompts})
+
+    def identity(self, target: Mapping[str, Any], paths: Sequence[Path]) -> dict[str, Any]:
+        if target.get("command"):
+            return {**command_identity(target, paths), "kind": "openai"}
+        return {"kind": "openai", "declared": target.get("code_version")}
+
+    def service_environment(
+        self, target: Mapping[str, Any], folder: Path, environ: Mapping[str, str] | None
+    ) -> dict[str, Any] | None:
+        return inspect_service(target, folder, environ) if target.get("command") else None
+
+    def preflight(self, config: ResolvedConfig, where: str) -> None:
+        assert isinstance(config.target, OpenAITarget)
+        if not config.target.command:
+            check_listening(config.target, config.knobs, where)
+            check_openai(config.target, config.knobs, Secrets(), where)
+
+    def build(
+        self, config: ResolvedConfig, paths: Sequence[Path], secrets: Secrets
+    ) -> LoadedTarget:
+        target = config.target
+        assert isinstance(target, OpenAITarget)
+        prompts = config.workload.prompts or Prompts()
+        folder = folder_of(paths)
+        requests = llm_requests(target, prompts, config.workload.seed, folder)
+        base = http_spec(target, config.workload, secrets, config.knobs)
+        spec = dataclasses.replace(base, url=base.url.rstrip("/") + PATHS[target.api])
+        bodies = tuple(r.body for r in requests)
+        stream = StreamSpec(
+            tokenizer=target.tokenizer,
+            max_tokens=tuple(r.max_tokens for r in requests),
+            input_tokens=tuple(r.input_tokens for r in requests),
+            exact=target.ignore_eos or target.min_tokens,
+        )
+        loaded = LoadedTarget(
+            not_in_process,
+            bodies,
+            f"openai {target.api} {target.model} at {secrets.redact(spec.url)}",
+            client=HttpRecipe(spec, bodies, stream),
+        )
+        service_hooks(loaded, target, config.knobs, secrets)
+        if target.command:
+            service = Service(target, config.knobs, secrets, folder)
+            service.start()
+            loaded.closers.append(service.stop)
+            loaded.check = service.check
+            loaded.service_pid = service.pid
+            loaded.service_info = service.info
+            try:
+                check_openai(target, config.knobs, secrets, "target.command")
+            except ConfigError:
+                loaded.close()
+                raise
+        else:
+            listener = local_listener(spec.url)
+            if listener is not None:
+                loaded.service_pid = listener.pid
+                loaded.service_info = listener.info
+        return loaded
+
+
+def check_openai(target: OpenAITarget, knobs: dict[str, Any], secrets: Secrets, where: str) -> None:
+    """The service at `target.url` answers `GET {url}/models` as an OpenAI-compatible API
+    does (a JSON object with a `data` list); a ConfigError that says what it answered
+    otherwise (a URL without `/v1`, a service of another kind)."""
+    url = secrets.fill(target.url, knobs, "target.url").rstrip("/") + "/models"
+    headers = {k: secrets.fill(v, knobs, f"target.headers.{k}") for k, v in target.headers.items()}
+    hint = (
+        "target.url is the API's base, e.g. http://127.0.0.1:8000/v1, of a server that "
+        "speaks the OpenAI API (vLLM, SGLang, TGI, llama.cpp, `transformers serve`)"
+    )
+    try:
+        found = fetch_json("GET", url, "target.url", secrets, timeout_s=10.0, headers=headers)
+    except TargetError as exc:
+        raise ConfigError(
+            f"{where}: {secrets.redact(target.url)} is not an OpenAI-compatible endpoint: "
+            f"{exc.message}",
+            hint=hint,
+        ) from None
+    if not isinstance(found.get("data"), list):
+        raise ConfigError(
+            f"{where}: {secrets.redact(url)} answered a JSON object without a `data` list: "
+            "not an OpenAI-compatible endpoint",
+            hint=hint,
+        )
+
+
+KIND = OpenAI()
