@@ -209,7 +209,7 @@ def test_closed_mode_sweeps_clients_and_names_saturation(invoke: Invoke, tmp_pat
     document = _json(result)
     assert document["mode"] == "closed"
     counted = [lv for lv in document["levels"] if lv["purpose"] != "sizing"]
-    assert [lv["concurrency"] for lv in counted][:2] == [1, 2]
+    assert [lv["concurrency"] for lv in counted][:2] == [1, 2], document
     # 1 client for 1 s gives 200 queries, too few for P99: measured again, long enough.
     sizing = [lv for lv in document["levels"] if lv["purpose"] == "sizing"]
     assert [lv["concurrency"] for lv in sizing] == [1] and not sizing[0]["valid"]

@@ -12,14 +12,22 @@ from typing import Any
 import pytest
 
 from optlab.metrics.llm import (
+    LlmTally,
     StreamTiming,
     figures,
+    fold_streams,
     itl_event_gaps,
     itl_request_mean,
     itl_token_split,
 )
 from optlab.metrics.stats import percentile
-from optlab.targets.sse import StreamError, count_tokens, read_stream
+from optlab.targets.sse import (
+    MAX_STREAM_BYTES,
+    SseReader,
+    StreamError,
+    count_tokens,
+    read_stream,
+)
 
 MS = 1_000_000
 
@@ -129,3 +137,86 @@ def test_a_stream_that_cannot_be_measured_is_refused_by_type(lines: list[bytes],
     with pytest.raises(StreamError) as refused:
         _read(lines)
     assert refused.value.kind == kind
+
+
+def test_the_reader_stamps_each_event_with_the_bytes_that_completed_it() -> None:
+    body = b"".join(_sse(_chat(content=" a"), _chat(content=" b c"), _chat(content=" d")))
+    reader = SseReader(0, tokenizer="words", max_tokens=4)
+    # Split mid-event and mid-line: an event's time is when its line's end arrived.
+    cut1, cut2 = body.index(b" b c") + 2, body.index(b" d") + 1
+    reader.feed(body[:cut1], 10 * MS)
+    reader.feed(body[cut1:cut2], 20 * MS)
+    reader.feed(body[cut2:], 30 * MS)
+    found = reader.result(0).timing
+    assert found.events == ((10 * MS, 1), (20 * MS, 2), (30 * MS, 1))
+    assert found.end_ns == 30 * MS and found.tokens == 4
+
+
+def test_per_chunk_usage_gives_each_events_tokens_and_events_mode_counts_one() -> None:
+    usage = [{**_chat(content=" xx"), "usage": {"completion_tokens": n}} for n in (3, 5)]
+    reader = SseReader(0, tokenizer="words")
+    for line in _sse(*usage):
+        reader.feed(line, 1)
+    result = reader.result(1)
+    assert [n for _, n in result.timing.events] == [3, 2] and result.source == "usage"
+    reader = SseReader(0, tokenizer="events")
+    for line in _sse(_chat(content=" a b"), _chat(content=" c")):
+        reader.feed(line, 1)
+    assert reader.result(1).timing.tokens == 2 and reader.source == "events"
+
+
+@pytest.mark.parametrize(
+    ("options", "lines", "kind"),
+    [
+        ({"max_tokens": 2}, _sse(_chat(content=" a b c")), "exceeded-max-tokens"),
+        ({"max_tokens": 4, "exact": True}, _sse(_chat(content=" a")), "short-output"),
+        (
+            {"max_tokens": 4},
+            _sse(
+                {"choices": [{"text": " a", "finish_reason": "length"}]},
+                {"choices": [], "usage": {"completion_tokens": 1}},
+            ),
+            "length-shortfall",
+        ),
+    ],
+)
+def test_answers_of_the_wrong_length_are_refused(
+    options: dict[str, Any], lines: list[bytes], kind: str
+) -> None:
+    reader = SseReader(0, **options)
+    for line in lines:
+        reader.feed(line, 1)
+    with pytest.raises(StreamError) as refused:
+        reader.result(1)
+    assert refused.value.kind == kind
+
+
+def test_a_runaway_stream_is_cut_off_without_being_kept() -> None:
+    reader = SseReader(0)
+    comment = b": " + b"x" * (1 << 16) + b"\n"  # SSE comments: bytes without a token
+    fed = 0
+    while reader.error is None:
+        reader.feed(comment, 1)
+        fed += 1
+    assert reader.error.kind == "oversized-stream" and fed == MAX_STREAM_BYTES // len(comment) + 1
+
+
+def test_folding_streams_takes_each_requests_origin_and_judges_goodput() -> None:
+    tally = LlmTally()
+    # Two requests: intended at 0 and 100 ms; the second sent 30 ms late (the client waited).
+    quick = StreamTiming(0, 0, ((10 * MS, 1), (20 * MS, 1), (30 * MS, 1)), 31 * MS, 3, 5, "words")
+    late = StreamTiming(0, 130 * MS, ((150 * MS, 2), (190 * MS, 2)), 200 * MS, None, 5, "words")
+    series = fold_streams([quick, late], [0, 100 * MS], tally)
+    assert series["llm.ttft"] == [10 * MS, 50 * MS]
+    assert series["llm.ttft_sent"] == [10 * MS, 20 * MS]
+    assert series["llm.client_wait"] == [0, 30 * MS]
+    assert series["llm.itl_event_gap"] == [10 * MS, 10 * MS, 40 * MS]
+    assert series["llm.itl_token_split"] == [10 * MS, 10 * MS, 20 * MS, 20 * MS]
+    assert series["llm.tpot"] == [round(21 * MS / 2), round(50 * MS / 3)]
+    assert len(series["llm.tpot_token_weighted"]) == 2 + 3
+    assert series["llm.e2e"] == [31 * MS, 100 * MS]
+    assert (tally.requests, tally.output_tokens, tally.token_events) == (2, 7, 5)
+    assert tally.totals_from_usage == 1 and tally.input_tokens == 10
+    assert tally.goodput(20.0, None) == 0.5  # the late one's TTFT is 50 ms
+    assert tally.goodput(None, 12.0) == 0.5  # its TPOT is 16.7 ms
+    assert tally.goodput(100.0, 100.0) == 1.0 and tally.goodput(None, None) is None

@@ -38,7 +38,7 @@ import json
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
@@ -66,6 +66,11 @@ class StreamerKnobs(BaseModel):
     stall_every_s: float | None = Field(None, gt=0, description="a stall this often (wall time)")
     stall_ms: float = Field(0.0, ge=0, le=60_000, description="how long a stall adds to its step")
     reasoning_tokens: int = Field(0, ge=0, le=MAX_TOKENS, description="reasoning tokens first")
+    fault: Literal["none", "no-done", "hang", "malformed", "ignore-max-tokens", "flood"] = Field(
+        "none",
+        description="misbehave on purpose: end streams without [DONE], hold them open without "
+        "it, send a malformed event, stream twice max_tokens, or flood (1 GiB per answer)",
+    )
 
 
 @dataclass
@@ -79,6 +84,7 @@ class _Sequence:
     chat: bool
     include_usage: bool
     queue: asyncio.Queue[tuple[bytes, int] | None]  # (payload, tokens it carries); None: ended
+    limit: int = 0  # tokens it is given: max_tokens (twice that under ignore-max-tokens)
     generated: int = 0
     pending: int = 0  # generated, not yet sent
     events: list[list[int]] = field(default_factory=list)  # [send ns, tokens], as written
@@ -138,7 +144,7 @@ class Engine:
             for seq in list(self.running):
                 seq.generated += 1
                 seq.pending += 1
-                done = seq.generated >= seq.max_tokens
+                done = seq.generated >= seq.limit
                 if seq.pending >= knobs.tokens_per_event or done:
                     self._send(seq)
                 if done:
@@ -163,6 +169,8 @@ class Engine:
             choice["finish_reason"] = None
             chunk = {"object": "text_completion", "model": MODEL, "choices": [choice]}
         payload = _event(chunk)
+        if self.knobs.fault == "malformed" and seq.generated == seq.pending + 1:
+            payload += b"data: {not json\n\n"  # after the first event
         seq.queue.put_nowait((payload, seq.pending))
         seq.pending = 0
 
@@ -186,9 +194,16 @@ class Engine:
                 "total_tokens": seq.input_tokens + seq.generated,
             }
             tail += _event({"choices": [], "usage": usage})
-        tail += b"data: [DONE]\n\n"
+        fault = self.knobs.fault
+        if fault == "flood":
+            flood = b": " + b"x" * 65_536 + b"\n"  # SSE comments: bytes, no token
+            for _ in range((1 << 30) // len(flood)):
+                seq.queue.put_nowait((flood, 0))
+        if fault not in ("no-done", "hang"):
+            tail += b"data: [DONE]\n\n"
         seq.queue.put_nowait((tail, 0))
-        seq.queue.put_nowait(None)
+        if fault != "hang":
+            seq.queue.put_nowait(None)
 
     def record(self, seq: _Sequence, end_ns: int) -> None:
         """The finished request's truth: its events as written, and the stream's end."""
@@ -255,6 +270,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     )
     await response.prepare(request)
     engine = request.app[ENGINE]
+    seq.limit = max_tokens * (2 if engine.knobs.fault == "ignore-max-tokens" else 1)
     engine.submit(seq)
     end = arrived
     while (item := await queue.get()) is not None:
@@ -324,7 +340,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8100)
     for name, info in StreamerKnobs.model_fields.items():
         flag = "--" + name.replace("_", "-")
-        kind = int if info.annotation is int else float
+        kind: Any = int if info.annotation is int else float
+        if name == "fault":
+            kind = str
         parser.add_argument(flag, type=kind, default=info.default, help=info.description)
     args = parser.parse_args(argv)
     knobs = StreamerKnobs(**{name: getattr(args, name) for name in StreamerKnobs.model_fields})

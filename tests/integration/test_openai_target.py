@@ -1,0 +1,176 @@
+"""`kind: openai` end to end: `optlab run` against the token streamer
+(`optlab.reference.streamer`, a real server process on 127.0.0.1), its `llm` section checked
+against the server's own log (`GET /truth`), streams the client cannot measure counted by type
+and kept out of the figures, and inputs refused before anything is stored.
+
+Bounds on times are loose (a busy machine delays both sides); the accuracy goal itself is
+measured by benchmarks/llm_accuracy.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import Result
+
+from optlab.metrics.stats import percentile
+from optlab.store import Store
+from tests.support.files import write
+from tests.support.httpsvc import summary_of
+from tests.support.proc import free_port, service
+
+Invoke = Callable[..., Result]
+
+
+@contextmanager
+def streamer(*args: str) -> Iterator[str]:
+    """The token streamer on a free port; yields its API base URL."""
+    port = free_port()
+    argv = [sys.executable, "-m", "optlab.reference.streamer", "--port", str(port), *args]
+    with service(argv, port):
+        yield f"http://127.0.0.1:{port}"
+
+
+def experiment(
+    folder: Path,
+    name: str,
+    base: str,
+    *,
+    load: str = "{mode: closed, concurrency: 4}",
+    prompts: str = "{input_tokens: 12, output_tokens: 24}",
+    extra: str = "",
+) -> Path:
+    return write(
+        folder,
+        f"{name}.yaml",
+        f"name: {name}\n"
+        f"target: {{kind: openai, url: '{base}/v1', model: optlab-streamer, "
+        f"code_version: streamer-1{extra}}}\n"
+        f"workload:\n  load: {load}\n  prompts: {prompts}\n  timeout_ms: 5000\n"
+        "protocol: {name: quick, warmup_s: 0.5, duration_s: 2}\n"
+        "slo: {ttft_ms: 1000, tpot_ms: 1000}\n",
+    )
+
+
+def truth(base: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(f"{base}/truth", timeout=10) as response:
+        found: list[dict[str, Any]] = json.load(response)
+    return found
+
+
+def test_a_streamed_run_measures_tokens_as_the_server_sent_them(
+    tmp_path: Path, invoke: Invoke, sqlite_url: str
+) -> None:
+    with streamer("--slots", "8", "--decode-base-ms", "5", "--tokens-per-event", "2") as base:
+        path = experiment(tmp_path, "llm", base)
+        result = invoke("run", str(path), "--json", "--allow-invalid")
+        assert result.exit_code == 0, result.output
+        logged = truth(base)
+    summary = summary_of(result)
+    llm: Any = summary["llm"]
+    assert summary["errors"] == 0 and llm["requests"] == summary["requests"] > 0
+    # Every answer is the 24 tokens asked for, by the client's count and by the server's.
+    assert llm["output_tokens"] == 24 * llm["requests"]
+    assert {record["output_tokens"] for record in logged} == {24}
+    assert llm["totals_from_usage"] == llm["requests"] and llm["token_counts"] == "words"
+    assert llm["tokens_per_event"] == pytest.approx(2.0)
+    assert llm["input_tokens"] == 12 * llm["requests"]
+    # Each definition where the server's log puts it: a 5 ms step per event of 2 tokens.
+    server_gaps = [
+        (b[0] - a[0]) / 1e6
+        for record in logged
+        for a, b in zip(record["events"], record["events"][1:], strict=False)
+    ]
+    server_ttft = [(r["events"][0][0] - r["arrived_ns"]) / 1e6 for r in logged]
+    gap_p50 = percentile(server_gaps, 50)
+    ttft_p50 = percentile(server_ttft, 50)
+    assert gap_p50 is not None and ttft_p50 is not None
+    assert llm["itl_ms"]["p50"] == pytest.approx(gap_p50, abs=2.0, rel=0.2)
+    assert llm["itl_token_split_ms"]["p50"] == pytest.approx(gap_p50 / 2, abs=1.0, rel=0.2)
+    assert llm["ttft_ms"]["p50"] == pytest.approx(ttft_p50, abs=5.0, rel=0.5)
+    # Closed loop: the origin is the send, so the client's own wait is next to nothing.
+    assert llm["client_wait_ms"]["p99"] < 5.0
+    assert llm["goodput"] == 1.0 and llm["goodput_slo"] == {"ttft_ms": 1000.0, "tpot_ms": 1000.0}
+    # The token series are stored (histograms) beside the run's latency, not as its stages.
+    assert set(summary["latency_ms"]) == {"total"}  # type: ignore[arg-type]
+    with Store.open(sqlite_url) as store:
+        run = store.get_run(int(summary["run_id"]))  # type: ignore[call-overload]
+        rows = {row.stage for row in store.get_stage_stats(run.id, "measure")}
+        assert run.summary is not None and run.summary.llm is not None
+        assert run.summary.llm.output_tokens == llm["output_tokens"]
+        assert run.summary.latency_ms.keys() == {"total"}
+    assert {"llm.ttft", "llm.itl_event_gap", "llm.tpot", "total"} <= rows
+
+
+@pytest.mark.parametrize(
+    ("fault", "kind"),
+    [
+        ("no-done", "truncated"),
+        ("malformed", "malformed-event"),
+        ("ignore-max-tokens", "exceeded-max-tokens"),
+        ("flood", "oversized-stream"),  # 1 GiB per answer: cut off at 64 MiB
+    ],
+)
+def test_a_stream_that_cannot_be_measured_is_counted_by_type_and_kept_out(
+    tmp_path: Path, invoke: Invoke, fault: str, kind: str
+) -> None:
+    with streamer("--decode-base-ms", "2", "--fault", fault) as base:
+        path = experiment(tmp_path, "broken", base, load="{mode: closed, concurrency: 1}")
+        result = invoke("run", str(path), "--json")
+    assert result.exit_code == 4, result.output  # stored, INVALID
+    summary = summary_of(result)
+    assert summary["status"] == "FINISHED" and summary["valid"] is False
+    errors: Any = summary["errors_by_type"]
+    assert set(errors) == {kind} and errors[kind] == summary["errors"] > 0
+    assert summary["requests"] == 0 and "llm" not in summary  # nothing of them is a figure
+    assert any("error rate" in reason for reason in summary["reasons"])  # type: ignore[attr-defined]
+
+
+def test_a_url_that_is_not_an_openai_endpoint_is_refused_before_a_run(
+    tmp_path: Path, invoke: Invoke, sqlite_url: str
+) -> None:
+    with streamer() as base:
+        # The streamer's root, not its API's base: GET /models answers 404.
+        path = experiment(tmp_path, "wrong-url", base.removesuffix("/v1") + "/api")
+        path.write_text(path.read_text().replace("/api/v1", "/api"))
+        result = invoke("run", str(path))
+    assert result.exit_code == 2
+    assert "is not an OpenAI-compatible endpoint" in result.output
+    assert "GET" in result.output and "/api/models" in result.output
+    with Store.open(sqlite_url) as store:
+        assert store.list_runs() == []
+
+
+def test_a_prompts_file_changed_under_its_name_is_a_hidden_variable(
+    tmp_path: Path, invoke: Invoke
+) -> None:
+    prompts = write(tmp_path, "prompts.jsonl", '{"prompt": "a b c", "max_tokens": 4}\n')
+    with streamer("--decode-base-ms", "1") as base:
+        path = experiment(tmp_path, "filed", base, prompts="{file: prompts.jsonl}")
+        assert invoke("run", str(path), "--allow-invalid").exit_code == 0
+        write(
+            tmp_path, "step.yaml", "name: step\nparent: filed\nchange: {slots: 2}\nnew_knob: true\n"
+        )
+        prompts.write_text('{"prompt": "a b c", "max_tokens": 5}\n')
+        result = invoke("run", str(tmp_path / "step.yaml"))
+    assert result.exit_code == 2
+    assert "workload.prompts.file_sha256" in result.output
+
+
+def test_a_step_may_not_change_the_prompts_lengths(tmp_path: Path, invoke: Invoke) -> None:
+    experiment(tmp_path, "lengths", "http://127.0.0.1:9")
+    step = write(
+        tmp_path,
+        "longer.yaml",
+        "name: longer\nparent: lengths\nchange: {workload: {prompts: {output_tokens: 256}}}\n",
+    )
+    result = invoke("diff", str(step))
+    assert result.exit_code == 2
+    assert "refused: the change sets workload" in result.output
