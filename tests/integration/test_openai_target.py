@@ -174,3 +174,46 @@ def test_a_step_may_not_change_the_prompts_lengths(tmp_path: Path, invoke: Invok
     result = invoke("diff", str(step))
     assert result.exit_code == 2
     assert "refused: the change sets workload" in result.output
+
+
+def test_a_streaming_chain_stacks_token_figures_and_gates_on_them(
+    tmp_path: Path, invoke: Invoke
+) -> None:
+    """A server optlab starts (`command`), its slots a knob: 4 -> 8 slots for 8 clients."""
+    port = free_port()
+    write(
+        tmp_path,
+        "base.yaml",
+        "name: base\n"
+        "target:\n"
+        "  kind: openai\n"
+        f"  url: http://127.0.0.1:{port}/v1\n"
+        "  model: optlab-streamer\n"
+        f"  command: ['{{python}}', '-m', 'optlab.reference.streamer', '--port', '{port}',"
+        " '--slots', '{knobs.slots}', '--decode-base-ms', '1', '--decode-per-seq-ms', '0.5']\n"
+        f"  health_url: http://127.0.0.1:{port}/health\n"
+        "knobs: {slots: 4}\n"
+        "workload:\n  load: {mode: closed, concurrency: 8}\n"
+        "  prompts: {input_tokens: 8, output_tokens: 4}\n"
+        # ~300 answers a second: the 662 a valid P99 needs, twice over, on a busy machine.
+        "protocol: {name: quick, warmup_s: 0.5, duration_s: 5}\n"
+        "slo: {ttft_ms: 500}\n",
+    )
+    step = write(tmp_path, "slots.yaml", "name: slots\nparent: base\nchange: {slots: 8}\n")
+    based = invoke("run", str(tmp_path / "base.yaml"))
+    assert based.exit_code == 0, based.output
+    stepped = invoke("run", str(step), "--allow-invalid")
+    assert stepped.exit_code == 0, stepped.output
+    table = json.loads(invoke("table", "slots", "--format", "json").stdout)
+    rows = {row["experiment"]: row for row in table["chain"]}
+    # 8 clients on 4 slots wait for one: TTFT falls with 8 slots (each a 1 ms step + 0.5 ms
+    # per running sequence; the queue's wait is ~one whole 4-token answer, 4 x 3 ms).
+    assert rows["slots"]["ttft_p50_ms"] < rows["base"]["ttft_p50_ms"]
+    assert rows["base"]["output_tps"] > 0 and rows["slots"]["goodput"] == 1.0
+    assert "stages" not in rows["base"]  # the token figures are columns of their own
+    shown = invoke("table", "slots").stdout
+    assert "TTFT P99" in shown and "tok/s" in shown
+    gate = invoke("check", "slots", "--max-regression", "ttft_p50=5%")
+    assert gate.exit_code == 0, gate.output
+    failed = invoke("check", "slots", "--min-gain", "output_tps=1000%")
+    assert failed.exit_code == 3 and "output_tps" in failed.output

@@ -22,8 +22,9 @@ from optlab.reports.format import bound, interval
 from optlab.reports.html import render_html
 from optlab.reports.markdown import PROVISIONAL_NOTE as PROVISIONAL
 from optlab.reports.markdown import render_markdown
-from optlab.reports.stacked import COLUMNS, StackedTable, TableHeader
+from optlab.reports.stacked import COLUMNS, LLM_COLUMNS, StackedTable, TableHeader
 from optlab.reports.table_json import EnvironmentInfo
+from optlab.reports.terminal import render_text
 from tests.support.frames import (
     HOSTILE,
     STAGE_COLUMNS,
@@ -39,10 +40,37 @@ from tests.support.golden import check_golden
 
 def test_golden_table_exercises_every_column() -> None:
     """Every column of the table's contract holds a value in some golden row, so each
-    renderer's handling of it is in a golden file (only the stage with no value is empty)."""
+    renderer's handling of it is in a golden file (only the stage with no value is empty, and
+    a streaming target's columns, which the next test renders)."""
     table = golden_table()
     assert table.columns() == [*COLUMNS, *STAGE_COLUMNS]
-    assert [c for c in table.columns() if not table.any_value(c)] == ["service_p50_ms"]
+    empty = [c for c in table.columns() if not table.any_value(c)]
+    assert empty == [*(c for c, _ in LLM_COLUMNS), "service_p50_ms"]
+
+
+def test_a_streaming_chains_token_figures_are_in_every_format() -> None:
+    figures = {
+        "ttft_p50_ms": 101.25,
+        "ttft_p99_ms": 119.7,
+        "tpot_p50_ms": 11.49,
+        "tpot_p99_ms": 13.75,
+        "itl_p99_ms": 20.87,
+        "output_tps": 684.68,
+        "goodput": 0.994,
+    }
+    base = golden_table()
+    rows = (base.rows[0].model_copy(update=figures), *base.rows[1:])
+    table = StackedTable(header=base.header, rows=rows)
+    markdown = render_markdown(table)
+    assert "| TTFT P50 | TTFT P99 | TPOT P50 | TPOT P99 | ITL P99 | tok/s | goodput |" in markdown
+    assert "| 101.25 | 119.70 | 11.49 | 13.75 | 20.87 | 685 | 99.4% |" in markdown
+    text = render_text(table, width=600)
+    assert "TTFT P99" in text and "119.70" in text and "685" in text and "99.4%" in text
+    document = json.loads(render_json(table))
+    assert {k: document["chain"][0][k] for k in figures} == figures
+    assert document["chain"][1]["goodput"] is None
+    html = render_html(table, report_data())
+    assert "TTFT P99" in html and "99.4%" in html
 
 
 def test_capacity_table_exercises_every_capacity_column() -> None:

@@ -39,9 +39,17 @@ METRICS: dict[str, tuple[str, bool]] = {
     "p99": ("p99_ms", False),
     "p999": ("p999_ms", False),
     "capacity": ("capacity_qps", True),
+    # A streaming LLM target's (docs/run-json.md "llm").
+    "ttft_p50": ("ttft_p50_ms", False),
+    "ttft_p99": ("ttft_p99_ms", False),
+    "tpot_p50": ("tpot_p50_ms", False),
+    "tpot_p99": ("tpot_p99_ms", False),
+    "itl_p99": ("itl_p99_ms", False),
+    "output_tps": ("output_tps", True),
+    "goodput": ("goodput", True),
 }
 CAPACITY = "capacity"
-_THRESHOLD = re.compile(r"^\s*([a-z0-9]+)\s*=\s*([0-9]+(?:\.[0-9]+)?)\s*%?\s*$")
+_THRESHOLD = re.compile(r"^\s*([a-z0-9_]+)\s*=\s*([0-9]+(?:\.[0-9]+)?)\s*%?\s*$")
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from optlab.reports.markdown import (
     note_marks,
     stage_columns,
 )
+from optlab.reports.stacked import LLM_COLUMNS
 
 if TYPE_CHECKING:
     from optlab.reports.stacked import StackedTable, TableRow
@@ -79,8 +80,9 @@ _EXTRAS = (
     ("mean_batch_size", "batch"),
     ("cache_hit_rate", "cache hit"),
     ("accuracy_top1", "top-1"),
+    *LLM_COLUMNS,
 )
-_RATES = ("error_rate", "cache_hit_rate", "accuracy_top1")
+_RATES = ("error_rate", "cache_hit_rate", "accuracy_top1", "goodput")
 
 
 def _shown(table: StackedTable, column: str) -> bool:

@@ -24,6 +24,7 @@ from optlab.reports.format import (
     step_delta,
     verdict_label,
 )
+from optlab.reports.stacked import LLM_COLUMNS
 
 if TYPE_CHECKING:
     from optlab.reports.stacked import CapacitySlo, StackedTable, TableHeader, TableRow
@@ -84,7 +85,9 @@ def render_markdown(table: StackedTable) -> str:
     stages = stage_columns(table)
     show_accuracy = table.any_value("accuracy_top1")
     slo = capacity_label(table.header)
+    llm = [(c, h) for c, h in LLM_COLUMNS if table.any_value(c)]
     headers = _headers(stages, show_accuracy, slo)
+    headers[-1:-1] = [h for _, h in llm]
     align = ["---", "---"] + ["---:"] * (len(headers) - 3) + ["---"]
 
     lines = [f"### optlab stacked gains: {escape(head_name(table))}", ""]
@@ -93,6 +96,7 @@ def render_markdown(table: StackedTable) -> str:
     notes: dict[str, int] = {}  # note text -> its number; a shared note is listed once
     for row in table.rows:
         cells = _figure_cells(row, stages, show_accuracy, slo is not None)
+        cells += [_llm_cell(c, row.get(c)) for c, _ in llm]
         cells.append(_verdict_cell(row, note_marks(row, notes, _note_text)))
         lines.append("| " + " | ".join(cells) + " |")
 
@@ -148,6 +152,13 @@ def _figure_cells(
     if show_accuracy:
         cells.append(rate(row.accuracy_top1))
     return cells
+
+
+def _llm_cell(column: str, value: Any) -> str:
+    """A streaming target's figure: goodput as a rate, tokens/s whole, times in ms."""
+    if column == "goodput":
+        return rate(value)
+    return number(value, 0 if column == "output_tps" else 2)
 
 
 def _significance(row: TableRow) -> str:

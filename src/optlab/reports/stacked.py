@@ -41,12 +41,25 @@ __all__ = [
     "StackedTable",
     "StepCapacityRow",
     "TableHeader",
+    "LLM_COLUMNS",
     "TableRow",
     "stage_column",
     "stage_of",
 ]
 
 TABLE_SCHEMA_VERSION: Literal[1] = 1
+
+# A streaming LLM target's figures (its run's `llm` section, docs/run-json.md), (column,
+# header): shown where a step has them, after the target's other figures.
+LLM_COLUMNS = (
+    ("ttft_p50_ms", "TTFT P50"),
+    ("ttft_p99_ms", "TTFT P99"),
+    ("tpot_p50_ms", "TPOT P50"),
+    ("tpot_p99_ms", "TPOT P99"),
+    ("itl_p99_ms", "ITL P99"),
+    ("output_tps", "tok/s"),
+    ("goodput", "goodput"),
+)
 
 # The table's columns in order (docs/table-json.md); the stage columns follow them, then, in a
 # table that judges capacity, `CAPACITY_COLUMNS`.
@@ -63,6 +76,7 @@ COLUMNS = (
     "qps_cumulative_low_pct", "qps_cumulative_high_pct", "p50_cumulative_low_pct",
     "p50_cumulative_high_pct", "p99_cumulative_low_pct", "p99_cumulative_high_pct",
     "step_confidence", "cumulative_confidence", "step_method",
+    *(column for column, _ in LLM_COLUMNS),
 )  # fmt: skip
 
 # A step's capacity columns (`reports.capacity`), after the stage columns.
@@ -85,7 +99,7 @@ def stage_column(stage: str) -> str:
 
 def stage_of(column: str) -> str | None:
     """`infer_p50_ms` -> `infer`; None for a column that is no stage's."""
-    if column.endswith(_STAGE_SUFFIX) and column != "p50_ms":
+    if column.endswith(_STAGE_SUFFIX) and column not in COLUMNS:
         return column.removesuffix(_STAGE_SUFFIX)
     return None
 
@@ -220,6 +234,13 @@ class TableRow(_Figures):
     step_confidence: float | None = None
     cumulative_confidence: float | None = None
     step_method: str | None = None
+    ttft_p50_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    tpot_p50_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    itl_p99_ms: float | None = None
+    output_tps: float | None = None
+    goodput: float | None = None
     stages: dict[str, float | None] = {}
     capacity: StepCapacityRow | None = None
 

@@ -111,6 +111,15 @@ def _run_figures(run: RunRecord, s: RunSummary) -> dict[str, Any]:
     figures["infer_ms_per_request"] = s.target_figure("infer", "ms_per_request")
     figures["mean_batch_size"] = s.target_figure("batching", "mean_batch_size")
     figures["cache_hit_rate"] = s.target_figure("cache", "hit_rate")
+    llm = s.llm
+    if llm is not None:
+        figures["ttft_p50_ms"] = llm.ttft_ms.p50 if llm.ttft_ms else None
+        figures["ttft_p99_ms"] = llm.ttft_ms.p99 if llm.ttft_ms else None
+        figures["tpot_p50_ms"] = llm.tpot_ms.p50 if llm.tpot_ms else None
+        figures["tpot_p99_ms"] = llm.tpot_ms.p99 if llm.tpot_ms else None
+        figures["itl_p99_ms"] = llm.itl_ms.p99 if llm.itl_ms else None
+        figures["output_tps"] = llm.output_tokens_per_s
+        figures["goodput"] = llm.goodput
     return figures
 
 

@@ -136,6 +136,13 @@ class ChainEntry(BaseModel):
     infer_ms_per_request: float | None
     mean_batch_size: float | None
     cache_hit_rate: float | None
+    ttft_p50_ms: float | None = Field(None, description="a streaming LLM target's TTFT P50")
+    ttft_p99_ms: float | None = None
+    tpot_p50_ms: float | None = Field(None, description="(E2E − TTFT)/(tokens − 1), P50")
+    tpot_p99_ms: float | None = None
+    itl_p99_ms: float | None = Field(None, description="per-event gap, P99")
+    output_tps: float | None = Field(None, description="output tokens per second")
+    goodput: float | None = Field(None, description="share of requests within slo.ttft_ms/tpot_ms")
     flags: list[str] = Field(description="trade-offs: a metric gained while another broke")
     slo_pass: bool | None = Field(description="null when the SLO sets no latency or QPS bound")
     slo_failures: list[str]

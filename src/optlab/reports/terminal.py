@@ -39,6 +39,7 @@ from optlab.reports.format import (
     verdict_of,
     with_capacity_verdict,
 )
+from optlab.reports.stacked import LLM_COLUMNS
 
 if TYPE_CHECKING:
     from optlab.reports.stacked import StackedTable, TableRow
@@ -72,6 +73,7 @@ EXTRAS = (
     ("mean_batch_size", "batch"),
     ("accuracy_top1", "top-1"),
     ("cache_hit_rate", "cache hit"),
+    *LLM_COLUMNS,
 )
 # What the detail block says of a step's resource use: (column, label, unit).
 RESOURCES = (
@@ -124,6 +126,10 @@ def _num(value: Any, digits: int = 1) -> str:
 def _extra(column: str, value: Any) -> str:
     if column in ("mean_batch_size", "infer_ms_per_request"):
         return _num(value, 2 if column == "infer_ms_per_request" else 1)
+    if column == "output_tps":
+        return _num(value, 0)
+    if column.endswith("_ms"):
+        return _num(value, 2)
     return rate(value, missing="-")
 
 
