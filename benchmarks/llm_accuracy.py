@@ -1,7 +1,8 @@
 """How close a client's streaming figures come to the server's own log: the token streamer
 (`optlab.reference.streamer`, 128 output tokens, a 20 ms decode step) driven at 1, 8 and 32
-concurrent streams by the SSE reader `optlab.targets.sse` on an aiohttp connection, each
-request's events compared with the times the server wrote them (`GET /truth`).
+concurrent streams by optlab's own client (`optlab.targets.http_client` with its SSE reader,
+what `optlab run` drives), each request's events compared with the times the server wrote
+them (`GET /truth`).
 
 Per concurrency: client TTFT (from its own send) against the server's (first token's write
 minus the request's arrival), and per-event ITL, P50 and P99 each; output tokens against the
@@ -17,19 +18,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from optlab.metrics.llm import StreamTiming, itl_event_gaps
+from optlab.metrics.stages import RequestTiming
 from optlab.metrics.stats import percentile
-from optlab.targets.sse import read_stream
+from optlab.targets.http_client import HttpClient, StreamSpec
+from optlab.targets.http_wire import Body, HttpSpec
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUT_TOKENS = 128
@@ -57,33 +60,56 @@ def start_streamer(port: int, slots: int) -> subprocess.Popen[str]:
     return server
 
 
-async def one(session: aiohttp.ClientSession, url: str, key: str) -> StreamTiming:
-    body = {
-        "model": "optlab-streamer",
-        "prompt": "tell me " * 16,
-        "max_tokens": OUTPUT_TOKENS,
-        "stream": True,
-        "user": key,
-    }
-    sent = time.monotonic_ns()
-    async with session.post(url, json=body) as response:
-        response.raise_for_status()
-        result = await read_stream(response.content, sent, sent)
-    return result.timing
+def bodies(keys: list[str]) -> list[Body]:
+    """One request body per key (its `user`), each sent once."""
+    return [
+        Body(
+            json.dumps(
+                {
+                    "model": "optlab-streamer",
+                    "prompt": "tell me " * 16,
+                    "max_tokens": OUTPUT_TOKENS,
+                    "stream": True,
+                    "user": key,
+                }
+            ).encode(),
+            "application/json",
+        )
+        for key in keys
+    ]
 
 
 async def level(base: str, clients: int, requests: int, seed: int) -> dict[str, StreamTiming]:
+    """`requests` streams through optlab's own client (the one `optlab run` drives), from
+    `clients` concurrent workers, each event stamped as its bytes arrive."""
+    keys = [f"{seed}-{clients}-{k}" for k in range(requests)]
+    spec = HttpSpec(
+        url=f"{base}/v1/completions",
+        method="POST",
+        headers=(),
+        ok_status=None,
+        connect_timeout_s=5.0,
+        timeout_s=60.0,
+        connections=clients,
+    )
+    stream = StreamSpec("words", (OUTPUT_TOKENS,) * requests, (32,) * requests, exact=True)
+    client = HttpClient(spec, bodies(keys), stream)
+    await client.open()
     found: dict[str, StreamTiming] = {}
-    keys = iter(f"{seed}-{clients}-{k}" for k in range(requests))
-    connector = aiohttp.TCPConnector(limit=clients)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    order = iter(range(requests))
+    async with aiohttp.ClientSession() as session:
         await session.post(f"{base}/truth/reset")
 
-        async def client() -> None:
-            for key in keys:
-                found[key] = await one(session, f"{base}/v1/completions", key)
+    async def worker() -> None:
+        for index in order:
+            timing = RequestTiming()
+            await client.send(index, timing)
+            found[keys[index]] = timing.stream
 
-        await asyncio.gather(*(client() for _ in range(clients)))
+    try:
+        await asyncio.gather(*(worker() for _ in range(clients)))
+    finally:
+        await client.close()
     return found
 
 
@@ -122,6 +148,15 @@ def compare(client: dict[str, StreamTiming], server: dict[str, Any]) -> dict[str
     return out
 
 
+def run_loop(coroutine: Any) -> Any:
+    """On uvloop where it is installed, as `optlab run`'s load generator is."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coroutine)
+    return uvloop.run(coroutine)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -139,7 +174,7 @@ def main() -> None:
         base = f"http://127.0.0.1:{port}"
         try:
             for clients in LEVELS:
-                client = asyncio.run(level(base, clients, args.requests, run))
+                client = run_loop(level(base, clients, args.requests, run))
                 found = compare(client, asyncio.run(truth(base)))
                 ok = found["tokens_equal"] and all(
                     within(*found[k]) for k in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99")

@@ -11,10 +11,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
 from optlab.metrics.llm import StreamTiming, itl_event_gaps
-from optlab.reference.streamer import StreamerKnobs, make_app
+from optlab.reference.streamer import Streamer, StreamerKnobs
 from optlab.targets.sse import StreamResult, read_stream
 from tests.support.proc import free_port
 
@@ -27,15 +26,15 @@ def served(
     """Run `test(base_url, session)` against a streamer with these knobs."""
 
     async def main() -> None:
-        runner = web.AppRunner(make_app(knobs))
-        await runner.setup()
+        streamer = Streamer(knobs)
         port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
+        server = await streamer.start("127.0.0.1", port)
         try:
             async with aiohttp.ClientSession() as session:
                 await test(f"http://127.0.0.1:{port}", session)
         finally:
-            await runner.cleanup()
+            server.close()
+            streamer.stop()
 
     asyncio.run(main())
 

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
@@ -85,6 +85,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.reader: SseReader | None = None  # the current response's stream, when streaming
         self.stamp = 0  # when the bytes being parsed arrived (perf_counter_ns)
+        self.backlog: list[tuple[int, bytes]] = []  # a stream's bytes read, not yet parsed
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -92,17 +93,40 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         # Stamped before anything is parsed: a streamed event's time is its bytes' arrival.
-        self.stamp = time.perf_counter_ns()
+        stamp = time.perf_counter_ns()
+        if self.reader is not None:
+            # A stream: parsed after the loop has read (and stamped) every other socket that
+            # was ready with it, so 32 streams' events of one server step are each stamped
+            # as read, not after the events read before them were parsed.
+            self.backlog.append((stamp, data))
+            if len(self.backlog) == 1:
+                self.client._call_soon(self._parse_backlog)
+            return
+        self._feed(stamp, data)
+
+    def _parse_backlog(self) -> None:
+        backlog, self.backlog = self.backlog, []
+        for stamp, data in backlog:
+            if not self._feed(stamp, data):
+                return
+
+    def _feed(self, stamp: int, data: bytes) -> bool:
+        """Parse `data`, read at `stamp`; False once the response has failed."""
+        self.stamp = stamp
         try:
             self.parser.feed_data(data)
         except Exception as exc:  # HttpParserError, or an upgrade we never asked for
             self._fail(ClientResponseError(f"invalid HTTP response: {exc}"))
-            return
+            return False
         reader = self.reader
         if reader is not None and reader.error is not None:
             self._fail(reader.error)  # a stream that cannot be measured is not read further
+            return False
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.backlog:
+            self._parse_backlog()  # what arrived before the close
         self.closed = True
         self.client._lost(self)
         waiter = self.waiter
@@ -220,6 +244,11 @@ class HttpClient:
         self._port = parts.port or (443 if parts.scheme == "https" else 80)
         self._tls = parts.scheme == "https"
         self._ssl: ssl.SSLContext | None = None
+
+    def _call_soon(self, callback: Callable[[], None]) -> None:
+        loop = self._loop
+        assert loop is not None
+        loop.call_soon(callback)
 
     def _ok(self, status: int) -> bool:
         ok = self._ok_status
