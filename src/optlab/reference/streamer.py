@@ -16,8 +16,9 @@ The timing model, one engine step at a time (continuous batching):
 - the first `reasoning_tokens` of each answer are sent as reasoning (`delta.reasoning_content`
   in chat, `reasoning` in completions): they count toward the first token and the length.
 
-Steps are scheduled on absolute times (the next step starts when the last one was due to end,
-never later than now), so the server's timing does not drift under load. Tokens are words:
+Steps are scheduled on absolute times (the next step starts when the last one was due to end;
+an idle engine's first when a request arrives), so the server's timing does not drift under
+load, and `optlab.reference.llm_queueing` simulates it exactly. Tokens are words:
 the input length is the prompt's whitespace-separated words; the output is exactly
 `max_tokens` words (`ignore_eos` is implied), ` t1 t2 ...`.
 
@@ -25,7 +26,8 @@ Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (`stream: true`; 
 `stream_options.include_usage` a last chunk carries `usage`), `GET /v1/models`, `GET /health`,
 `GET /truth` (every finished request's record: its `user` field as `id`, arrival, each event's
 send time and tokens, the stream's end; CLOCK_MONOTONIC ns, shared by every process of the
-host), `POST /truth/reset`.
+host), `POST /truth/reset`, `GET /engine` (its knobs, and when it started: the stalls' origin,
+for a simulation of the same run).
 
 Run: ``python -m optlab.reference.streamer --port 8100 --slots 8 --decode-base-ms 20``.
 """
@@ -107,6 +109,7 @@ class Engine:
         self.truth: list[dict[str, Any]] = []
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
+        self.started_ns = 0  # the stalls' origin (CLOCK_MONOTONIC)
         self._next_stall_ns: int | None = None
 
     def submit(self, seq: _Sequence) -> None:
@@ -115,7 +118,7 @@ class Engine:
 
     async def run(self) -> None:
         knobs = self.knobs
-        due = time.monotonic_ns()
+        due = self.started_ns = time.monotonic_ns()
         if knobs.stall_every_s is not None:
             self._next_stall_ns = due + int(knobs.stall_every_s * 1e9)
         while True:
@@ -133,7 +136,9 @@ class Engine:
                 + knobs.decode_per_seq_ms * len(self.running)
                 + knobs.prefill_ms_per_token * admitted
             )
-            start = max(due, time.monotonic_ns())
+            # On the model's clock: a step that woke late does not push the next one back
+            # (its events leave late, stamped as they leave; the schedule stays the model's).
+            start = due
             if self._next_stall_ns is not None and start >= self._next_stall_ns:
                 step_ms += knobs.stall_ms
                 assert knobs.stall_every_s is not None
@@ -375,6 +380,9 @@ class Streamer:
             conn.respond(200, {"status": "ok"})
         elif path == "/truth" and method == "GET":
             conn.respond(200, engine.truth)
+        elif path == "/engine" and method == "GET":
+            body = {"started_ns": engine.started_ns, "knobs": engine.knobs.model_dump()}
+            conn.respond(200, body)
         elif path == "/truth/reset" and method == "POST":
             engine.truth.clear()
             conn.respond(200, {"status": "reset"})
