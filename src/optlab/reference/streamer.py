@@ -381,8 +381,8 @@ class Streamer:
         elif path == "/truth" and method == "GET":
             conn.respond(200, engine.truth)
         elif path == "/engine" and method == "GET":
-            body = {"started_ns": engine.started_ns, "knobs": engine.knobs.model_dump()}
-            conn.respond(200, body)
+            started = {"started_ns": engine.started_ns, "knobs": engine.knobs.model_dump()}
+            conn.respond(200, started)
         elif path == "/truth/reset" and method == "POST":
             engine.truth.clear()
             conn.respond(200, {"status": "reset"})
