@@ -157,7 +157,7 @@ def sweeps(db_url: str | None = None, experiment: str | None = None) -> pd.DataF
                 "experiment": s.experiment,
                 "status": s.status,
                 "mode": s.mode,
-                "slo": f"{s.slo_percentile}={s.slo_ms:g}ms",
+                "slo": s.slo.key,
                 "capacity_qps": result.capacity_qps if result else None,
                 "capacity_low": interval[0],
                 "capacity_high": interval[1],

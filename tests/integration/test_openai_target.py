@@ -217,3 +217,33 @@ def test_a_streaming_chain_stacks_token_figures_and_gates_on_them(
     assert gate.exit_code == 0, gate.output
     failed = invoke("check", "slots", "--min-gain", "output_tps=1000%")
     assert failed.exit_code == 3 and "output_tps" in failed.output
+
+
+def test_a_sweep_judges_each_level_by_its_token_slos(tmp_path: Path, invoke: Invoke) -> None:
+    # 32 slots of 4-token answers, 1 ms a step + 0.1 ms a running sequence: 100/s meets
+    # TTFT P99 <= 40 ms (the model's saturation is ~1,900/s; Python on 2 cores, far less).
+    with streamer("--slots", "32", "--decode-base-ms", "1", "--decode-per-seq-ms", "0.1") as base:
+        path = experiment(
+            tmp_path,
+            "swept",
+            base,
+            load="{mode: open, rate: 100, arrival: poisson}",
+            prompts="{input_tokens: 4, output_tokens: 4}",
+        )
+        args = ("--slo", "ttft_p99=40ms,tpot_p99=20ms", "--quick", "--level-duration", "1")
+        result = invoke(
+            "sweep", str(path), *args, "--min-rate", "100", "--max-rate", "400",
+            "--budget-s", "8", "--json",
+        )  # fmt: skip
+    assert result.exit_code in (0, 4), result.output
+    document = json.loads(result.stdout.strip().splitlines()[-1])
+    assert document["slo"] == {
+        "percentile": "p99",
+        "ms": 40.0,
+        "metric": "ttft",
+        "also": [{"metric": "tpot", "percentile": "p99", "ms": 20.0}],
+    }
+    levels = [lv for lv in document["levels"] if lv["offered_qps"] is not None]
+    assert levels[0]["offered_qps"] == 100.0 and levels[0]["meets_slo"], levels
+    listed = invoke("sweeps").stdout
+    assert "ttft_p99=40ms,tpot_p99=20ms" in listed

@@ -318,6 +318,7 @@ def test_migrations_dir_is_the_repository_folder() -> None:
         "0006_versioned_summary.py",
         "0007_sweeps.py",
         "0008_reason_codes.py",
+        "0009_sweep_slo_json.py",
     }
 
 
@@ -1002,6 +1003,28 @@ def test_a_run_whose_process_is_alive_on_this_host_is_never_marked_crashed(store
 
 
 # -- sweeps ---------------------------------------------------------------------------
+
+
+def test_a_sweep_under_token_slos_keeps_every_bound(store: Store) -> None:
+    from optlab.config.slo import parse_slo
+
+    save_baseline(store)
+    slo = parse_slo("ttft_p99=500ms,tpot_p99=50ms")
+    sweep_id = store.create_sweep(
+        experiment="baseline",
+        mode="open",
+        slo_percentile=slo.percentile,
+        slo_ms=slo.ms,
+        slo_json=slo.model_dump(mode="json"),
+        protocol={"name": "quick"},
+        strategy={},
+        environment_id=None,
+        code_identity={},
+    )
+    found = store.get_sweep(sweep_id).slo
+    assert found == slo and found.key == "ttft_p99=500ms,tpot_p99=50ms"
+    assert found.same_as(slo) and not found.same_as(parse_slo("ttft_p99=500ms"))
+    assert not found.same_as(parse_slo("p99=500ms"))
 
 
 def test_a_sweep_and_its_levels_round_trip_and_levels_stay_out_of_run_lists(

@@ -33,7 +33,9 @@ def _percent(text: str) -> float:
     "slo_text",
     required=True,
     metavar="pNN=TIME",
-    help="The latency objective each level is judged by: p99=60ms (p50, p95, p99, p99.9).",
+    help="The latency objective each level is judged by: p99=60ms (p50, p95, p99, p99.9); "
+    "for a streaming LLM target, bounds on its token series, all to be met: "
+    "ttft_p99=500ms,tpot_p99=50ms (ttft, tpot, itl).",
 )
 @click.option(
     "--mode",

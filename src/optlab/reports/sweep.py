@@ -59,7 +59,7 @@ class SweepView:
 
 def load_sweep(store: Store, sweep_id: int) -> SweepView:
     record = store.get_sweep(sweep_id)
-    slo = Slo(record.slo_percentile, record.slo_ms)
+    slo = record.slo
     settings = Settings(
         mode="closed" if record.mode == "closed" else "open",
         slo=slo,
@@ -88,7 +88,7 @@ def sweep_json(view: SweepView) -> dict[str, Any]:
         "sweep_id": r.id,
         "experiment": r.experiment,
         "status": r.status,
-        "slo": {"percentile": view.slo.percentile, "ms": view.slo.ms},
+        "slo": view.slo.model_dump(mode="json"),
         "mode": r.mode,
         "capacity_qps": _round(result.capacity_qps if result else None),
         "capacity_interval": [_round(v) for v in interval] if interval else None,
@@ -233,7 +233,7 @@ def _list_row(sweep: SweepRecord) -> tuple[str, ...]:
         sweep.experiment,
         sweep.status,
         sweep.mode,
-        f"{sweep.slo_percentile}={sweep.slo_ms:g}ms",
+        sweep.slo.key,
         _qps(result.capacity_qps if result else None),
         f"[{interval[0]:,.1f}, {interval[1]:,.1f}]" if interval else "-",
         (result.limited_by if result else None) or "-",

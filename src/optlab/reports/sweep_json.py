@@ -20,9 +20,20 @@ class _Closed(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class SweepSlo(_Closed):
+class SweepObjective(_Closed):
+    metric: Literal["latency", "ttft", "tpot", "itl"]
     percentile: Literal["p50", "p95", "p99", "p99.9"]
     ms: float = Field(gt=0)
+
+
+class SweepSlo(_Closed):
+    """The first bound (`metric` P<percentile> at most `ms`) and every further one (`also`):
+    a level meets the SLO when it meets them all (docs/sweep-json.md)."""
+
+    percentile: Literal["p50", "p95", "p99", "p99.9"]
+    ms: float = Field(gt=0)
+    metric: Literal["latency", "ttft", "tpot", "itl"] = "latency"
+    also: list[SweepObjective] = Field(default_factory=list)
 
 
 class SweepLevelEntry(_Closed):

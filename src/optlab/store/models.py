@@ -381,6 +381,10 @@ class SqlSweep(Base):
     mode: Mapped[str] = mapped_column(StorableString(16))
     slo_percentile: Mapped[str] = mapped_column(StorableString(16))
     slo_ms: Mapped[float] = mapped_column(Double)
+    # The whole SLO when it is more than one latency percentile (a streaming target's token
+    # series: `ttft_p99=500ms,tpot_p99=50ms`); null otherwise. The two columns above hold its
+    # first bound.
+    slo_json: Mapped[dict[str, Any] | None] = mapped_column(JSONText)
     # The protocol each level follows before its own duration factor (the comparison key).
     protocol_json: Mapped[dict[str, Any]] = mapped_column(JSONText)
     # The strategy's settings: rates, tolerance, budget.

@@ -271,8 +271,11 @@ class SweepRecord:
     measured_s: float | None
     error_message: str | None
     levels: tuple[SweepLevelRecord, ...]
+    slo_json: dict[str, Any] | None = None  # the whole SLO, when it is not one percentile
 
     @property
     def slo(self) -> Slo:
         """The SLO the sweep judged its levels by."""
+        if self.slo_json is not None:
+            return Slo.model_validate(self.slo_json)
         return Slo(self.slo_percentile, self.slo_ms)

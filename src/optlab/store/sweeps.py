@@ -63,6 +63,7 @@ def _record(session: Session, row: SqlSweep, experiment: str, config_hash: str) 
             SweepLevelRecord(lv.position, lv.run_id, lv.mode, lv.load, lv.purpose, lv.reused)
             for lv in levels
         ),
+        slo_json=row.slo_json,
     )
 
 
@@ -91,8 +92,10 @@ class SweepsMixin:
         strategy: dict[str, Any],
         environment_id: int | None,
         code_identity: dict[str, Any],
+        slo_json: dict[str, Any] | None = None,
     ) -> int:
-        """A RUNNING sweep of the experiment's current config by this process."""
+        """A RUNNING sweep of the experiment's current config by this process; `slo_json`
+        is the whole SLO where it is more than the one percentile bound given."""
         with self.session_scope() as session:
             row = experiment_row(session, experiment)
             if row.current_config_id is None:
@@ -106,6 +109,7 @@ class SweepsMixin:
                 mode=mode,
                 slo_percentile=slo_percentile,
                 slo_ms=slo_ms,
+                slo_json=slo_json,
                 protocol_json=protocol,
                 strategy_json=strategy,
                 code_identity_json=code_identity,

@@ -247,6 +247,7 @@ class _Sweep:
             mode=options.mode,
             slo_percentile=options.slo.percentile,
             slo_ms=options.slo.ms,
+            slo_json=None if options.slo.plain else options.slo.model_dump(mode="json"),
             protocol=self.base.as_dict(),
             strategy=options.strategy(),
             environment_id=environment_id,

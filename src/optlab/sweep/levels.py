@@ -127,7 +127,7 @@ def _generator(
         return None, ()
     hidden, why = held
     summary = record.summary
-    value = getattr(summary.total, slo.field) if summary is not None else None
+    value = slo.value_of(summary)
     short = fell_short(load, record.qps, record.duration_s or 0.0)
     if short or value is None or (value > slo.ms and value - hidden <= slo.ms):
         return why, ()
@@ -146,7 +146,7 @@ def level_of(
     `purpose` (the probe's)."""
     summary = record.summary
     total = summary.total if summary is not None else None
-    value = getattr(total, slo.field) if total is not None else None
+    value = slo.value_of(summary)
     completed = record.requests or 0
     errors = record.errors or 0
     sent = completed + errors
