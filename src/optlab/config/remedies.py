@@ -37,6 +37,8 @@ RuleId = Literal[
     "under-batching",
     "tail-stalls",
     "network",
+    "llm-client-bound",
+    "llm-queue-bound",
 ]
 RULE_IDS: tuple[str, ...] = get_args(RuleId)
 OPS = ("set", "increment", "multiply")

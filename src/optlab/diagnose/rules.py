@@ -37,6 +37,7 @@ from optlab.diagnose.checks import (
 from optlab.diagnose.evidence import Evidence
 from optlab.diagnose.findings import Outcome, Params, Passed, Resource
 from optlab.diagnose.gpu_checks import check_gpu_compute, check_gpu_starved, check_gpu_throttled
+from optlab.diagnose.llm_checks import check_llm_client, check_llm_queue
 from optlab.diagnose.pace_checks import (
     check_errors,
     check_gc,
@@ -252,6 +253,24 @@ RULES: tuple[Rule, ...] = (
         ("network",),
         {"share_pct": 40.0},
         check_fn=check_network,
+    ),
+    Rule(
+        "llm-client-bound",
+        "generator",
+        "streaming client holds requests back",
+        "TTFT from the intended send well above TTFT from the send: the client waited",
+        ("llm",),
+        {"share": 0.2},
+        check_fn=check_llm_client,
+    ),
+    Rule(
+        "llm-queue-bound",
+        "queue",
+        "queue-bound TTFT",
+        "TTFT many decode steps long: requests wait for a sequence slot before their prefill",
+        ("llm",),
+        {"steps": 4.0},
+        check_fn=check_llm_queue,
     ),
 )
 

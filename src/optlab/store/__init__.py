@@ -29,6 +29,7 @@ from optlab.store.schema import current, migrations_dir, upgrade
 from optlab.store.summary import (
     SUMMARY_SCHEMA_VERSION,
     LatencyStats,
+    LlmSummary,
     MeanMax,
     PairedTag,
     ParentStep,
@@ -45,6 +46,7 @@ __all__ = [
     "ExperimentRecord",
     "GpuSample",
     "LatencyStats",
+    "LlmSummary",
     "Limit",
     "MeanMax",
     "PairedTag",

@@ -17,7 +17,15 @@ from optlab.diagnose.evidence import Evidence
 from optlab.diagnose.findings import Fired, Passed, Unevaluable
 from optlab.diagnose.rules import RULES, rule_by_id
 from optlab.store.records import GpuSample
-from optlab.store.summary import BatchingEvidence, GcEvidence, MemoryTrend, NetworkEvidence
+from optlab.store.summary import (
+    BatchingEvidence,
+    GcEvidence,
+    LatencyStats,
+    LlmSummary,
+    MemoryTrend,
+    NetworkEvidence,
+)
+from optlab.targets.registry import kind_named
 from tests.support.evidence import (
     CLIENTS_HELD_UP,
     GENERATOR_BEHIND,
@@ -516,7 +524,83 @@ CASES: tuple[Case, ...] = (
         "not-evaluated",
         "the server sends no Server-Timing total",
     ),
+    # a streaming LLM target's (its run's llm section)
+    Case(
+        "llm-client-bound",
+        "requests held back 300 ms of a 400 ms TTFT",
+        Run(),
+        "fired",
+        "client wait P99 / TTFT P99",
+        then=lambda e: with_llm(e, ttft=(60.0, 400.0), sent=(20.0, 100.0), wait=(40.0, 300.0)),
+    ),
+    Case(
+        "llm-client-bound",
+        "sent on time",
+        Run(),
+        "passed",
+        "client wait P99 / TTFT P99",
+        then=lambda e: with_llm(e, ttft=(60.0, 100.0), sent=(60.0, 100.0), wait=(0.1, 0.5)),
+    ),
+    Case("llm-client-bound", "another kind: nothing to check", Run(), "passed", None),
+    Case(
+        "llm-client-bound",
+        "streamed, no figures",
+        Run(),
+        "not-evaluated",
+        "no TTFT or ITL figures",
+        then=lambda e: replace(e, kind=kind_named("openai")),
+    ),
+    Case(
+        "llm-queue-bound",
+        "the first token 12 steps in",
+        Run(),
+        "fired",
+        "TTFT P50 from the send / ITL P50",
+        then=lambda e: with_llm(e, ttft=(240.0, 300.0), sent=(240.0, 300.0), itl=20.0),
+    ),
+    Case(
+        "llm-queue-bound",
+        "admitted at once",
+        Run(),
+        "passed",
+        "TTFT P50 from the send / ITL P50",
+        then=lambda e: with_llm(e, ttft=(30.0, 40.0), sent=(30.0, 40.0), itl=20.0),
+    ),
+    Case("llm-queue-bound", "another kind: nothing to check", Run(), "passed", None),
+    Case(
+        "llm-queue-bound",
+        "streamed, no figures",
+        Run(),
+        "not-evaluated",
+        "no TTFT or ITL figures",
+        then=lambda e: replace(e, kind=kind_named("openai")),
+    ),
 )
+
+
+def with_llm(
+    e: Evidence,
+    *,
+    ttft: tuple[float, float],
+    sent: tuple[float, float],
+    wait: tuple[float, float] = (0.0, 0.0),
+    itl: float = 20.0,
+) -> Evidence:
+    """The run as a streaming target's: its llm section's (P50, P99) figures."""
+
+    def stats(p50: float, p99: float) -> LatencyStats:
+        return LatencyStats(p50=p50, p95=p99, p99=p99, p999=p99, max=p99, mean=p50, count=100)
+
+    llm = LlmSummary(
+        ttft_ms=stats(*ttft),
+        ttft_sent_ms=stats(*sent),
+        client_wait_ms=stats(*wait),
+        itl_ms=stats(itl, 2 * itl),
+        requests=100,
+    )
+    summary = e.run.summary
+    assert summary is not None
+    return replace(e, run=replace(e.run, summary=summary.model_copy(update={"llm": llm})))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.rule}: {c.name}" for c in CASES])

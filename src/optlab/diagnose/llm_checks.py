@@ -1,0 +1,61 @@
+"""The checks of the rule catalogue on a streaming LLM target (`kind: openai`), from its run's
+`llm` section (docs/run-json.md): whether the client held requests back (TTFT from the
+intended send against the send's own), and whether a request waits for a slot before its
+first token (TTFT against the decode step). A target of another kind has nothing of the sort
+to check (they pass, showing nothing); a streaming run without the figures says so."""
+
+from __future__ import annotations
+
+from optlab.diagnose.evidence import Evidence
+from optlab.diagnose.findings import Measure, Outcome, Params, Passed, Unevaluable, past
+from optlab.store import LlmSummary
+
+NOT_STREAMING = "no TTFT or ITL figures: no stream of the run could be measured (run-json.md llm)"
+
+
+def _llm(e: Evidence) -> LlmSummary | None:
+    summary = e.summary
+    return summary.llm if summary is not None else None
+
+
+def _not_streaming(e: Evidence) -> Outcome:
+    """A run without the figures: nothing to check for a kind that does not stream."""
+    if e.kind is None or e.kind.name != "openai":
+        return Passed(())
+    return Unevaluable(NOT_STREAMING)
+
+
+def check_llm_client(e: Evidence, p: Params) -> Outcome:
+    llm = _llm(e)
+    ttft = llm.ttft_ms.p99 if llm is not None and llm.ttft_ms is not None else None
+    wait = llm.client_wait_ms.p99 if llm is not None and llm.client_wait_ms is not None else None
+    if ttft is None or wait is None or ttft <= 0:
+        return _not_streaming(e)
+    share = wait / ttft
+    return past(
+        Measure("client wait P99 / TTFT P99", share, p["share"], unit="x"),
+        None,
+        0.8,
+        f"requests waited {wait:.1f} ms (P99) in the client before they were sent, "
+        f"{share:.0%} of TTFT P99: the load's in-flight limit or the client, not the server, "
+        "sets the time to first token",
+        context=(Measure("client wait P99", wait, None, unit="ms"),),
+    )
+
+
+def check_llm_queue(e: Evidence, p: Params) -> Outcome:
+    llm = _llm(e)
+    ttft = llm.ttft_sent_ms.p50 if llm is not None and llm.ttft_sent_ms is not None else None
+    itl = llm.itl_ms.p50 if llm is not None and llm.itl_ms is not None else None
+    if ttft is None or itl is None or itl <= 0:
+        return _not_streaming(e)
+    steps = ttft / itl
+    return past(
+        Measure("TTFT P50 from the send / ITL P50", steps, p["steps"], unit="x"),
+        None,
+        4 * p["steps"],
+        f"a request's first token takes {steps:.0f} decode steps (TTFT P50 {ttft:.1f} ms "
+        f"from its send, ITL P50 {itl:.1f} ms): it waits for a free sequence slot (or a long "
+        "prefill) before it starts; more concurrent sequences, chunked prefill or fewer "
+        "requests in flight",
+    )
