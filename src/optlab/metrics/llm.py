@@ -31,7 +31,7 @@ Linux host, so a server's log on the same host is comparable).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from optlab.metrics.stages import LLM_PREFIX
@@ -143,29 +143,29 @@ class TokenFigures:
 
 
 def figures(streams: Iterable[StreamTiming]) -> TokenFigures:
-    """The pooled figures of `streams` (ms)."""
-    found = TokenFigures()
-    for stream in streams:
-        found.requests += 1
-        found.output_tokens += stream.tokens
-        found.events += len(stream.token_events)
-        found.e2e_ms.append(stream.e2e_ns() / 1e6)
-        ttft = stream.ttft_ns()
-        sent = stream.ttft_ns(from_sent=True)
-        if ttft is not None and sent is not None:
-            found.ttft_ms.append(ttft / 1e6)
-            found.ttft_sent_ms.append(sent / 1e6)
-            found.client_wait_ms.append((stream.sent_ns - stream.intended_ns) / 1e6)
-        found.itl_event_gap_ms.extend(g / 1e6 for g in itl_event_gaps(stream))
-        found.itl_token_split_ms.extend(g / 1e6 for g in itl_token_split(stream))
-        mean = itl_request_mean(stream)
-        if mean is not None:
-            found.itl_request_mean_ms.append(mean / 1e6)
-        tpot = stream.tpot_ns()
-        if tpot is not None:
-            found.tpot_ms.append(tpot / 1e6)
-            found.tpot_token_weighted_ms.extend([tpot / 1e6] * (stream.tokens - 1))
-    return found
+    """The pooled figures of `streams` (ms), each from its own intended send: what
+    `fold_streams` gives a run, read back in ms."""
+    found = list(streams)
+    tally = LlmTally()
+    series = fold_streams(found, [s.intended_ns for s in found], tally)
+
+    def ms(name: str) -> list[float]:
+        return [value / 1e6 for value in series[name]]
+
+    return TokenFigures(
+        ttft_ms=ms(TTFT),
+        ttft_sent_ms=ms(TTFT_SENT),
+        client_wait_ms=ms(CLIENT_WAIT),
+        itl_event_gap_ms=ms(ITL_EVENT_GAP),
+        itl_token_split_ms=ms(ITL_TOKEN_SPLIT),
+        itl_request_mean_ms=ms(ITL_REQUEST_MEAN),
+        tpot_ms=ms(TPOT),
+        tpot_token_weighted_ms=ms(TPOT_TOKEN_WEIGHTED),
+        e2e_ms=ms(E2E),
+        output_tokens=tally.output_tokens,
+        events=tally.token_events,
+        requests=tally.requests,
+    )
 
 
 # -- a run's streams, folded as they complete (`optlab.metrics.log.Collector`) -------------------
@@ -246,35 +246,32 @@ def fold_streams(
     in an open loop, the send otherwise); the counts go into `tally`."""
     out: dict[str, list[int]] = {name: [] for name in LLM_SERIES}
     pairs: list[tuple[int, int]] = []
-    for stream, origin in zip(streams, origins, strict=True):
-        events = [(t, n) for t, n in stream.events if n > 0]
+    for given, origin in zip(streams, origins, strict=True):
+        # The definitions above, from the request's origin.
+        stream = given if given.intended_ns == origin else replace(given, intended_ns=origin)
         tokens = stream.tokens
         tally.requests += 1
         tally.output_tokens += tokens
         tally.input_tokens += stream.input_tokens or 0
-        tally.token_events += len(events)
+        tally.token_events += len(stream.token_events)
         if stream.total_tokens is not None:
             tally.totals_from_usage += 1
         source = stream.source or "events"
         tally.sources[source] = tally.sources.get(source, 0) + 1
-        out[E2E].append(stream.end_ns - origin)
-        if not events:
+        out[E2E].append(stream.e2e_ns())
+        ttft = stream.ttft_ns()
+        if ttft is None:
             continue
-        first = events[0][0]
-        ttft = first - origin
         out[TTFT].append(ttft)
-        out[TTFT_SENT].append(first - stream.sent_ns)
+        out[TTFT_SENT].append(ttft - (stream.sent_ns - origin))
         out[CLIENT_WAIT].append(stream.sent_ns - origin)
-        before = first
-        for at, n in events[1:]:
-            gap = at - before
-            out[ITL_EVENT_GAP].append(gap)
-            out[ITL_TOKEN_SPLIT].extend([round(gap / n)] * n)
-            before = at
+        out[ITL_EVENT_GAP].extend(itl_event_gaps(stream))
+        out[ITL_TOKEN_SPLIT].extend(round(gap) for gap in itl_token_split(stream))
+        mean, tpot_ns = itl_request_mean(stream), stream.tpot_ns()
         tpot = -1
-        if tokens >= 2:
-            out[ITL_REQUEST_MEAN].append(round((events[-1][0] - first) / (tokens - 1)))
-            tpot = round((stream.end_ns - first) / (tokens - 1))
+        if mean is not None and tpot_ns is not None:
+            out[ITL_REQUEST_MEAN].append(round(mean))
+            tpot = round(tpot_ns)
             out[TPOT].append(tpot)
             out[TPOT_TOKEN_WEIGHTED].extend([tpot] * (tokens - 1))
         pairs.append((ttft, tpot))
