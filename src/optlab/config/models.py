@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     Field,
@@ -39,18 +39,27 @@ def remedies_field() -> Any:
     )
 
 
-class _DeclaresRemedies(StrictModel):
-    """A target whose experiment may declare `remedies`: the field is left out of the dump when
-    empty, so the stored configs (and hashes) of every experiment written before it existed
-    stay what they were. Each subclass declares the field (`remedies_field()`) where its
-    documented field order puts it."""
+class _LeavesOutUnset(StrictModel):
+    """A section whose fields added after configs were first stored (`ADDED`) are left out of
+    the dump while unset (None, or an empty list), so the stored configs (and hashes) of every
+    experiment written before they existed stay what they were."""
+
+    ADDED: ClassVar[tuple[str, ...]] = ()
 
     @model_serializer(mode="wrap")
-    def _leave_out_no_remedies(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _leave_out_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
-        if not getattr(self, "remedies", None):
-            data.pop("remedies", None)
+        for key in self.ADDED:
+            if data.get(key) in (None, []):
+                data.pop(key, None)
         return data
+
+
+class _DeclaresRemedies(_LeavesOutUnset):
+    """A target whose experiment may declare `remedies` (left out while empty). Each subclass
+    declares the field (`remedies_field()`) where its documented field order puts it."""
+
+    ADDED = ("remedies",)
 
 
 class BuiltinTarget(StrictModel):
@@ -213,7 +222,9 @@ Target = Annotated[
 ]
 
 
-class Workload(StrictModel):
+class Workload(_LeavesOutUnset):
+    ADDED = ("prompts",)
+
     load: Load
     timeout_ms: float = Field(10_000.0, gt=0, le=600_000)
     seed: int = Field(0, ge=0)
@@ -221,15 +232,6 @@ class Workload(StrictModel):
         default_factory=dict, description="passed to the target's inputs(workload)"
     )
     prompts: Prompts | None = Field(None, description="a streaming LLM target's requests")
-
-    @model_serializer(mode="wrap")
-    def _leave_out_no_prompts(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # Left out when unset, so the stored configs (and hashes) of every experiment written
-        # before the field existed stay what they were.
-        data: dict[str, Any] = handler(self)
-        if self.prompts is None:
-            data.pop("prompts", None)
-        return data
 
 
 class HttpInputs(StrictModel):
@@ -264,8 +266,10 @@ FULL_MIN_DURATION_S = 600.0
 FULL_MAX_DURATION_S = 900.0
 
 
-class Protocol(StrictModel):
+class Protocol(_LeavesOutUnset):
     """`full`: warm up until stable, then 600-900 s. `quick`: seconds, always provisional."""
+
+    ADDED = ("stability_pct",)
 
     name: Literal["full", "quick"] = "full"
     warmup_s: float | None = Field(None, ge=0, le=300)
@@ -275,19 +279,12 @@ class Protocol(StrictModel):
     # None: the protocol's 10%. A noisy shared machine may need more, a quiet one less.
     stability_pct: float | None = Field(None, gt=0, le=100)
 
-    @model_serializer(mode="wrap")
-    def _leave_out_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # Left out when unset, so the stored configs (and hashes) of every baseline written
-        # before the field existed stay what they were.
-        data: dict[str, Any] = handler(self)
-        if self.stability_pct is None:
-            data.pop("stability_pct", None)
-        return data
-
 
 # The file's `slo:` section: the limits a run's verdict and the table judge it against (the
 # sweep's single percentile bound is `optlab.config.slo.Slo`).
-class SloLimits(StrictModel):
+class SloLimits(_LeavesOutUnset):
+    ADDED = ("ttft_ms", "tpot_ms")
+
     p50_ms: float | None = Field(None, gt=0)
     p95_ms: float | None = Field(None, gt=0)
     p99_ms: float | None = Field(None, gt=0)
@@ -304,16 +301,6 @@ class SloLimits(StrictModel):
         description="held-out top-1 points a run may lose against the fp32 reference model "
         "before its verdict flags it (targets that report accuracy only)",
     )
-
-    @model_serializer(mode="wrap")
-    def _leave_out_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # The token bounds are left out when unset, so the stored configs (and hashes) of
-        # every experiment written before they existed stay what they were.
-        data: dict[str, Any] = handler(self)
-        for key in ("ttft_ms", "tpot_ms"):
-            if getattr(self, key) is None:
-                data.pop(key, None)
-        return data
 
 
 class ResolvedConfig(StrictModel):
