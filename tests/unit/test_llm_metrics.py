@@ -147,7 +147,7 @@ def test_the_reader_stamps_each_event_with_the_bytes_that_completed_it() -> None
     reader.feed(body[:cut1], 10 * MS)
     reader.feed(body[cut1:cut2], 20 * MS)
     reader.feed(body[cut2:], 30 * MS)
-    found = reader.result(0).timing
+    found = reader.result().timing
     assert found.events == ((10 * MS, 1), (20 * MS, 2), (30 * MS, 1))
     assert found.end_ns == 30 * MS and found.tokens == 4
 
@@ -157,12 +157,12 @@ def test_per_chunk_usage_gives_each_events_tokens_and_events_mode_counts_one() -
     reader = SseReader(0, tokenizer="words")
     for line in _sse(*usage):
         reader.feed(line, 1)
-    result = reader.result(1)
+    result = reader.result()
     assert [n for _, n in result.timing.events] == [3, 2] and result.source == "usage"
     reader = SseReader(0, tokenizer="events")
     for line in _sse(_chat(content=" a b"), _chat(content=" c")):
         reader.feed(line, 1)
-    assert reader.result(1).timing.tokens == 2 and reader.source == "events"
+    assert reader.result().timing.tokens == 2 and reader.source == "events"
 
 
 @pytest.mark.parametrize(
@@ -187,7 +187,7 @@ def test_answers_of_the_wrong_length_are_refused(
     for line in lines:
         reader.feed(line, 1)
     with pytest.raises(StreamError) as refused:
-        reader.result(1)
+        reader.result()
     assert refused.value.kind == kind
 
 

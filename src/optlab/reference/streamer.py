@@ -281,7 +281,6 @@ class _Connection(asyncio.Protocol):
         self.arrived_ns: int | None = None
         self.url = b""
         self.body = bytearray()
-        self.busy = False  # a response is being streamed
         self.closed = False
         self._writable = asyncio.Event()
         self._writable.set()
@@ -324,7 +323,6 @@ class _Connection(asyncio.Protocol):
         path = self.url.decode("latin-1").split("?", 1)[0]
         body = bytes(self.body)
         self.url, self.body, self.arrived_ns = b"", bytearray(), None
-        self.busy = True
         self.server.handle(self, method, path, body, arrived)
 
     def respond(self, status: int, value: Any) -> None:
@@ -348,7 +346,6 @@ class _Connection(asyncio.Protocol):
         return _Stream(self)
 
     def finished(self) -> None:
-        self.busy = False
         if not self.parser.should_keep_alive() and self.transport is not None:
             self.transport.close()
 

@@ -318,7 +318,7 @@ class HttpClient:
             text = bytes(error_body[:MESSAGE_CHARS]).decode("utf-8", "replace").strip()
             raise HttpError(status, f"{status}: {text}".strip(": "))
         if reader is not None:
-            timing.stream = reader.result(conn.stamp).timing  # raises a StreamError
+            timing.stream = reader.result().timing  # raises a StreamError
 
     # -- the pool -------------------------------------------------------------------------------
     async def _acquire(self, deadline: float) -> _Connection:

@@ -11,12 +11,21 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from optlab.config.knobs import ImageInputs
-from optlab.config.models import CommandTarget, HttpInputs, HttpTarget, ResolvedConfig, Workload
+from optlab.config.models import (
+    CommandTarget,
+    HttpInputs,
+    HttpTarget,
+    OpenAITarget,
+    ResolvedConfig,
+    Workload,
+)
 from optlab.config.source import SourceFile
 from optlab.config.validation import config_error
 from optlab.errors import ConfigError
 from optlab.targets.base import LoadedTarget
+from optlab.targets.command import Service
 from optlab.targets.http import HttpRecipe, check_input_files, fetch_json, http_bodies, http_spec
+from optlab.targets.listener import local_listener
 from optlab.targets.references import import_knob_model
 from optlab.targets.templates import (
     NetworkTarget,
@@ -26,7 +35,9 @@ from optlab.targets.templates import (
 )
 
 __all__ = [
+    "adopt_listener",
     "not_in_process",
+    "start_service",
     "network_inputs",
     "network_knob_model",
     "network_target",
@@ -87,6 +98,33 @@ def network_target(config: ResolvedConfig, paths: Sequence[Path], secrets: Secre
     )
     service_hooks(loaded, target, config.knobs, secrets)
     return loaded
+
+
+def start_service(
+    loaded: LoadedTarget,
+    target: CommandTarget | OpenAITarget,
+    knobs: dict[str, Any],
+    secrets: Secrets,
+    folder: Path,
+) -> Service:
+    """Start the target's `command` and make it the loaded target's service: stopped with it,
+    checked every tick, its process tree sampled, its info stored with the run."""
+    service = Service(target, knobs, secrets, folder)
+    service.start()
+    loaded.closers.append(service.stop)
+    loaded.check = service.check
+    loaded.service_pid = service.pid
+    loaded.service_info = service.info
+    return service
+
+
+def adopt_listener(loaded: LoadedTarget, url: str) -> None:
+    """A service optlab did not start but which listens on this host at `url`'s port: its
+    process is the target's service (sampled as such, never a neighbour)."""
+    listener = local_listener(url)
+    if listener is not None:
+        loaded.service_pid = listener.pid
+        loaded.service_info = listener.info
 
 
 def folder_of(paths: Sequence[Path]) -> Path:

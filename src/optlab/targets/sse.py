@@ -242,7 +242,7 @@ class SseReader:
     def source(self) -> str:
         return "usage" if self._continuous else self._tokenizer
 
-    def result(self, end_ns: int) -> StreamResult:
+    def result(self) -> StreamResult:
         """The stream's timing (its end: `[DONE]`'s arrival), or its StreamError."""
         if self.error is not None:
             raise self.error
@@ -295,7 +295,7 @@ async def read_stream(
                 break
     except ValueError as exc:  # aiohttp: a line past its reader's limit
         raise StreamError("oversized-event", str(exc)) from None
-    found = reader.result(time.monotonic_ns())
+    found = reader.result()
     timing = found.timing
     shifted = dataclasses.replace(timing, intended_ns=intended_ns, sent_ns=sent_ns)
     return StreamResult(shifted, found.usage_tokens, found.finish_reason, found.source)

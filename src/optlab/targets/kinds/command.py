@@ -19,7 +19,6 @@ from pydantic import BaseModel
 from optlab.config.models import CommandTarget, ResolvedConfig, Target, Workload
 from optlab.config.source import SourceFile
 from optlab.targets.base import LoadedTarget
-from optlab.targets.command import Service
 from optlab.targets.identity import hash_files, reference_identity
 from optlab.targets.kind import TargetKind
 from optlab.targets.kinds.builtin import classifier_engine_busy
@@ -29,6 +28,7 @@ from optlab.targets.network import (
     network_inputs,
     network_knob_model,
     network_target,
+    start_service,
 )
 from optlab.targets.service_env import inspect_service
 from optlab.targets.templates import Secrets
@@ -76,15 +76,10 @@ class Command(TargetKind):
         target = config.target
         assert isinstance(target, CommandTarget)
         loaded = network_target(config, paths, secrets)
-        service = Service(target, config.knobs, secrets, folder_of(paths))
-        service.start()
+        service = start_service(loaded, target, config.knobs, secrets, folder_of(paths))
         loaded.description = (
             f"command {' '.join(service.info()['command'])} -> {loaded.description}"
         )
-        loaded.closers.append(service.stop)
-        loaded.check = service.check
-        loaded.service_pid = service.pid
-        loaded.service_info = service.info
         return loaded
 
 

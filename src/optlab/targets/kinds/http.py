@@ -20,8 +20,8 @@ from optlab.targets.base import LoadedTarget
 from optlab.targets.http import check_listening
 from optlab.targets.kind import TargetKind
 from optlab.targets.kinds.builtin import classifier_engine_busy
-from optlab.targets.listener import local_listener
 from optlab.targets.network import (
+    adopt_listener,
     check_templates,
     network_inputs,
     network_knob_model,
@@ -70,10 +70,7 @@ class Http(TargetKind):
         loaded = network_target(config, paths, secrets)
         loaded.description = f"http {loaded.description}"
         assert loaded.client is not None
-        listener = local_listener(loaded.client.spec.url)
-        if listener is not None:
-            loaded.service_pid = listener.pid
-            loaded.service_info = listener.info
+        adopt_listener(loaded, loaded.client.spec.url)
         return loaded
 
 

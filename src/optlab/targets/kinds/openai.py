@@ -23,19 +23,19 @@ from optlab.config.models import OpenAITarget, ResolvedConfig, Target, Workload
 from optlab.config.source import SourceFile
 from optlab.errors import ConfigError, TargetError
 from optlab.targets.base import LoadedTarget
-from optlab.targets.command import Service
 from optlab.targets.http import HttpRecipe, check_listening, fetch_json, http_spec
 from optlab.targets.http_client import StreamSpec
 from optlab.targets.kind import TargetKind
 from optlab.targets.kinds.command import command_identity
-from optlab.targets.listener import local_listener
 from optlab.targets.llm_requests import file_sha256, llm_requests
 from optlab.targets.network import (
+    adopt_listener,
     check_templates,
     folder_of,
     network_knob_model,
     not_in_process,
     service_hooks,
+    start_service,
 )
 from optlab.targets.service_env import inspect_service
 from optlab.targets.templates import Secrets
@@ -123,22 +123,14 @@ class OpenAI(TargetKind):
         )
         service_hooks(loaded, target, config.knobs, secrets)
         if target.command:
-            service = Service(target, config.knobs, secrets, folder)
-            service.start()
-            loaded.closers.append(service.stop)
-            loaded.check = service.check
-            loaded.service_pid = service.pid
-            loaded.service_info = service.info
+            start_service(loaded, target, config.knobs, secrets, folder)
             try:
                 check_openai(target, config.knobs, secrets, "target.command")
             except ConfigError:
                 loaded.close()
                 raise
         else:
-            listener = local_listener(spec.url)
-            if listener is not None:
-                loaded.service_pid = listener.pid
-                loaded.service_info = listener.info
+            adopt_listener(loaded, spec.url)
         return loaded
 
 
