@@ -37,7 +37,7 @@ DEMO_WARMUP_S = 3.0
 # reported with the reasons of the run it replaces.
 DEMO_RETRIES = 2
 # Chain folder -> the head experiment's file in it.
-CHAINS = {"cpu": "04-int8.yaml", "gpu": "03-preprocess.yaml"}
+CHAINS = {"cpu": "04-int8.yaml", "gpu": "03-preprocess.yaml", "llm": "04-prefix-cache.yaml"}
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,9 @@ def choose_chain(requested: str) -> str:
     if requested == "auto":
         return "gpu" if cuda_available() else "cpu"
     if requested not in CHAINS:
-        raise OptlabError(f"unknown demo chain {requested!r}", hint="use auto, cpu or gpu")
+        raise OptlabError(
+            f"unknown demo chain {requested!r}", hint=f"use auto, {', '.join(CHAINS)}"
+        )
     if requested == "gpu" and not cuda_available():
         raise OptlabError(
             "the gpu chain needs CUDA, and torch sees no CUDA device here",

@@ -18,10 +18,11 @@ if TYPE_CHECKING:
 @click.command()
 @click.option(
     "--chain",
-    type=click.Choice(["auto", "cpu", "gpu"]),
+    type=click.Choice(["auto", "cpu", "gpu", "llm"]),
     default="auto",
     show_default=True,
-    help="Which reference chain: auto picks gpu where CUDA is available, cpu otherwise.",
+    help="Which reference chain: auto picks gpu where CUDA is available, cpu otherwise; "
+    "llm is the reference LLM served over HTTP (TTFT, TPOT, tokens/s, goodput).",
 )
 @click.option(
     "--out",
@@ -73,9 +74,15 @@ def demo(
         else:
             s = outcome.summary
             verdict = "VALID" if s.valid else "INVALID"
+            tokens = ""
+            if s.llm is not None and s.llm.ttft_ms is not None:
+                tokens = (
+                    f", TTFT P99 {s.llm.ttft_ms.p99 or 0:.2f} ms, "
+                    f"{s.llm.output_tokens_per_s or 0:.0f} tok/s"
+                )
             progress.note(
                 f"  {s.experiment}: {s.status} {verdict}, QPS {s.qps or 0:.1f}, "
-                f"P99 {s.total.p99 or 0:.2f} ms"
+                f"P99 {s.total.p99 or 0:.2f} ms{tokens}"
             )
 
     try:

@@ -119,6 +119,7 @@ def render_summary(outcome: RunOutcome) -> str:
     for stage, stats in series.items():
         figures = (stats.p50, stats.p95, stats.p99, stats.p999, stats.max)
         lines.append(f"  {stage:<14}" + "".join(f"{_ms(v):>9}" for v in figures))
+    lines.extend(_llm_lines(s))
     r = s.resources
     rss = r.rss_peak_bytes
     gpu = r.gpu_util_pct
@@ -152,6 +153,33 @@ def render_summary(outcome: RunOutcome) -> str:
             f"P99 {percent(parent.p99_change_pct, missing='-')}"
         )
     return "\n".join(lines)
+
+
+def _llm_lines(s: RunSummary) -> list[str]:
+    """A streaming LLM run's token figures (docs/run-json.md "llm"), each by its definition."""
+    llm = s.llm
+    if llm is None:
+        return []
+    rows = (
+        ("ttft", llm.ttft_ms),
+        ("ttft (sent)", llm.ttft_sent_ms if llm.client_wait_ms is not None else None),
+        ("tpot", llm.tpot_ms),
+        ("itl (event)", llm.itl_ms),
+        ("itl (token)", llm.itl_token_split_ms),
+        ("e2e", llm.e2e_ms),
+    )
+    lines = [
+        f"  {name:<14}" + "".join(f"{_ms(v):>9}" for v in (x.p50, x.p95, x.p99, x.p999, x.max))
+        for name, x in rows
+        if x is not None
+    ]
+    goodput = "-" if llm.goodput is None else f"{llm.goodput:.1%}"
+    lines.append(
+        f"  tokens: {llm.output_tokens} out ({_ms(llm.output_tokens_per_s)}/s), "
+        f"{_ms(llm.tokens_per_event)} per event, counted by {llm.token_counts or '-'}; "
+        f"goodput {goodput}"
+    )
+    return lines
 
 
 def diagnosis_line(store: Store, outcome: RunOutcome) -> str | None:

@@ -100,9 +100,7 @@ class Slo(BaseModel):
             data.pop("also", None)
         return data
 
-    def __init__(
-        self, percentile: str | None = None, ms: float | None = None, **data: Any
-    ) -> None:
+    def __init__(self, percentile: str | None = None, ms: float | None = None, **data: Any) -> None:
         # Positional too (`Slo("p99", 60.0)`), as the dataclass it replaces was built.
         if percentile is not None:
             data["percentile"] = percentile

@@ -1,8 +1,10 @@
-"""`optlab serve`'s knob options: the reference target's knobs from the command line.
+"""The reference services' knob options: a target's knobs from the command line.
 
 A group knob (`--batching`, `--cache`) is a mode word or the group as JSON, exactly as an
-experiment's knob template renders it; everything is validated against `BuiltinKnobs`, so the
-service takes the same knobs an experiment file does.
+experiment's knob template renders it; any other value is read as JSON where it parses (`true`,
+`8`) and as text otherwise (`fp32`). Everything is validated against the service's knobs model
+(`BuiltinKnobs` for `optlab serve`, `LlmKnobs` for the reference LLM), so a service takes the
+same knobs an experiment file does.
 """
 
 from __future__ import annotations
@@ -15,13 +17,10 @@ from pydantic import BaseModel, ValidationError
 from optlab.config.knobs import BuiltinKnobs
 from optlab.errors import ConfigError
 
-__all__ = ["GROUP_KNOBS", "assemble_knobs", "knobs_summary"]
-
-GROUP_KNOBS = ("batching", "cache")
-TARGET = "image-classifier"
+__all__ = ["assemble_knobs", "group_knobs", "knobs_summary"]
 
 
-def _group(option: str, value: str) -> dict[str, Any]:
+def _group(model: type[BaseModel], option: str, value: str) -> dict[str, Any]:
     """A group knob's option value: a mode word, or the group as a JSON object."""
     text = value.strip()
     if not text.startswith(("{", "[")):
@@ -31,25 +30,41 @@ def _group(option: str, value: str) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise ConfigError(
             f"--{option}: {value!r} is not valid JSON ({exc.msg} at column {exc.colno})",
-            hint=f"give a mode word or a JSON object, e.g. --{option} " + _example(option),
+            hint=f"give a mode word or a JSON object, e.g. --{option} " + _example(model, option),
         ) from exc
     if not isinstance(group, dict):
         raise ConfigError(
             f"--{option}: {value!r} is not a JSON object",
-            hint=f"give a mode word or a JSON object, e.g. --{option} " + _example(option),
+            hint=f"give a mode word or a JSON object, e.g. --{option} " + _example(model, option),
         )
     return group
 
 
-def _example(option: str) -> str:
-    if option == "batching":
-        return """'{"mode":"dynamic","max_batch_size":8,"max_wait_ms":2}'"""
-    return """'{"mode":"lru","max_entries":1024}'"""
+def _example(model: type[BaseModel], option: str) -> str:
+    """The group as JSON, for its first variant with fields beyond `mode` (their defaults)."""
+    for mode, variant in _variants(model, option).items():
+        fields = {name: f.default for name, f in variant.model_fields.items() if name != "mode"}
+        if fields:
+            return "'" + json.dumps({"mode": mode, **fields}, separators=(",", ":")) + "'"
+    return '\'{"mode":"off"}\''
 
 
-def _variants(option: str) -> dict[str, type[BaseModel]]:
-    """A group knob's variants by mode word, read from `BuiltinKnobs` (one source of truth)."""
-    annotation = BuiltinKnobs.model_fields[option].annotation
+def _scalar(value: str) -> Any:
+    """`true`, `8`, `0.5` as JSON; anything else (`fp32`) as the text it is."""
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return value
+
+
+def group_knobs(model: type[BaseModel]) -> tuple[str, ...]:
+    """The model's group knobs: those whose variants are models told apart by `mode`."""
+    return tuple(name for name in model.model_fields if _variants(model, name))
+
+
+def _variants(model: type[BaseModel], option: str) -> dict[str, type[BaseModel]]:
+    """A group knob's variants by mode word, read from the knobs model (one source of truth)."""
+    annotation = model.model_fields[option].annotation
     found: dict[str, type[BaseModel]] = {}
     for variant in getattr(annotation, "__args__", ()):
         if isinstance(variant, type) and issubclass(variant, BaseModel):
@@ -58,8 +73,10 @@ def _variants(option: str) -> dict[str, type[BaseModel]]:
     return found
 
 
-def assemble_knobs(options: dict[str, Any]) -> dict[str, Any]:
-    """The knobs dict of the command line's options, validated against `BuiltinKnobs`.
+def assemble_knobs(
+    options: dict[str, Any], model: type[BaseModel] = BuiltinKnobs, target: str = "image-classifier"
+) -> dict[str, Any]:
+    """The knobs dict of the command line's options, validated against `model`.
 
     `options` maps knob names to option values (None: the model's default). A group knob's
     value is a mode word (`off`, `dynamic`, `lru`: that variant's defaults) or the group as a
@@ -67,36 +84,42 @@ def assemble_knobs(options: dict[str, Any]) -> dict[str, Any]:
     Errors name the option and the field, and say what is allowed.
     """
     knobs: dict[str, Any] = {}
+    groups = group_knobs(model)
     for name, value in options.items():
-        if name not in BuiltinKnobs.model_fields:
+        if name not in model.model_fields:
             raise ConfigError(
                 f"unknown knob {name!r}",
-                hint=f"the {TARGET} target's knobs are {', '.join(BuiltinKnobs.model_fields)}",
+                hint=f"the {target} target's knobs are {', '.join(model.model_fields)}",
             )
         if value is None:
             continue
-        knobs[name] = _group(name, value) if name in GROUP_KNOBS else value
+        if name in groups:
+            knobs[name] = _group(model, name, value)
+        else:
+            knobs[name] = _scalar(value) if isinstance(value, str) else value
     try:
-        model = BuiltinKnobs.model_validate(knobs)
+        validated = model.model_validate(knobs)
     except ValidationError as exc:
-        raise _knob_error(exc, knobs) from exc
-    return model.model_dump(mode="json")
+        raise _knob_error(exc, knobs, model, target) from exc
+    return validated.model_dump(mode="json")
 
 
-def _knob_error(exc: ValidationError, knobs: dict[str, Any]) -> ConfigError:
+def _knob_error(
+    exc: ValidationError, knobs: dict[str, Any], model: type[BaseModel], target: str
+) -> ConfigError:
     first = exc.errors()[0]
     loc = [str(part) for part in first["loc"]]
     option = loc[0] if loc else "knobs"
     message = f"--{option}: {first['msg']}"
-    hint = f"the {TARGET} target's knobs are {', '.join(BuiltinKnobs.model_fields)}"
-    if option in GROUP_KNOBS:
+    hint = f"the {target} target's knobs are {', '.join(model.model_fields)}"
+    if option in group_knobs(model):
         # loc is (group, variant tag, field) for a field of a discriminated variant.
         field = ".".join(loc[2:]) if len(loc) > 2 else ".".join(loc[1:])
         if field:
             message = f"--{option}: field {field!r}: {first['msg']}"
         group = knobs.get(option)
         mode = group.get("mode") if isinstance(group, dict) else None
-        variants = _variants(option)
+        variants = _variants(model, option)
         if isinstance(mode, str) and mode in variants:
             fields = ", ".join(variants[mode].model_fields)
             hint = f"{option} mode {mode!r} takes the fields {fields}"

@@ -36,14 +36,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import signal
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from optlab.reference.openai_http import (
+    Connection,
+    GenerateRequest,
+    OpenAIServer,
+    SseStream,
+    closing_events,
+    delta_event,
+    serve_until_signalled,
+)
 
 __all__ = ["Engine", "Streamer", "StreamerKnobs", "main"]
 
@@ -85,16 +93,11 @@ class _Sequence:
     max_tokens: int
     chat: bool
     include_usage: bool
-    stream: _Stream  # where its events are written
+    stream: SseStream  # where its events are written
     limit: int = 0  # tokens it is given: max_tokens (twice that under ignore-max-tokens)
     generated: int = 0
     pending: int = 0  # generated, not yet sent
     events: list[list[int]] = field(default_factory=list)  # [send ns, tokens], as written
-
-
-def _event(chunk: dict[str, Any]) -> bytes:
-    """One Server-Sent Event carrying `chunk` as its JSON data."""
-    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
 
 class Engine:
@@ -161,21 +164,7 @@ class Engine:
         first = seq.generated - seq.pending + 1
         words = " ".join(f"t{k}" for k in range(first, seq.generated + 1))
         reasoning = seq.generated <= self.knobs.reasoning_tokens
-        text = " " + words
-        if seq.chat:
-            delta = {"reasoning_content": text} if reasoning else {"content": text}
-            chunk: dict[str, Any] = {
-                "object": "chat.completion.chunk",
-                "model": MODEL,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
-            }
-        else:
-            choice: dict[str, Any] = {"index": 0, "text": "" if reasoning else text}
-            if reasoning:
-                choice["reasoning"] = text
-            choice["finish_reason"] = None
-            chunk = {"object": "text_completion", "model": MODEL, "choices": [choice]}
-        payload = _event(chunk)
+        payload = delta_event(MODEL, seq.chat, " " + words, reasoning)
         if self.knobs.fault == "malformed" and seq.generated == seq.pending:
             payload += b"data: {not json\n\n"  # after the first event
         seq.events.append([seq.stream.write(payload), seq.pending])
@@ -183,27 +172,11 @@ class Engine:
 
     def _finish(self, seq: _Sequence) -> None:
         self.running.remove(seq)
-        last: dict[str, Any] = {"index": 0, "finish_reason": "length"}
-        if seq.chat:
-            last["delta"] = {}
-        else:
-            last["text"] = ""
-        end = {
-            "object": "chat.completion.chunk" if seq.chat else "text_completion",
-            "model": MODEL,
-            "choices": [last],
-        }
-        tail = _event(end)
-        if seq.include_usage:
-            usage = {
-                "prompt_tokens": seq.input_tokens,
-                "completion_tokens": seq.generated,
-                "total_tokens": seq.input_tokens + seq.generated,
-            }
-            tail += _event({"choices": [], "usage": usage})
         fault = self.knobs.fault
-        if fault not in ("no-done", "hang"):
-            tail += b"data: [DONE]\n\n"
+        usage = (seq.input_tokens, seq.generated) if seq.include_usage else None
+        tail = closing_events(
+            MODEL, seq.chat, "length", usage, done=fault not in ("no-done", "hang")
+        )
         if fault == "flood":
             seq.stream.flood(tail, lambda end_ns: self.record(seq, end_ns))
             return
@@ -226,156 +199,18 @@ class Engine:
         )
 
 
-# -- HTTP/1.1 on asyncio's own protocols ---------------------------------------------------------
-# A request's arrival is stamped when its first bytes are read off the socket, before anything is
-# parsed (a framework's handler starts later: aiohttp's, by 1-15 ms under 32 streams here).
-
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
-MAX_REQUEST_BYTES = 16 << 20
-
-
-class _Stream:
-    """One streamed response on a connection: chunked, each write stamped as it is made."""
-
-    def __init__(self, conn: _Connection) -> None:
-        self.conn = conn
-
-    def write(self, payload: bytes) -> int:
-        stamp = time.monotonic_ns()
-        transport = self.conn.transport
-        if transport is not None and not transport.is_closing():
-            transport.write(b"%x\r\n%b\r\n" % (len(payload), payload))
-        return stamp
-
-    def close(self) -> None:
-        transport = self.conn.transport
-        if transport is not None and not transport.is_closing():
-            transport.write(b"0\r\n\r\n")
-        self.conn.finished()
-
-    def flood(self, tail: bytes, done: Any) -> None:
-        """1 GiB of SSE comments, written as the client takes them, then `tail`."""
-
-        async def pour() -> None:
-            comment = b": " + b"x" * 65_534 + b"\n"
-            for _ in range((1 << 30) // len(comment)):
-                if self.conn.closed:
-                    break
-                self.write(comment)
-                await self.conn.drained()
-            done(self.write(tail))
-            self.close()
-
-        asyncio.get_running_loop().create_task(pour())
-
-
-class _Connection(asyncio.Protocol):
-    """One keep-alive connection: requests in turn (no pipelining)."""
-
-    def __init__(self, server: Streamer) -> None:
-        import httptools
-
-        self.server = server
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpRequestParser(self)
-        self.arrived_ns: int | None = None
-        self.url = b""
-        self.body = bytearray()
-        self.closed = False
-        self._writable = asyncio.Event()
-        self._writable.set()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self._writable.set()
-
-    def pause_writing(self) -> None:
-        self._writable.clear()
-
-    def resume_writing(self) -> None:
-        self._writable.set()
-
-    async def drained(self) -> None:
-        await self._writable.wait()
-
-    def data_received(self, data: bytes) -> None:
-        if self.arrived_ns is None:
-            self.arrived_ns = time.monotonic_ns()  # before any parsing
-        try:
-            self.parser.feed_data(data)
-        except Exception:  # not HTTP/1.1, or more than one request at a time
-            self._abort()
-
-    def on_url(self, url: bytes) -> None:
-        self.url += url
-
-    def on_body(self, body: bytes) -> None:
-        self.body += body
-        if len(self.body) > MAX_REQUEST_BYTES:
-            self._abort()
-
-    def on_message_complete(self) -> None:
-        arrived = self.arrived_ns if self.arrived_ns is not None else time.monotonic_ns()
-        method = self.parser.get_method().decode()
-        path = self.url.decode("latin-1").split("?", 1)[0]
-        body = bytes(self.body)
-        self.url, self.body, self.arrived_ns = b"", bytearray(), None
-        self.server.handle(self, method, path, body, arrived)
-
-    def respond(self, status: int, value: Any) -> None:
-        data = json.dumps(value).encode()
-        head = (
-            f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\n"
-            "Content-Type: application/json\r\n"
-            f"Content-Length: {len(data)}\r\n\r\n"
-        )
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(head.encode() + data)
-        self.finished()
-
-    def open_stream(self) -> _Stream:
-        head = (
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-            b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n"
-        )
-        if self.transport is not None:
-            self.transport.write(head)
-        return _Stream(self)
-
-    def finished(self) -> None:
-        if not self.parser.should_keep_alive() and self.transport is not None:
-            self.transport.close()
-
-    def _abort(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()
-
-
-def _bad(conn: _Connection, message: str) -> None:
-    conn.respond(400, {"error": {"message": message, "type": "invalid_request_error"}})
-
-
-class Streamer:
+class Streamer(OpenAIServer):
     """The server: its engine and its routes."""
+
+    model = MODEL
+    max_tokens = MAX_TOKENS
 
     def __init__(self, knobs: StreamerKnobs) -> None:
         self.engine = Engine(knobs)
 
-    def protocol(self) -> _Connection:
-        return _Connection(self)
-
-    def handle(self, conn: _Connection, method: str, path: str, body: bytes, arrived: int) -> None:
+    def route(self, conn: Connection, method: str, path: str, body: bytes) -> bool:
         engine = self.engine
-        if path in ("/v1/completions", "/v1/chat/completions") and method == "POST":
-            self._generate(conn, body, arrived, chat=path.endswith("chat/completions"))
-        elif path == "/v1/models" and method == "GET":
-            conn.respond(200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
-        elif path == "/health" and method == "GET":
-            conn.respond(200, {"status": "ok"})
-        elif path == "/truth" and method == "GET":
+        if path == "/truth" and method == "GET":
             conn.respond(200, engine.truth)
         elif path == "/engine" and method == "GET":
             started = {"started_ns": engine.started_ns, "knobs": engine.knobs.model_dump()}
@@ -384,54 +219,28 @@ class Streamer:
             engine.truth.clear()
             conn.respond(200, {"status": "reset"})
         else:
-            conn.respond(404, {"error": {"message": f"no route {method} {path}"}})
+            return False
+        return True
 
-    def _generate(self, conn: _Connection, raw: bytes, arrived: int, chat: bool) -> None:
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return _bad(conn, "the body is not JSON")
-        if not isinstance(body, dict):
-            return _bad(conn, "the body is not a JSON object")
-        if chat:
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                return _bad(conn, "messages: a non-empty list is required")
-            prompt = " ".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
-        else:
-            given = body.get("prompt")
-            if not isinstance(given, str):
-                return _bad(conn, "prompt: a string is required")
-            prompt = given
-        max_tokens = body.get("max_tokens", body.get("max_completion_tokens", 16))
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool):
-            return _bad(conn, "max_tokens: an integer is required")
-        if not 1 <= max_tokens <= MAX_TOKENS:
-            return _bad(conn, f"max_tokens: between 1 and {MAX_TOKENS}")
-        if body.get("stream") is not True:
-            return _bad(conn, "stream: only streaming (true) is served")
-        options = body.get("stream_options") or {}
-        include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
-        user = body.get("user")
+    def generate(self, conn: Connection, request: GenerateRequest, arrived: int) -> None:
         knobs = self.engine.knobs
         seq = _Sequence(
             arrived,
-            user if isinstance(user, str) else None,
-            len(prompt.split()),
-            max_tokens,
-            chat,
-            include_usage,
+            request.user,
+            len(request.prompt.split()),
+            request.max_tokens,
+            request.chat,
+            request.include_usage,
             conn.open_stream(),
-            limit=max_tokens * (2 if knobs.fault == "ignore-max-tokens" else 1),
+            limit=request.max_tokens * (2 if knobs.fault == "ignore-max-tokens" else 1),
         )
         self.engine.submit(seq)
-        return None
 
     async def start(self, host: str, port: int) -> asyncio.Server:
-        """Listen on host:port and start the engine; the server stops the engine on close."""
+        """Listen on host:port and start the engine; `stop` stops the engine."""
         loop = asyncio.get_running_loop()
         self.engine.task = loop.create_task(self.engine.run())
-        return await loop.create_server(self.protocol, host, port, reuse_address=True)
+        return await super().start(host, port)
 
     def stop(self) -> None:
         if self.engine.task is not None:
@@ -451,22 +260,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     knobs = StreamerKnobs(**{name: getattr(args, name) for name in StreamerKnobs.model_fields})
 
-    async def serve() -> None:
-        streamer = Streamer(knobs)
-        server = await streamer.start(args.host, args.port)
-        # Once the port is bound: whoever started the streamer may connect from now on.
-        print(f"optlab streamer: listening on http://{args.host}:{args.port}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
-        try:
-            await stop.wait()
-        finally:
-            server.close()
-            streamer.stop()
-
-    asyncio.run(serve())
+    serve_until_signalled(Streamer(knobs), args.host, args.port, "optlab streamer")
 
 
 if __name__ == "__main__":

@@ -373,7 +373,5 @@ class OnnxRuntimeEngine:
         self._session = None
 
 
-def build(
-    precision: str, device: str, threads: int, cache_dir: Path | None
-) -> OnnxRuntimeEngine:
+def build(precision: str, device: str, threads: int, cache_dir: Path | None) -> OnnxRuntimeEngine:
     return OnnxRuntimeEngine(precision, device, threads, cache_dir)
