@@ -63,3 +63,46 @@ def test_demo_measures_the_cpu_chain_short_and_prints_its_table(
     # int8 keeps accuracy within a point of the fp32 baseline, measured and stored.
     drop = table.loc["cpu-baseline", "accuracy_top1"] - table.loc["cpu-int8", "accuracy_top1"]
     assert drop <= 0.01
+
+
+LLM_STEPS = [
+    "llm-baseline",
+    "llm-kv-cache",
+    "llm-continuous-batching",
+    "llm-int8",
+    "llm-prefix-cache",
+]
+
+
+def test_demo_measures_the_llm_chain_and_its_token_figures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reference LLM behind its OpenAI-compatible server, each knob a real change."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("OPTLAB_DB", raising=False)
+    out = tmp_path / "demo"
+    args = ["demo", "--chain", "llm", "--out", str(out), "--warmup", str(SHORT_WARMUP_S)]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "stacked gains: llm-prefix-cache" in result.stdout
+    for header in ("TTFT P99", "TPOT P50", "tok/s", "goodput"):
+        assert header in result.stdout
+    store = Store.open(f"sqlite:///{next(out.glob('demo-*.db'))}")
+    stacked = stacked_table(store, "llm-prefix-cache")
+    table = stacked.to_frame().set_index("experiment")
+    assert list(table.index) == LLM_STEPS
+    # Each step's work shows in its own figure (gaps of 2x to 10x here: not noise).
+    kv, base = table.loc["llm-kv-cache"], table.loc["llm-baseline"]
+    assert kv["tpot_p50_ms"] < base["tpot_p50_ms"] / 1.5
+    batched = table.loc["llm-continuous-batching"]
+    assert batched["output_tps"] > 2 * kv["output_tps"]
+    assert batched["ttft_p50_ms"] < kv["ttft_p50_ms"] / 3
+    # Every judged step carries its token figures' changes with their intervals.
+    entry = stacked.to_document().chain[1]
+    assert entry.llm_step_delta is not None
+    low, high = entry.llm_step_delta.tpot_p50_low_pct, entry.llm_step_delta.tpot_p50_high_pct
+    assert low is not None and high is not None and low <= high < 0
+    prefix = store.get_run(int(table.loc["llm-prefix-cache", "run_id"]))
+    assert prefix.summary is not None
+    service = prefix.summary.target
+    assert isinstance(service, dict) and service["prefix_hit_rate"] > 0.5

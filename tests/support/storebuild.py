@@ -21,7 +21,7 @@ from optlab.store import Store, migrations_dir
 from tests.support.capabilities import lacks
 
 POSTGRES_ENV = "OPTLAB_TEST_POSTGRES_URL"
-HEAD = "0009_sweep_slo_json"  # the newest migration: a new one updates this line
+HEAD = "0010_llm_windows"  # the newest migration: a new one updates this line
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

@@ -240,10 +240,14 @@ class LlmTally:
 
 
 def fold_streams(
-    streams: Sequence[StreamTiming], origins: Sequence[int], tally: LlmTally
+    streams: Sequence[StreamTiming],
+    origins: Sequence[int],
+    tally: LlmTally,
+    each: list[tuple[int, int, int]] | None = None,
 ) -> dict[str, list[int]]:
     """Each stream's values (ns) by series, its origin being its request's (the intended send
-    in an open loop, the send otherwise); the counts go into `tally`."""
+    in an open loop, the send otherwise); the counts go into `tally`, and where `each` is
+    given, every stream's (TTFT, TPOT, output tokens) in order (-1: none) into it."""
     out: dict[str, list[int]] = {name: [] for name in LLM_SERIES}
     pairs: list[tuple[int, int]] = []
     for given, origin in zip(streams, origins, strict=True):
@@ -261,6 +265,8 @@ def fold_streams(
         out[E2E].append(stream.e2e_ns())
         ttft = stream.ttft_ns()
         if ttft is None:
+            if each is not None:
+                each.append((-1, -1, tokens))
             continue
         out[TTFT].append(ttft)
         out[TTFT_SENT].append(ttft - (stream.sent_ns - origin))
@@ -275,6 +281,8 @@ def fold_streams(
             out[TPOT].append(tpot)
             out[TPOT_TOKEN_WEIGHTED].extend([tpot] * (tokens - 1))
         pairs.append((ttft, tpot))
+        if each is not None:
+            each.append((ttft, tpot, tokens))
     if pairs:
         import numpy as np
 

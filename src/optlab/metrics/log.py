@@ -273,33 +273,51 @@ class Collector:
         if buf.stage_dicts:
             self._fold_stages(which, buf.stage_rows, buf.stage_dicts)
         if buf.streams:
-            self._fold_streams(which, end - total, buf.stream_rows, buf.streams)
+            self._fold_streams(which, end, end - total, buf.stream_rows, buf.streams)
 
     def _fold_streams(
         self,
         which: npt.NDArray[np.intp],
+        ends: Int64Array,
         origins: Int64Array,
         rows: array[int],
         streams: list[StreamTiming],
     ) -> None:
-        """Streamed responses into their phase's `llm.*` histograms and tally; a request's
-        origin is its end minus its total (the intended send in an open loop)."""
+        """Streamed responses into their phase's `llm.*` histograms, tally and windows (the
+        window its request ended in); a request's origin is its end minus its total (the
+        intended send in an open loop)."""
         picked = np.frombuffer(rows, dtype=np.int64)
         phase_of_row = which[picked].tolist()
         origin_of_row = origins[picked].tolist()
-        by_phase: dict[int, tuple[list[StreamTiming], list[int]]] = {}
-        for phase_index, origin, stream in zip(phase_of_row, origin_of_row, streams, strict=True):
+        end_of_row = ends[picked].tolist()
+        by_phase: dict[int, tuple[list[StreamTiming], list[int], list[int]]] = {}
+        for phase_index, origin, end, stream in zip(
+            phase_of_row, origin_of_row, end_of_row, streams, strict=True
+        ):
             if phase_index < 0:
                 continue
-            group = by_phase.setdefault(phase_index, ([], []))
+            group = by_phase.setdefault(phase_index, ([], [], []))
             group[0].append(stream)
             group[1].append(origin)
-        for phase_index, (found, starts) in by_phase.items():
+            group[2].append(end)
+        for phase_index, (found, starts, stream_ends) in by_phase.items():
             phase = self._phases[phase_index]
-            for name, values in fold_streams(found, starts, phase.llm).items():
+            each: list[tuple[int, int, int]] = []
+            for name, values in fold_streams(found, starts, phase.llm, each).items():
                 if values:
                     series = phase.histogram(name)
                     series.record_array(np.asarray(values, dtype=np.int64))
+            for end, (ttft, tpot, tokens) in zip(stream_ends, each, strict=True):
+                key = (end - phase.start_ns) // self._window_ns
+                if key < phase.next_window:
+                    continue  # its window has closed (counted late with its request)
+                window = phase.open_windows.setdefault(key, OpenWindow())
+                window.streams += 1
+                window.output_tokens += tokens
+                if ttft >= 0:
+                    window.ttft.append(ttft)
+                if tpot >= 0:
+                    window.tpot.append(tpot)
 
     def _fold_stages(
         self, which: npt.NDArray[np.intp], rows: array[int], dicts: list[dict[str, int]]

@@ -41,6 +41,13 @@ class Window:
     p99_ms: float | None
     send_lag_p99_ms: float | None
     span_s: float = 1.0  # shorter only for the last window of a phase
+    # A streaming target's streams that ended in the window (None: none did): what the
+    # table's intervals on TTFT, TPOT and tokens/s are built from, as P50's are from p50_ms.
+    ttft_p50_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    tpot_p50_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    output_tps: float | None = None
 
 
 @dataclass
@@ -48,6 +55,10 @@ class OpenWindow:
     totals: list[Int64Array] = field(default_factory=list)
     send_lags: list[Int64Array] = field(default_factory=list)
     errors: int = 0
+    streams: int = 0  # streamed responses that ended in it
+    ttft: list[int] = field(default_factory=list)  # ns, from each request's origin
+    tpot: list[int] = field(default_factory=list)  # ns, answers of two tokens or more
+    output_tokens: int = 0
 
 
 @dataclass
@@ -99,6 +110,9 @@ class PhaseLog:
         totals = np.concatenate(data.totals) if data.totals else None
         send_lags = np.concatenate(data.send_lags) if data.send_lags else None
         completed = 0 if totals is None else int(totals.size)
+        ttft = np.asarray(data.ttft, dtype=np.int64) if data.ttft else None
+        tpot = np.asarray(data.tpot, dtype=np.int64) if data.tpot else None
+        seconds = span_ns / NS
         return Window(
             phase=self.name,
             t_s=key,
@@ -108,7 +122,12 @@ class PhaseLog:
             p50_ms=_percentile_ms(totals, 50.0),
             p99_ms=_percentile_ms(totals, 99.0),
             send_lag_p99_ms=_percentile_ms(send_lags, 99.0),
-            span_s=span_ns / NS,
+            span_s=seconds,
+            ttft_p50_ms=_percentile_ms(ttft, 50.0),
+            ttft_p99_ms=_percentile_ms(ttft, 99.0),
+            tpot_p50_ms=_percentile_ms(tpot, 50.0),
+            tpot_p99_ms=_percentile_ms(tpot, 99.0),
+            output_tps=data.output_tokens / seconds if data.streams and seconds > 0 else None,
         )
 
 

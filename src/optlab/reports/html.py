@@ -33,7 +33,7 @@ from optlab.reports.markdown import (
     note_marks,
     stage_columns,
 )
-from optlab.reports.stacked import LLM_COLUMNS
+from optlab.reports.stacked import LLM_COLUMNS, LLM_DELTA_METRICS
 
 if TYPE_CHECKING:
     from optlab.reports.stacked import StackedTable, TableRow
@@ -147,7 +147,10 @@ def _figure_cells(
     cells += [_cell(number(row.get(c), 2), True) for c in stages]
     for column in extras:
         value: Any = row.get(column)
-        cells.append(_cell(rate(value) if column in _RATES else number(value, 1), True))
+        text = rate(value) if column in _RATES else number(value, 1)
+        if column.removesuffix("_ms") in LLM_DELTA_METRICS:
+            text = _e(text) + _delta(row, column.removesuffix("_ms"))
+        cells.append(_cell(text, True))
     slo = row.slo_pass
     cells.append(
         _cell("pass" if slo is True else '<span class="bad">fail</span>' if slo is False else "–")

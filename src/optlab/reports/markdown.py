@@ -96,7 +96,7 @@ def render_markdown(table: StackedTable) -> str:
     notes: dict[str, int] = {}  # note text -> its number; a shared note is listed once
     for row in table.rows:
         cells = _figure_cells(row, stages, show_accuracy, slo is not None)
-        cells += [_llm_cell(c, row.get(c)) for c, _ in llm]
+        cells += [_llm_cell(row, c) for c, _ in llm]
         cells.append(_verdict_cell(row, note_marks(row, notes, _note_text)))
         lines.append("| " + " | ".join(cells) + " |")
 
@@ -154,11 +154,15 @@ def _figure_cells(
     return cells
 
 
-def _llm_cell(column: str, value: Any) -> str:
-    """A streaming target's figure: goodput as a rate, tokens/s whole, times in ms."""
+def _llm_cell(row: TableRow, column: str) -> str:
+    """A streaming target's figure: goodput as a rate, tokens/s whole, times in ms; a judged
+    one with its step change and interval."""
+    value = row.get(column)
     if column == "goodput":
         return rate(value)
-    return number(value, 0 if column == "output_tps" else 2)
+    text = number(value, 0 if column == "output_tps" else 2)
+    change = step_delta(row, column.removesuffix("_ms"), digits=0, tight=True)
+    return f"{text} ({change})" if change and row.verdict != "baseline" else text
 
 
 def _significance(row: TableRow) -> str:

@@ -27,6 +27,7 @@ from optlab.reports.table_json import (
     ChainEntry,
     Delta,
     EnvironmentInfo,
+    LlmDelta,
     TableDocument,
 )
 
@@ -42,6 +43,8 @@ __all__ = [
     "StepCapacityRow",
     "TableHeader",
     "LLM_COLUMNS",
+    "LLM_DELTA_COLUMNS",
+    "LLM_DELTA_METRICS",
     "TableRow",
     "stage_column",
     "stage_of",
@@ -59,6 +62,17 @@ LLM_COLUMNS = (
     ("itl_p99_ms", "ITL P99"),
     ("output_tps", "tok/s"),
     ("goodput", "goodput"),
+)
+# Those of them judged like the headline metrics, from the runs' windows: each one's change
+# against the previous step and the baseline, with its interval (`<metric>_step_pct`,
+# `_step_low_pct`, `_step_high_pct`, `_cumulative_...`), in a table with a streaming step.
+LLM_DELTA_METRICS = ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "output_tps")
+_PARTS = ("pct", "low_pct", "high_pct")
+LLM_DELTA_COLUMNS = tuple(
+    f"{metric}_{kind}_{part}"
+    for kind in ("step", "cumulative")
+    for metric in LLM_DELTA_METRICS
+    for part in _PARTS
 )
 
 # The table's columns in order (docs/table-json.md); the stage columns follow them, then, in a
@@ -243,6 +257,7 @@ class TableRow(_Figures):
     goodput: float | None = None
     stages: dict[str, float | None] = {}
     capacity: StepCapacityRow | None = None
+    llm_deltas: dict[str, float | None] = {}  # LLM_DELTA_COLUMNS that hold a value
 
     @classmethod
     def from_cells(cls, cells: dict[str, Any]) -> TableRow:
@@ -251,17 +266,22 @@ class TableRow(_Figures):
         fields: dict[str, Any] = {}
         stages: dict[str, Any] = {}
         capacity: dict[str, Any] = {}
+        llm: dict[str, Any] = {}
         for column, value in cells.items():
             if (stage := stage_of(column)) is not None:
                 stages[stage] = _finite(value)
             elif column in CAPACITY_COLUMNS:
                 capacity[column] = value
+            elif column in LLM_DELTA_COLUMNS:
+                if value is not None:
+                    llm[column] = _finite(value)
             else:
                 fields[column] = value
         return cls(
             **fields,
             stages=stages,
             capacity=StepCapacityRow(**capacity) if capacity else None,
+            llm_deltas=llm,
         )
 
     @property
@@ -277,7 +297,13 @@ class TableRow(_Figures):
             value = self.stages.get(stage)
         elif column in CAPACITY_COLUMNS:
             value = getattr(self.capacity, column) if self.capacity is not None else None
-        elif column in type(self).model_fields and column not in ("stages", "capacity"):
+        elif column in LLM_DELTA_COLUMNS:
+            value = self.llm_deltas.get(column)
+        elif column in type(self).model_fields and column not in (
+            "stages",
+            "capacity",
+            "llm_deltas",
+        ):
             value = getattr(self, column)
             if column in _LISTS:
                 value = list(value)
@@ -289,20 +315,32 @@ class TableRow(_Figures):
     def __contains__(self, column: object) -> bool:
         return isinstance(column, str) and (
             column in COLUMNS
+            or column in LLM_DELTA_COLUMNS
             or (stage_of(column) or "") in self.stages
             or (column in CAPACITY_COLUMNS and self.capacity is not None)
         )
 
-    def cells(self, stages: Sequence[str], capacity: bool) -> dict[str, Any]:
+    def cells(self, stages: Sequence[str], capacity: bool, llm: bool = False) -> dict[str, Any]:
         """The row's cells in the table's column order: `COLUMNS`, then `stages`' columns,
-        then the capacity columns when `capacity`."""
+        then the capacity columns when `capacity`, then the LLM deltas' when `llm`."""
         out = {column: self.get(column) for column in COLUMNS}
         for column in _LISTS:
             out[column] = list(getattr(self, column))
         out |= {stage_column(stage): self.stages.get(stage) for stage in stages}
         if capacity:
             out |= {column: self.get(column) for column in CAPACITY_COLUMNS}
+        if llm:
+            out |= {column: self.llm_deltas.get(column) for column in LLM_DELTA_COLUMNS}
         return out
+
+    def _llm_delta(self, kind: str) -> LlmDelta:
+        return LlmDelta(
+            **{
+                f"{metric}_{part}": self.llm_deltas.get(f"{metric}_{kind}_{part}")
+                for metric in LLM_DELTA_METRICS
+                for part in _PARTS
+            }
+        )
 
     def _delta(self, kind: str) -> Delta:
         return Delta(
@@ -313,17 +351,21 @@ class TableRow(_Figures):
             }
         )
 
-    def document(self, stages: Sequence[str], slo: Slo | None) -> ChainEntry:
-        """The JSON's entry of the step (`reports.table_json.ChainEntry`)."""
+    def document(self, stages: Sequence[str], slo: Slo | None, llm: bool = False) -> ChainEntry:
+        """The JSON's entry of the step (`reports.table_json.ChainEntry`); `llm`: the table
+        has a streaming step, so every entry carries its LLM deltas."""
+        derived = ("step_delta", "cumulative_delta", "capacity", "llm_step_delta")
         plain = {
             key: getattr(self, key)
             for key in ChainEntry.model_fields
-            if key not in ("step_delta", "cumulative_delta", "capacity")
+            if key not in (*derived, "llm_cumulative_delta")
         }
         return ChainEntry(
             **plain,
             step_delta=self._delta("step"),
             cumulative_delta=self._delta("cumulative"),
+            llm_step_delta=self._llm_delta("step") if llm else None,
+            llm_cumulative_delta=self._llm_delta("cumulative") if llm else None,
             capacity=(
                 (self.capacity or StepCapacityRow()).document(slo) if slo is not None else None
             ),
@@ -396,10 +438,21 @@ class StackedTable(_Frozen):
             stages = tuple(s for s in stages if any(r.stages.get(s) is not None for r in self.rows))
         return [stage_column(stage) for stage in stages]
 
+    @property
+    def has_llm(self) -> bool:
+        """Whether a step was measured on a streaming LLM target."""
+        return self.any_value("ttft_p50_ms") or self.any_value("output_tps")
+
     def columns(self) -> list[str]:
-        """Every column, in order: `COLUMNS`, the stages', the capacity ones if judged."""
+        """Every column, in order: `COLUMNS`, the stages', the capacity ones if judged, the
+        LLM deltas' in a table with a streaming step."""
         stages = [stage_column(stage) for stage in self.header.stages]
-        return [*COLUMNS, *stages, *(CAPACITY_COLUMNS if self.has_capacity else ())]
+        return [
+            *COLUMNS,
+            *stages,
+            *(CAPACITY_COLUMNS if self.has_capacity else ()),
+            *(LLM_DELTA_COLUMNS if self.has_llm else ()),
+        ]
 
     def any_value(self, column: str) -> bool:
         """Whether some row holds a value (not None, not an empty list) in `column`."""
@@ -407,7 +460,8 @@ class StackedTable(_Frozen):
 
     def cells(self) -> list[dict[str, Any]]:
         """Each row's cells by column name, in `columns()` order."""
-        return [row.cells(self.header.stages, self.has_capacity) for row in self.rows]
+        llm = self.has_llm
+        return [row.cells(self.header.stages, self.has_capacity, llm) for row in self.rows]
 
     def to_document(self) -> TableDocument:
         """`optlab table --format json` (docs/table-json.md)."""
@@ -420,7 +474,7 @@ class StackedTable(_Frozen):
             protocol_label=header.protocol_label,
             environment=header.environment,
             confidence=header.confidence,
-            chain=[row.document(header.stages, slo) for row in self.rows],
+            chain=[row.document(header.stages, slo, self.has_llm) for row in self.rows],
         )
 
     def to_frame(self) -> pd.DataFrame:

@@ -51,6 +51,15 @@ HEADLINE = (
     ("p50_ms", "p50_ms", False, "P50"),
     ("p99_ms", "p99_ms", False, "P99"),
 )
+# A streaming step's token figures, judged the same way from the runs' windows but never
+# deciding the verdict (the headline metrics do, for every kind of target alike).
+LLM_HEADLINE = (
+    ("ttft_p50_ms", "ttft_p50_ms", False, "TTFT P50"),
+    ("ttft_p99_ms", "ttft_p99_ms", False, "TTFT P99"),
+    ("tpot_p50_ms", "tpot_p50_ms", False, "TPOT P50"),
+    ("tpot_p99_ms", "tpot_p99_ms", False, "TPOT P99"),
+    ("output_tps", "output_tps", True, "tok/s"),
+)
 SLO_FIELDS = {"p50_ms": "p50_ms", "p95_ms": "p95_ms", "p99_ms": "p99_ms", "p999_ms": "p999_ms"}
 
 
@@ -143,7 +152,7 @@ def _slo_check(
 class _Windows:
     """Per-second window series of runs, fetched in one query for all the table's runs."""
 
-    FIELDS = tuple(field for _, field, _, _ in HEADLINE)
+    FIELDS = tuple(field for _, field, _, _ in (*HEADLINE, *LLM_HEADLINE))
 
     def __init__(self, store: Store, runs: Sequence[RunRecord]) -> None:
         self.store = store
@@ -159,7 +168,18 @@ def _estimate(run: RunRecord, column: str) -> float | None:
     if column == "qps":
         return run.qps
     s = run.summary
-    value = None if s is None else {"p50_ms": s.total.p50, "p99_ms": s.total.p99}.get(column)
+    if s is None:
+        return None
+    value = {"p50_ms": s.total.p50, "p99_ms": s.total.p99}.get(column)
+    llm = s.llm
+    if llm is not None and value is None:
+        value = {
+            "ttft_p50_ms": llm.ttft_ms.p50 if llm.ttft_ms else None,
+            "ttft_p99_ms": llm.ttft_ms.p99 if llm.ttft_ms else None,
+            "tpot_p50_ms": llm.tpot_ms.p50 if llm.tpot_ms else None,
+            "tpot_p99_ms": llm.tpot_ms.p99 if llm.tpot_ms else None,
+            "output_tps": llm.output_tokens_per_s,
+        }.get(column)
     return None if value is None else float(value)
 
 
@@ -183,16 +203,26 @@ def _paired_runs(parent: ChainStep, step: ChainStep) -> tuple[list[RunRecord], l
     return [], []
 
 
+Headline = tuple[tuple[str, str, bool, str], ...]
+
+
 def _comparisons(
-    before: list[RunRecord], after: list[RunRecord], windows: _Windows, paired: bool
+    before: list[RunRecord],
+    after: list[RunRecord],
+    windows: _Windows,
+    paired: bool,
+    metrics: Headline = HEADLINE,
 ) -> list[tuple[str, Comparison]]:
-    """(column, comparison) of each headline metric both sides have an estimate of."""
+    """(column, comparison) of each of `metrics` both sides have an estimate of, and windows
+    to judge it by."""
     found = []
-    for column, field, higher, label in HEADLINE:
+    for column, field, higher, label in metrics:
         parent_estimates = [_estimate(r, column) for r in before]
         child_estimates = [_estimate(r, column) for r in after]
         if any(v is None for v in (*parent_estimates, *child_estimates)):
             continue
+        if metrics is not HEADLINE and not all(windows.series(r)[field] for r in (*before, *after)):
+            continue  # runs measured before their windows held this figure
         result = stats.compare(
             label,
             [windows.series(r)[field] for r in before],
@@ -208,10 +238,13 @@ def _comparisons(
     return found
 
 
-def judge(parent: ChainStep, step: ChainStep, windows: _Windows) -> list[tuple[str, Comparison]]:
+def judge(
+    parent: ChainStep, step: ChainStep, windows: _Windows, metrics: Headline = HEADLINE
+) -> list[tuple[str, Comparison]]:
     """The one statistic of `step` against `parent` (its parent step, or the baseline):
     the runs of their newest shared paired session, compared pair by pair, else every valid
-    run of each (`metrics.stats.compare`). Empty when a side has no valid run."""
+    run of each (`metrics.stats.compare`), on each of `metrics`. Empty when a side has no
+    valid run."""
     before, after = _paired_runs(parent, step)
     paired = bool(before)
     if not paired:
@@ -219,7 +252,7 @@ def judge(parent: ChainStep, step: ChainStep, windows: _Windows) -> list[tuple[s
         after = [r for r in step.runs if r.valid]
     if not before or not after:
         return []
-    return _comparisons(before, after, windows, paired)
+    return _comparisons(before, after, windows, paired, metrics)
 
 
 def _decides(comparison: Comparison) -> bool:
@@ -312,13 +345,15 @@ def _headline_changes(rows: list[dict[str, Any]]) -> None:
     """Each headline metric's step and cumulative change in each row: the judged change (the
     statistic's own estimate, over every pair or repeat) where the step was judged, else the
     change of the runs' figures against the previous measured step and the baseline."""
-    for column, _, _, _ in HEADLINE:
+    streaming = any(row.get("ttft_p50_ms") is not None for row in rows)
+    for column, _, _, _ in (*HEADLINE, *(LLM_HEADLINE if streaming else ())):
         name = column.removesuffix("_ms")
         base = last = None
         for row in rows:
             value = row[column]
             measured = value is not None and not (isinstance(value, float) and math.isnan(value))
-            judged_step, judged_cum = row[f"{name}_step_pct"], row[f"{name}_cumulative_pct"]
+            judged_step = row.get(f"{name}_step_pct")
+            judged_cum = row.get(f"{name}_cumulative_pct")
             figure_step = percent_change(last, value) if measured else None
             row[f"{name}_step_pct"] = judged_step if judged_step is not None else figure_step
             if measured and base is None:
@@ -356,6 +391,12 @@ def stacked_table(store: Store, head: str, slo: Slo | None = None) -> StackedTab
                 "cumulative",
                 step_change if same else judge(steps[first], steps[index], windows),
             )
+            if row.get("ttft_p50_ms") is not None or row.get("output_tps") is not None:
+                parent, base = steps[previous], steps[first]
+                llm_step = judge(parent, steps[index], windows, LLM_HEADLINE)
+                _write(row, "step", llm_step)
+                llm_cum = llm_step if same else judge(base, steps[index], windows, LLM_HEADLINE)
+                _write(row, "cumulative", llm_cum)
         previous = index
     _headline_changes(rows)
     kind = _baseline_kind(store, steps[0].experiment)

@@ -54,6 +54,28 @@ class Delta(_Closed):
     p99_high_pct: float | None
 
 
+class LlmDelta(_Closed):
+    """A streaming step's change in percent of TTFT P50/P99, TPOT P50/P99 and output
+    tokens/s, with the bounds of each interval, judged from the runs' per-second windows as
+    `Delta`'s are (null when the step was not judged, or a side has no such figure)."""
+
+    ttft_p50_pct: float | None
+    ttft_p50_low_pct: float | None
+    ttft_p50_high_pct: float | None
+    ttft_p99_pct: float | None
+    ttft_p99_low_pct: float | None
+    ttft_p99_high_pct: float | None
+    tpot_p50_pct: float | None
+    tpot_p50_low_pct: float | None
+    tpot_p50_high_pct: float | None
+    tpot_p99_pct: float | None
+    tpot_p99_low_pct: float | None
+    tpot_p99_high_pct: float | None
+    output_tps_pct: float | None
+    output_tps_low_pct: float | None
+    output_tps_high_pct: float | None
+
+
 class CapacityDelta(_Closed):
     """A change of capacity in percent, and its interval at the document's `confidence`
     (null where a side has no capacity, or a sweep gives no interval)."""
@@ -143,6 +165,12 @@ class ChainEntry(BaseModel):
     itl_p99_ms: float | None = Field(None, description="per-event gap, P99")
     output_tps: float | None = Field(None, description="output tokens per second")
     goodput: float | None = Field(None, description="share of requests within slo.ttft_ms/tpot_ms")
+    llm_step_delta: LlmDelta | None = Field(
+        None, description="in a table with a streaming step: the token figures' step changes"
+    )
+    llm_cumulative_delta: LlmDelta | None = Field(
+        None, description="... and their changes against the baseline"
+    )
     flags: list[str] = Field(description="trade-offs: a metric gained while another broke")
     slo_pass: bool | None = Field(description="null when the SLO sets no latency or QPS bound")
     slo_failures: list[str]
@@ -238,4 +266,4 @@ class TableDocument(_Closed):
     chain: list[ChainEntry]
 
 
-__all__ = ["Capacity", "CapacityDelta", "ChainEntry", "Delta", "TableDocument"]
+__all__ = ["Capacity", "CapacityDelta", "ChainEntry", "Delta", "LlmDelta", "TableDocument"]

@@ -39,7 +39,7 @@ from optlab.reports.format import (
     verdict_of,
     with_capacity_verdict,
 )
-from optlab.reports.stacked import LLM_COLUMNS
+from optlab.reports.stacked import LLM_COLUMNS, LLM_DELTA_METRICS
 
 if TYPE_CHECKING:
     from optlab.reports.stacked import StackedTable, TableRow
@@ -133,6 +133,13 @@ def _extra(column: str, value: Any) -> str:
     return rate(value, missing="-")
 
 
+def _judged_extra(row: TableRow, column: str, prefix: str) -> str:
+    """A streaming figure, and under it its step change with the interval."""
+    text = _extra(column, row.get(column))
+    change = step_delta(row, prefix, digits=0, tight=True)
+    return f"{text}\n{change}" if change and row.verdict != "baseline" else text
+
+
 def _mark(row: TableRow, *, compact: bool = False, titled: bool = False) -> str:
     """The verdict cell. `compact` (the fitted table) leaves out what every row would say:
     VALID, and PROVISIONAL when the title says the whole table is (`titled`); and it gives the
@@ -184,7 +191,14 @@ def table_columns(table: StackedTable, *, compact: bool = False) -> list[Column]
     for stage in table.stage_columns(with_values=compact):
         columns.append(value(stage, f"{stage_name(stage)} P50", lambda v: _num(v, 2)))
     for extra, header in EXTRAS:
-        if table.any_value(extra):
+        if not table.any_value(extra):
+            continue
+        prefix = extra.removesuffix("_ms")
+        if prefix in LLM_DELTA_METRICS:  # judged: the step change and its interval below
+            columns.append(
+                column(extra, header, partial(_judged_extra, column=extra, prefix=prefix))
+            )
+        else:
             columns.append(value(extra, header, partial(_extra, extra)))
     # The title names the protocol, PROVISIONAL included (protocol_label).
     titled = table.header.provisional

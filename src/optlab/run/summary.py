@@ -89,6 +89,11 @@ def window_rows(windows: Sequence[Window], load: LoadTimeline | None = None) -> 
                 send_lag_p99_ms=w.send_lag_p99_ms,
                 offered=offered,
                 in_flight=in_flight,
+                ttft_p50_ms=w.ttft_p50_ms,
+                ttft_p99_ms=w.ttft_p99_ms,
+                tpot_p50_ms=w.tpot_p50_ms,
+                tpot_p99_ms=w.tpot_p99_ms,
+                output_tps=w.output_tps,
             )
         )
     return rows

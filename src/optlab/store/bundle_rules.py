@@ -23,6 +23,7 @@ from optlab.config.loading import config_hash, parse_stored
 from optlab.config.models import NAME_PATTERN
 from optlab.errors import ConfigError
 from optlab.store.reasons import REASON_CODES
+from optlab.store.records import LLM_WINDOW_FIELDS
 
 PHASES = ("warmup", "measure")
 MAX_INT = (1 << 63) - 1  # what a 64-bit integer column holds
@@ -289,8 +290,10 @@ def check_windows(rows: list[Any]) -> None:
         for field in ("offered", "in_flight"):
             integer(row.get(field), f"{where}.{field}", MAX_COUNT)
         number(row.get("qps"), f"{where}.qps", MAX_RATE, optional=False)
-        for field in ("p50_ms", "p99_ms", "send_lag_p99_ms"):
-            number(row.get(field), f"{where}.{field}", MAX_MS)
+        for field in ("p50_ms", "p99_ms", "send_lag_p99_ms", *LLM_WINDOW_FIELDS):
+            number(
+                row.get(field), f"{where}.{field}", MAX_RATE if field == "output_tps" else MAX_MS
+            )
 
 
 _SAMPLE_PCTS = (

@@ -191,6 +191,11 @@ def window_stats(row: SqlWindow) -> WindowStats:
         send_lag_p99_ms=row.send_lag_p99_ms,
         offered=row.offered,
         in_flight=row.in_flight,
+        ttft_p50_ms=row.ttft_p50_ms,
+        ttft_p99_ms=row.ttft_p99_ms,
+        tpot_p50_ms=row.tpot_p50_ms,
+        tpot_p99_ms=row.tpot_p99_ms,
+        output_tps=row.output_tps,
     )
 
 

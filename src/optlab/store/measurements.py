@@ -26,7 +26,13 @@ from optlab.store.models import (
     SqlStageStats,
     SqlWindow,
 )
-from optlab.store.records import ResourceSample, RunErrorCount, StageStatsRow, WindowStats
+from optlab.store.records import (
+    LLM_WINDOW_FIELDS,
+    ResourceSample,
+    RunErrorCount,
+    StageStatsRow,
+    WindowStats,
+)
 
 
 def require_run(session: Session, run_id: int) -> SqlRun:
@@ -138,7 +144,15 @@ class MeasurementsMixin:
         """Chosen per-second fields of many runs in one query, in time order, None values
         left out: what statistics over many runs need, without building a row object per
         second (that made the table of a 10,000-run database take seconds)."""
-        allowed = {"completed", "errors", "qps", "p50_ms", "p99_ms", "send_lag_p99_ms"}
+        allowed = {
+            "completed",
+            "errors",
+            "qps",
+            "p50_ms",
+            "p99_ms",
+            "send_lag_p99_ms",
+            *LLM_WINDOW_FIELDS,
+        }
         unknown = set(fields) - allowed
         if unknown:
             raise ValueError(f"unknown window fields {sorted(unknown)}; use {sorted(allowed)}")

@@ -319,6 +319,13 @@ class SqlWindow(Base):
     # runs measured before optlab recorded them).
     offered: Mapped[int | None] = mapped_column(BigInteger)
     in_flight: Mapped[int | None] = mapped_column(BigInteger)
+    # A streaming target's streams that ended in this second (NULL: none, or a run
+    # measured before optlab recorded them).
+    ttft_p50_ms: Mapped[float | None] = mapped_column(Double)
+    ttft_p99_ms: Mapped[float | None] = mapped_column(Double)
+    tpot_p50_ms: Mapped[float | None] = mapped_column(Double)
+    tpot_p99_ms: Mapped[float | None] = mapped_column(Double)
+    output_tps: Mapped[float | None] = mapped_column(Double)
 
 
 class SqlResourceSample(Base):

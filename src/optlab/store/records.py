@@ -158,6 +158,10 @@ class StageStatsRow:
     max_ms: float | None = None
 
 
+# A streaming target's per-second figures (WindowStats below).
+LLM_WINDOW_FIELDS = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "output_tps")
+
+
 @dataclass(frozen=True, slots=True)
 class WindowStats:
     """One second of a run; latency fields are None for a second where nothing completed."""
@@ -172,6 +176,13 @@ class WindowStats:
     send_lag_p99_ms: float | None = None
     offered: int | None = None  # requests sent in this second
     in_flight: int | None = None  # requests in flight at its end
+    # A streaming target's streams that ended in this second (None: none, or before
+    # optlab recorded them).
+    ttft_p50_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    tpot_p50_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    output_tps: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
