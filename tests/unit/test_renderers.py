@@ -11,6 +11,7 @@ import io
 import json
 import math
 import re
+from dataclasses import replace
 from typing import Any
 
 import pandas as pd
@@ -22,7 +23,13 @@ from optlab.reports.format import bound, interval
 from optlab.reports.html import render_html
 from optlab.reports.markdown import PROVISIONAL_NOTE as PROVISIONAL
 from optlab.reports.markdown import render_markdown
-from optlab.reports.stacked import COLUMNS, LLM_COLUMNS, StackedTable, TableHeader
+from optlab.reports.stacked import (
+    COLUMNS,
+    LLM_COLUMNS,
+    LLM_DELTA_COLUMNS,
+    StackedTable,
+    TableHeader,
+)
 from optlab.reports.table_json import EnvironmentInfo
 from optlab.reports.terminal import render_text
 from tests.support.frames import (
@@ -58,19 +65,38 @@ def test_a_streaming_chains_token_figures_are_in_every_format() -> None:
         "output_tps": 684.68,
         "goodput": 0.994,
     }
+    judged = {"tpot_p50_step_pct": -40.0, "tpot_p50_step_low_pct": -45.0,
+              "tpot_p50_step_high_pct": -35.0}  # fmt: skip
     base = golden_table()
-    rows = (base.rows[0].model_copy(update=figures), *base.rows[1:])
+    second = base.rows[1].model_copy(update={**figures, "llm_deltas": judged})
+    rows = (base.rows[0].model_copy(update=figures), second, *base.rows[2:])
     table = StackedTable(header=base.header, rows=rows)
+    assert table.columns() == [*COLUMNS, *STAGE_COLUMNS, *LLM_DELTA_COLUMNS]
     markdown = render_markdown(table)
     assert "| TTFT P50 | TTFT P99 | TPOT P50 | TPOT P99 | ITL P99 | tok/s | goodput |" in markdown
     assert "| 101.25 | 119.70 | 11.49 | 13.75 | 20.87 | 685 | 99.4% |" in markdown
+    assert "| 11.49 (-40% [-45,-35]) |" in markdown  # a judged figure, with its interval
     text = render_text(table, width=600)
     assert "TTFT P99" in text and "119.70" in text and "685" in text and "99.4%" in text
+    assert "-40% [-45,-35]" in text
     document = json.loads(render_json(table))
     assert {k: document["chain"][0][k] for k in figures} == figures
-    assert document["chain"][1]["goodput"] is None
-    html = render_html(table, report_data())
-    assert "TTFT P99" in html and "99.4%" in html
+    assert document["chain"][2]["goodput"] is None
+    delta = document["chain"][1]["llm_step_delta"]
+    assert (delta["tpot_p50_pct"], delta["tpot_p50_low_pct"], delta["ttft_p99_pct"]) == (
+        -40.0,
+        -45.0,
+        None,
+    )
+    assert document["chain"][0]["llm_cumulative_delta"]["output_tps_pct"] is None
+    frame = table.to_frame()
+    assert frame["tpot_p50_step_low_pct"].tolist()[1] == -45.0
+    data = report_data()
+    streamed = replace(data.steps[0], ttft_cdf=[(50.0, 101.25), (99.0, 119.7)])
+    html = render_html(table, replace(data, steps=[streamed, *data.steps[1:]]))
+    assert "TTFT P99" in html and "99.4%" in html and "step -40.0% [-45, -35]" in html
+    assert "Time to first token by percentile" in html and "Output tokens per second" in html
+    assert "Time to first token" not in render_html(table, data)  # no streamed CDF: no charts
 
 
 def test_capacity_table_exercises_every_capacity_column() -> None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from optlab.diagnose import Diagnosis, diagnose_run
 from optlab.metrics.histogram import LatencyHistogram
+from optlab.metrics.llm import TPOT, TTFT
 from optlab.metrics.stages import is_target_stage
 
 if TYPE_CHECKING:
@@ -46,6 +47,9 @@ class StepData:
     windows: list[WindowStats] = field(default_factory=list)  # measure phase, by second
     resources: list[ResourceSample] = field(default_factory=list)  # measure phase
     environment_id: int | None = None
+    # A streaming LLM target's TTFT and TPOT CDFs (percentile, ms); empty for other targets.
+    ttft_cdf: list[tuple[float, float]] = field(default_factory=list)
+    tpot_cdf: list[tuple[float, float]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -141,7 +145,8 @@ def collect_report(store: Store, table: StackedTable) -> ReportData:
             continue
         run = store.get_run(run_id)
         stats = store.get_stage_stats(run_id, "measure")
-        total = next((row for row in stats if row.stage == "total"), None)
+        by_stage = {row.stage: row for row in stats}
+        total, ttft, tpot = by_stage.get("total"), by_stage.get(TTFT), by_stage.get(TPOT)
         if run.environment_id is not None and run.environment_id not in environments:
             environments[run.environment_id] = store.get_environment(run.environment_id).fingerprint
         diagnoses.append((str(experiment), diagnose_run(store, run_id)))
@@ -154,6 +159,8 @@ def collect_report(store: Store, table: StackedTable) -> ReportData:
                 windows=store.get_windows(run_id, "measure"),
                 resources=store.get_resource_samples(run_id, "measure"),
                 environment_id=run.environment_id,
+                ttft_cdf=cdf_points(ttft.histogram) if ttft and ttft.count else [],
+                tpot_cdf=cdf_points(tpot.histogram) if tpot and tpot.count else [],
             )
         )
     sweeps = [

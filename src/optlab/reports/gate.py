@@ -1,10 +1,11 @@
 """`optlab check`: a CI gate on the head of a chain against its parent step (or the baseline).
 
 The change is the table's own (`reports.table`: one statistic per question, so the gate, the
-table and `optlab audit` never disagree): for QPS, P50 and P99 the step's judged change against
-its parent (`--against parent`) or against the baseline (`--against baseline`), over every pair
-or repeat, with its interval; for P95 and P99.9, which the table does not judge, the change of
-the newest runs' figures. Whether it is beyond noise is `metrics.stats.beyond_noise` on that
+table and `optlab audit` never disagree): for QPS, P50 and P99, and a streaming chain's TTFT
+P50/P99, TPOT P50/P99 and output tokens/s, the step's judged change against its parent
+(`--against parent`) or against the baseline (`--against baseline`), over every pair or
+repeat, with its interval; for P95, P99.9, ITL P99 and goodput, which the table does not judge,
+the change of the newest runs' figures. Whether it is beyond noise is `metrics.stats.beyond_noise` on that
 interval, as the table's verdict.
 
 `--max-regression` is judged on the point estimate alone: a gate that waited for significance
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING
 from optlab.errors import ConfigError, OptlabError
 from optlab.metrics.change import percent_change
 from optlab.metrics.stats import beyond_noise
+from optlab.reports.stacked import LLM_DELTA_METRICS
 
 if TYPE_CHECKING:
     from optlab.reports.stacked import StackedTable, TableRow
@@ -211,9 +213,10 @@ def _several_runs(*rows: TableRow) -> bool:
 
 
 def _table_change(head: TableRow, metric: str, against: str) -> tuple[float | None, bool | None]:
-    """The table's judged change of a headline metric (QPS, P50, P99) in % (+ is higher), and
-    whether it is beyond noise; (None, None) for a metric, or a head, the table did not judge."""
-    if metric not in ("qps", "p50", "p99"):
+    """The table's judged change of a headline metric (QPS, P50, P99) or a streaming one
+    (`LLM_DELTA_METRICS`) in % (+ is higher), and whether it is beyond noise; (None, None) for
+    a metric, or a head, the table did not judge."""
+    if metric not in ("qps", "p50", "p99", *LLM_DELTA_METRICS):
         return None, None
     kind = "step" if against == "parent" else "cumulative"
     pct = _value(head, f"{metric}_{kind}_pct")

@@ -328,10 +328,38 @@ def _charts(table: StackedTable, data: ReportData) -> str:
         series.append(line_chart("GPU utilisation", gpu, x_label="seconds", y_label="%"))
     capacity = _capacity_chart(table, data)
     return (
-        capacity + f'<h2>Latency distribution</h2><div class="charts">{cdf}</div>'
-        f'<h2>Stage waterfall</h2><div class="charts">{waterfall}</div>'
+        capacity
+        + f'<h2>Latency distribution</h2><div class="charts">{cdf}</div>'
+        + _llm_charts(steps, seconds)
+        + f'<h2>Stage waterfall</h2><div class="charts">{waterfall}</div>'
         f'<h2>Time series</h2><div class="charts">{"".join(series)}</div>'
     )
+
+
+def _llm_charts(steps: list[StepData], seconds: str) -> str:
+    """A streaming chain's token figures: TTFT and TPOT by percentile, and TTFT P99 and
+    output tokens/s per second; "" when no step streamed."""
+    if not any(step.ttft_cdf for step in steps):
+        return ""
+
+    def cdf(title: str, pick: Any) -> str:
+        return line_chart(
+            title,
+            _series(steps, lambda s: [(_nines(p), ms) for p, ms in pick(s)]),
+            x_label="percentile",
+            y_label="ms",
+            x_ticks=_NINES_TICKS,
+        )
+
+    charts = [
+        cdf("Time to first token by percentile", lambda s: s.ttft_cdf),
+        cdf("Time per output token by percentile", lambda s: s.tpot_cdf),
+        line_chart("TTFT P99 per second", _series(steps, lambda s: _windows(s, "ttft_p99_ms")),
+                   x_label=seconds, y_label="ms"),
+        line_chart("Output tokens per second", _series(steps, lambda s: _windows(s, "output_tps")),
+                   x_label=seconds, y_label="tokens/s"),
+    ]  # fmt: skip
+    return f'<h2>Tokens (streaming LLM)</h2><div class="charts">{"".join(charts)}</div>'
 
 
 def _capacity_chart(table: StackedTable, data: ReportData) -> str:
