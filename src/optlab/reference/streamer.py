@@ -46,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from optlab.reference.openai_http import (
     Connection,
     GenerateRequest,
+    Listener,
     OpenAIServer,
     SseStream,
     closing_events,
@@ -236,7 +237,7 @@ class Streamer(OpenAIServer):
         )
         self.engine.submit(seq)
 
-    async def start(self, host: str, port: int) -> asyncio.Server:
+    async def start(self, host: str, port: int) -> Listener:
         """Listen on host:port and start the engine; `stop` stops the engine."""
         loop = asyncio.get_running_loop()
         self.engine.task = loop.create_task(self.engine.run())

@@ -5,8 +5,8 @@ table and `optlab audit` never disagree): for QPS, P50 and P99, and a streaming 
 P50/P99, TPOT P50/P99 and output tokens/s, the step's judged change against its parent
 (`--against parent`) or against the baseline (`--against baseline`), over every pair or
 repeat, with its interval; for P95, P99.9, ITL P99 and goodput, which the table does not judge,
-the change of the newest runs' figures. Whether it is beyond noise is `metrics.stats.beyond_noise` on that
-interval, as the table's verdict.
+the change of the newest runs' figures. Whether it is beyond noise is
+`metrics.stats.beyond_noise` on that interval, as the table's verdict.
 
 `--max-regression` is judged on the point estimate alone: a gate that waited for significance
 would let a real regression through on a short, noisy run. `--min-gain` asks for a gain, and a

@@ -28,6 +28,7 @@ from optlab.reference.llm.tokenizer import EOS
 from optlab.reference.openai_http import (
     Connection,
     GenerateRequest,
+    Listener,
     OpenAIServer,
     closing_events,
     delta_event,
@@ -68,7 +69,7 @@ class LlmServer(OpenAIServer):
         self.engine.emit = original
         self.engine.stats = Stats()
 
-    async def start(self, host: str, port: int) -> asyncio.Server:
+    async def start(self, host: str, port: int) -> Listener:
         self.loop = asyncio.get_running_loop()
         return await super().start(host, port)
 
