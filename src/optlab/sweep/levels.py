@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -89,10 +90,27 @@ def held_back_ms(record: RunRecord, windows: Sequence[WindowStats]) -> tuple[flo
     return found
 
 
-def _value_se(windows: Sequence[WindowStats], value: float | None) -> float | None:
+# The per-second P99 series that stands for an objective's metric in `_value_se`.
+_WINDOW_P99 = {"latency": "p99_ms", "ttft": "ttft_p99_ms", "tpot": "tpot_p99_ms"}
+
+
+def _value_se(
+    windows: Sequence[WindowStats], value: float | None, slo: Slo, summary: Any
+) -> float | None:
     """The standard error of the level's percentile: the spread of its seconds' P99 (batch
-    means with one-second batches), scaled to the percentile judged."""
-    p99s = np.array([w.p99_ms for w in windows if w.p99_ms is not None], dtype=float)
+    means with one-second batches) of the binding objective's series (the one nearest its
+    bound: E2E latency, TTFT or TPOT; ITL has no per-second series, E2E's stands in), scaled
+    to the percentile judged."""
+    field = "p99_ms"
+    shares = [
+        (observed / objective.ms, objective.metric)
+        for objective in slo.objectives
+        if (observed := objective.observed(summary) if summary is not None else None) is not None
+    ]
+    if shares:
+        field = _WINDOW_P99.get(max(shares)[1], "p99_ms")
+    series = [getattr(w, field) for w in windows]
+    p99s = np.array([v for v in series if v is not None], dtype=float)
     if value is None or len(p99s) < 3 or p99s.mean() <= 0:
         return None
     relative = float(p99s.std(ddof=1) / p99s.mean()) / math.sqrt(len(p99s))
@@ -169,7 +187,7 @@ def level_of(
         achieved_qps=record.qps,
         p50_ms=total.p50 if total is not None else None,
         value_ms=value,
-        value_se_ms=_value_se(windows, value),
+        value_se_ms=_value_se(windows, value, slo, summary),
         error_rate=errors / sent if sent else 0.0,
         valid=bool(record.valid),
         reasons=tuple(record.reasons),
