@@ -69,7 +69,7 @@ def optlab_run(port: int, seconds: float, folder: Path) -> tuple[float, int]:
     )
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     argv = [sys.executable, "-m", "optlab", "--db", f"sqlite:///{folder}/w.db", "run",
-            str(experiment), "--json"]  # fmt: skip
+            str(experiment), "--json", "--allow-invalid"]  # fmt: skip
     cpu, text = _cpu_of(argv, env, folder)
     summary = json.loads([line for line in text.splitlines() if line.startswith("{")][-1])
     return cpu, int(summary["llm"]["output_tokens"])

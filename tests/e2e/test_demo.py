@@ -106,3 +106,13 @@ def test_demo_measures_the_llm_chain_and_its_token_figures(
     assert prefix.summary is not None
     service = prefix.summary.target
     assert isinstance(service, dict) and service["prefix_hit_rate"] > 0.5
+    # The engine's own metrics, read once a second from its Prometheus page, agree.
+    assert prefix.summary.llm is not None and prefix.summary.llm.server is not None
+    server = prefix.summary.llm.server
+    assert server.samples >= 3 and server.prefix_cache_hit_rate is not None
+    assert server.prefix_cache_hit_rate > 0.5 and server.preemptions == 0
+    assert server.running_max is not None and server.running_max > 1  # batched
+    naive = store.get_run(int(table.loc["llm-baseline", "run_id"])).summary
+    assert naive is not None and naive.llm is not None and naive.llm.server is not None
+    assert naive.llm.server.running_max == 1  # one sequence at a time
+    assert naive.llm.server.waiting_max is not None and naive.llm.server.waiting_max >= 5

@@ -195,6 +195,12 @@ class OpenAITarget(_HttpRequest):
     include_usage: bool = True
     extra_body: dict[str, Any] = Field(default_factory=dict)
     tokenizer: Literal["words", "events"] = "words"
+    prometheus_url: ServiceUrl | None = Field(
+        None,
+        description="the engine's Prometheus metrics (vLLM's, SGLang's /metrics): requests "
+        "running and waiting, KV-cache usage, preemptions, prefix-cache hits, read once a "
+        "second over the measured phase into the run's llm.server",
+    )
     # A server optlab starts (as `kind: command`); none: one already listening at `url`.
     command: list[str] | None = Field(None, min_length=1)
     env: dict[Annotated[str, Field(pattern=ENV_NAME_PATTERN)], str] = Field(default_factory=dict)

@@ -39,6 +39,7 @@ RuleId = Literal[
     "network",
     "llm-client-bound",
     "llm-queue-bound",
+    "llm-kv-cache-bound",
 ]
 RULE_IDS: tuple[str, ...] = get_args(RuleId)
 OPS = ("set", "increment", "multiply")

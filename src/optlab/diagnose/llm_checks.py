@@ -1,7 +1,8 @@
 """The checks of the rule catalogue on a streaming LLM target (`kind: openai`), from its run's
 `llm` section (docs/run-json.md): whether the client held requests back (TTFT from the
-intended send against the send's own), and whether a request waits for a slot before its
-first token (TTFT against the decode step). A target of another kind has nothing of the sort
+intended send against the send's own), whether a request waits for a slot before its
+first token (TTFT against the decode step), and whether the engine's KV cache ran full
+(its own metrics, `llm.server`). A target of another kind has nothing of the sort
 to check (they pass, showing nothing); a streaming run without the figures says so."""
 
 from __future__ import annotations
@@ -58,4 +59,40 @@ def check_llm_queue(e: Evidence, p: Params) -> Outcome:
         f"from its send, ITL P50 {itl:.1f} ms): it waits for a free sequence slot (or a long "
         "prefill) before it starts; more concurrent sequences, chunked prefill or fewer "
         "requests in flight",
+    )
+
+
+def check_llm_kv_cache(e: Evidence, p: Params) -> Outcome:
+    llm = _llm(e)
+    server = llm.server if llm is not None else None
+    if server is None or (server.kv_cache_usage_max is None and server.preemptions is None):
+        if e.kind is None or e.kind.name != "openai":
+            return Passed(())
+        return Unevaluable(
+            "no KV-cache figures: the engine's Prometheus metrics were not read "
+            "(target.prometheus_url) or export neither KV-cache usage nor preemptions"
+        )
+    usage = server.kv_cache_usage_max
+    preempted = server.preemptions or 0.0
+    context = (Measure("preemptions", preempted, None),)
+    if preempted > 0:
+        return past(
+            Measure("preemptions", preempted, 0.0),
+            None,
+            1.0,
+            f"the engine preempted sequences {preempted:.0f} times (KV cache full at "
+            f"{usage if usage is not None else float('nan'):.0%} at most): evicted sequences "
+            "recompute their prefix; fewer concurrent sequences, a smaller KV-cache dtype or "
+            "more memory for the cache",
+        )
+    if usage is None:
+        return Passed(context)
+    return past(
+        Measure("KV-cache usage max", usage, p["usage"], unit="x"),
+        None,
+        1.0,
+        f"the KV cache was {usage:.0%} full at its peak: new sequences wait for cache space "
+        "(and an engine that preempts will); fewer concurrent sequences, a smaller KV-cache "
+        "dtype or more memory for the cache",
+        context=context,
     )

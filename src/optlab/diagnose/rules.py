@@ -37,7 +37,7 @@ from optlab.diagnose.checks import (
 from optlab.diagnose.evidence import Evidence
 from optlab.diagnose.findings import Outcome, Params, Passed, Resource
 from optlab.diagnose.gpu_checks import check_gpu_compute, check_gpu_starved, check_gpu_throttled
-from optlab.diagnose.llm_checks import check_llm_client, check_llm_queue
+from optlab.diagnose.llm_checks import check_llm_client, check_llm_kv_cache, check_llm_queue
 from optlab.diagnose.pace_checks import (
     check_errors,
     check_gc,
@@ -271,6 +271,15 @@ RULES: tuple[Rule, ...] = (
         ("llm",),
         {"steps": 4.0},
         check_fn=check_llm_queue,
+    ),
+    Rule(
+        "llm-kv-cache-bound",
+        "memory",
+        "KV cache full",
+        "the engine's own KV-cache usage near 1, or sequences preempted",
+        ("llm",),
+        {"usage": 0.95},
+        check_fn=check_llm_kv_cache,
     ),
 )
 

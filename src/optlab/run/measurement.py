@@ -25,12 +25,14 @@ from optlab.config.protocol import EffectiveProtocol
 from optlab.errors import OptlabError
 from optlab.load.base import LoadGenerator, StopReport
 from optlab.metrics.backlog import LoadTimeline
+from optlab.metrics.server_metrics import summarize as summarize_server
 from optlab.run.evidence import Observed
 from optlab.run.hooks import TargetHooks
 from optlab.run.phases import Interrupted, PhaseLoop, shielded, stop_signals
 from optlab.run.progress import GuardedProgress, LiveStatus, Progress
 from optlab.run.recorder import Recorder, RunEnd, retryable, store_retry_s
 from optlab.run.select import generator_for
+from optlab.run.server_poll import server_notes
 from optlab.run.summarize import Collected, Summarized, step_against, summarize, who
 from optlab.run.summary import error_rows, resource_rows, stage_rows, window_rows
 from optlab.run.validity import Verdict, machine_facts, plainly_saturated
@@ -246,7 +248,11 @@ class _Run:
             max_accuracy_drop_pts=self.config.slo.max_accuracy_drop_pts,
             target_metrics=hooks.metrics,
             service=hooks.service,
-            hook_notes=[*hooks.notes, *([loop.profile_note] if loop.profile_note else [])],
+            hook_notes=[
+                *hooks.notes,
+                *([loop.profile_note] if loop.profile_note else []),
+                *server_notes(loop.server_poll),
+            ],
             paired=paired,
             parent=parent,
             plan=self.link.plan,
@@ -256,6 +262,7 @@ class _Run:
             slo_ms=self.options.slo_ms if self.options.slo_ms is not None else _slo_ms(self.config),
             timeout_ms=self.config.workload.timeout_ms,
             llm=collector.llm_tally("measure"),
+            server=summarize_server(loop.server_poll.samples) if loop.server_poll else None,
             goodput_ms=(self.config.slo.ttft_ms, self.config.slo.tpot_ms),
         )
 

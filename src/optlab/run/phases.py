@@ -24,6 +24,7 @@ from optlab.metrics.log import Collector, Window
 from optlab.metrics.profile import Profile, Profiler, ProfilerError
 from optlab.metrics.resources import ResourceReading, ResourceSampler
 from optlab.run.progress import LiveStatus, Progress
+from optlab.run.server_poll import ServerPoller
 from optlab.run.validity import is_stable
 from optlab.targets.base import LoadedTarget
 
@@ -124,6 +125,7 @@ class PhaseLoop:
         # `optlab run --profile`: py-spy samples the target's process over the measured phase.
         self.profile = False
         self.profiled: Profile | None = None
+        self.server_poll: ServerPoller | None = None  # the engine's metrics, when it has them
         self.profile_note: str | None = None  # why there is no profile, when one was asked for
 
     def start(self, target: LoadedTarget, generator: LoadGenerator) -> None:
@@ -253,6 +255,22 @@ class PhaseLoop:
         finally:
             self.profiled = profiler.stop()
 
+    @contextmanager
+    def _server_polling(self) -> Iterator[None]:
+        """The target's engine metrics (`target.prometheus_url`) read once a second while the
+        block runs."""
+        read = self.target.server_metrics if self.target is not None else None
+        if read is None:
+            yield
+            return
+        poller = ServerPoller(read)
+        poller.start()
+        try:
+            yield
+        finally:
+            poller.stop()
+            self.server_poll = poller
+
     def _short_of_queries(self) -> bool:
         """A protocol that measures until a P99 is supported: too few answers yet, and time."""
         p = self.protocol
@@ -274,7 +292,7 @@ class PhaseLoop:
             self.target.reset_metrics()  # the target's own counters cover the measured phase
         # The garbage collector is timed over the measured phase only, and let go of however
         # the phase ends (Ctrl-C, a failed target).
-        with self.gc.recording(), self._profiling():
+        with self.gc.recording(), self._profiling(), self._server_polling():
             started = time.monotonic()
             self.set_phase("measure")
             self.sampler.set_phase("measure")

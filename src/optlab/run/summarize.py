@@ -87,6 +87,7 @@ class Collected:
     # A streaming target's counts over the measured phase, and the per-request bounds its
     # goodput is judged by (slo.ttft_ms, slo.tpot_ms).
     llm: LlmTally | None = None
+    server: dict[str, Any] | None = None  # the engine's metrics (`metrics.server_metrics`)
     goodput_ms: tuple[float | None, float | None] = (None, None)
 
 
@@ -231,6 +232,7 @@ def _summary(
     }
     if c.llm is not None:
         summary["llm"] = llm_summary(llm_series, c.llm, c.measured_s, c.goodput_ms)
+        summary["llm"]["server"] = c.server
     if c.accuracy is not None:
         summary["accuracy"] = c.accuracy
     if c.target_metrics is not None:

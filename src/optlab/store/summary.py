@@ -270,6 +270,24 @@ class GoodputSlo(_Frozen):
     tpot_ms: float | None = None
 
 
+class ServerMetrics(_Frozen):
+    """The serving engine's own gauges and counters over the measured phase, from its
+    Prometheus text sampled once a second (`target.prometheus_url`): each gauge's mean and
+    maximum, each counter's increase; null where the engine does not export it."""
+
+    samples: int
+    running_mean: float | None = None
+    running_max: float | None = None
+    waiting_mean: float | None = None
+    waiting_max: float | None = None
+    kv_cache_usage_mean: float | None = None  # 0..1: the share of the KV cache held
+    kv_cache_usage_max: float | None = None
+    preemptions: float | None = None
+    prefix_cache_hits: float | None = None
+    prefix_cache_queries: float | None = None
+    prefix_cache_hit_rate: float | None = None
+
+
 class LlmSummary(_Frozen):
     """A streaming LLM target's figures over the measured phase (docs/run-json.md "llm"),
     each named by its definition: `itl_ms` is the per-event gap (vLLM's, SGLang's), beside
@@ -297,6 +315,7 @@ class LlmSummary(_Frozen):
     total_tokens_per_s: float | None = None
     token_counts: Literal["usage", "words", "events"] | None = None
     totals_from_usage: int = 0  # requests whose length is the server's own usage count
+    server: ServerMetrics | None = None  # the engine's own view (`target.prometheus_url`)
 
 
 class RunSummary(_Frozen):

@@ -37,6 +37,9 @@ class LoadedTarget:
     client: Any = None
     check: Callable[[], None] | None = None
     service_pid: int | None = None
+    # A streaming LLM target's engine metrics: one Prometheus page's known figures
+    # (`optlab.metrics.server_metrics`), read once a second over the measured phase.
+    server_metrics: Callable[[], dict[str, float]] | None = None
     service_info: Callable[[], dict[str, Any]] | None = None
 
     def close(self) -> None:

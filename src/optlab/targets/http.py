@@ -37,6 +37,7 @@ __all__ = [
     "check_input_files",
     "check_listening",
     "classify",
+    "fetch_bytes",
     "fetch_json",
     "http_bodies",
     "http_spec",
@@ -184,6 +185,34 @@ def http_bodies(workload: Workload, folder: Path) -> list[Body]:
     return [Body(b"", None)]
 
 
+def fetch_bytes(
+    method: str,
+    url: str,
+    field: str,
+    secrets: Secrets,
+    *,
+    timeout_s: float = 30.0,
+    headers: dict[str, str] | None = None,
+    limit: int | None = None,
+) -> bytes:
+    """One side request to the service (its metrics, accuracy): its body (at most `limit`
+    bytes read), or a TargetError naming the field (the URL redacted)."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        url, method=method, data=b"" if method == "POST" else None, headers=headers or {}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return bytes(response.read() if limit is None else response.read(limit))
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise TargetError(
+            secrets.redact(f"{field}: {method} {url} failed: {exc}"),
+            hint=f"the service must answer {field} with 2xx",
+        ) from None
+
+
 def fetch_json(
     method: str,
     url: str,
@@ -195,20 +224,7 @@ def fetch_json(
 ) -> dict[str, Any]:
     """One side request to the service (its metrics, accuracy): a JSON object, or a
     TargetError naming the field (the URL redacted)."""
-    import urllib.error
-    import urllib.request
-
-    request = urllib.request.Request(
-        url, method=method, data=b"" if method == "POST" else None, headers=headers or {}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            payload = response.read()
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise TargetError(
-            secrets.redact(f"{field}: {method} {url} failed: {exc}"),
-            hint=f"the service must answer {field} with 2xx",
-        ) from None
+    payload = fetch_bytes(method, url, field, secrets, timeout_s=timeout_s, headers=headers)
     if method == "POST" and not payload.strip():
         return {}  # a reset answers 204 No Content
     try:

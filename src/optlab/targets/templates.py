@@ -93,8 +93,8 @@ def target_templates(target: NetworkTarget) -> list[tuple[str, str]]:
         found += [(f"target.env.{k}", v) for k, v in target.env.items()]
         if target.health_url:
             found.append(("target.health_url", target.health_url))
-    for field in ("metrics_url", "metrics_reset_url", "accuracy_url"):
-        value = getattr(target, field)
+    for field in ("metrics_url", "metrics_reset_url", "accuracy_url", "prometheus_url"):
+        value = getattr(target, field, None)
         if value:
             found.append((f"target.{field}", value))
     return found

@@ -24,6 +24,7 @@ from optlab.store.summary import (
     LlmSummary,
     MemoryTrend,
     NetworkEvidence,
+    ServerMetrics,
 )
 from optlab.targets.registry import kind_named
 from tests.support.evidence import (
@@ -575,7 +576,56 @@ CASES: tuple[Case, ...] = (
         "no TTFT or ITL figures",
         then=lambda e: replace(e, kind=kind_named("openai")),
     ),
+    Case(
+        "llm-kv-cache-bound",
+        "the cache 98% full at its peak",
+        Run(),
+        "fired",
+        "KV-cache usage max",
+        then=lambda e: with_server(e, ServerMetrics(samples=30, kv_cache_usage_max=0.98)),
+    ),
+    Case(
+        "llm-kv-cache-bound",
+        "sequences preempted",
+        Run(),
+        "fired",
+        "preemptions",
+        then=lambda e: with_server(
+            e, ServerMetrics(samples=30, kv_cache_usage_max=0.9, preemptions=12.0)
+        ),
+    ),
+    Case(
+        "llm-kv-cache-bound",
+        "half full, nothing preempted",
+        Run(),
+        "passed",
+        "KV-cache usage max",
+        then=lambda e: with_server(
+            e, ServerMetrics(samples=30, kv_cache_usage_max=0.5, preemptions=0.0)
+        ),
+    ),
+    Case("llm-kv-cache-bound", "another kind: nothing to check", Run(), "passed", None),
+    Case(
+        "llm-kv-cache-bound",
+        "streamed, the engine's metrics not read",
+        Run(),
+        "not-evaluated",
+        "no KV-cache figures",
+        then=lambda e: replace(e, kind=kind_named("openai")),
+    ),
 )
+
+
+def with_server(e: Evidence, server: ServerMetrics) -> Evidence:
+    """The run as a streaming target's whose engine's metrics were read."""
+    summary = e.run.summary
+    assert summary is not None
+    llm = LlmSummary(requests=100, server=server)
+    return replace(
+        e,
+        kind=kind_named("openai"),
+        run=replace(e.run, summary=summary.model_copy(update={"llm": llm})),
+    )
 
 
 def with_llm(

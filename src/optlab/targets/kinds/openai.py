@@ -22,8 +22,9 @@ from optlab.config.llm import Prompts
 from optlab.config.models import OpenAITarget, ResolvedConfig, Target, Workload
 from optlab.config.source import SourceFile
 from optlab.errors import ConfigError, TargetError
+from optlab.metrics.server_metrics import MAX_TEXT, server_figures
 from optlab.targets.base import LoadedTarget
-from optlab.targets.http import HttpRecipe, check_listening, fetch_json, http_spec
+from optlab.targets.http import HttpRecipe, check_listening, fetch_bytes, fetch_json, http_spec
 from optlab.targets.http_client import StreamSpec
 from optlab.targets.kind import TargetKind
 from optlab.targets.kinds.command import command_identity
@@ -43,6 +44,7 @@ from optlab.targets.templates import Secrets
 __all__ = ["KIND", "OpenAI"]
 
 PATHS = {"completions": "/completions", "chat": "/chat/completions"}
+PROMETHEUS_TIMEOUT_S = 2.0  # a page slower than this is a missed sample, not a stalled run
 
 
 class OpenAI(TargetKind):
@@ -122,6 +124,15 @@ class OpenAI(TargetKind):
             client=HttpRecipe(spec, bodies, stream),
         )
         service_hooks(loaded, target, config.knobs, secrets)
+        if target.prometheus_url:
+            url = secrets.fill(target.prometheus_url, config.knobs, "target.prometheus_url")
+
+            def read() -> dict[str, float]:
+                page = fetch_bytes("GET", url, "target.prometheus_url", secrets,
+                                   timeout_s=PROMETHEUS_TIMEOUT_S, limit=MAX_TEXT)  # fmt: skip
+                return server_figures(page.decode("utf-8", errors="replace"))
+
+            loaded.server_metrics = read
         if target.command:
             start_service(loaded, target, config.knobs, secrets, folder)
             try:
