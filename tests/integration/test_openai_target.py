@@ -112,7 +112,7 @@ def test_a_streamed_run_measures_tokens_as_the_server_sent_them(
 @pytest.mark.parametrize(
     ("fault", "kind"),
     [
-        ("no-done", "truncated"),
+        ("truncate", "truncated"),
         ("malformed", "malformed-event"),
         ("ignore-max-tokens", "exceeded-max-tokens"),
         ("flood", "oversized-stream"),  # 1 GiB per answer: cut off at 64 MiB
@@ -131,6 +131,21 @@ def test_a_stream_that_cannot_be_measured_is_counted_by_type_and_kept_out(
     assert set(errors) == {kind} and errors[kind] == summary["errors"] > 0
     assert summary["requests"] == 0 and "llm" not in summary  # nothing of them is a figure
     assert any("error rate" in reason for reason in summary["reasons"])  # type: ignore[attr-defined]
+
+
+def test_a_stream_that_ends_whole_after_its_finish_without_done_is_complete_and_noted(
+    tmp_path: Path, invoke: Invoke
+) -> None:
+    """`transformers serve` ends its streams so: the last chunk's finish_reason, then the
+    response's end, no `[DONE]`."""
+    with streamer("--decode-base-ms", "2", "--fault", "no-done") as base:
+        path = experiment(tmp_path, "no-done", base, load="{mode: closed, concurrency: 2}")
+        result = invoke("run", str(path), "--json", "--allow-invalid")
+    summary = summary_of(result)
+    llm: Any = summary["llm"]
+    assert summary["errors"] == 0 and llm["streams_without_done"] == summary["requests"] > 0
+    assert llm["output_tokens"] == 24 * llm["requests"]  # every answer whole
+    assert any("ended without [DONE]" in note for note in summary["notes"])  # type: ignore[attr-defined]
 
 
 def test_a_url_that_is_not_an_openai_endpoint_is_refused_before_a_run(

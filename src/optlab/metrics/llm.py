@@ -67,6 +67,9 @@ class StreamTiming:
     total_tokens: int | None = None
     input_tokens: int | None = None  # the prompt's tokens: the server's usage, else as built
     source: str | None = None  # where the events' token counts came from (`optlab.targets.sse`)
+    # Ended without `[DONE]`: the response ended whole after a finish_reason (end_ns is then
+    # its last bytes' arrival), as `transformers serve` ends its streams.
+    without_done: bool = False
 
     @property
     def tokens(self) -> int:
@@ -208,6 +211,7 @@ class LlmTally:
     totals_from_usage: int = 0  # requests whose length is the server's own count
     sources: dict[str, int] = field(default_factory=dict)  # per-event counts: from where
     pairs: list[Any] = field(default_factory=list)  # int64 arrays of shape (n, 2)
+    without_done: int = 0  # streams that ended whole after a finish_reason, without [DONE]
 
     def copy(self) -> LlmTally:
         return LlmTally(
@@ -218,6 +222,7 @@ class LlmTally:
             self.totals_from_usage,
             dict(self.sources),
             list(self.pairs),
+            self.without_done,
         )
 
     def goodput(self, ttft_ms: float | None, tpot_ms: float | None) -> float | None:
@@ -260,6 +265,7 @@ def fold_streams(
         tally.token_events += len(stream.token_events)
         if stream.total_tokens is not None:
             tally.totals_from_usage += 1
+        tally.without_done += stream.without_done
         source = stream.source or "events"
         tally.sources[source] = tally.sources.get(source, 0) + 1
         out[E2E].append(stream.e2e_ns())

@@ -77,10 +77,13 @@ class StreamerKnobs(BaseModel):
     stall_every_s: float | None = Field(None, gt=0, description="a stall this often (wall time)")
     stall_ms: float = Field(0.0, ge=0, le=60_000, description="how long a stall adds to its step")
     reasoning_tokens: int = Field(0, ge=0, le=MAX_TOKENS, description="reasoning tokens first")
-    fault: Literal["none", "no-done", "hang", "malformed", "ignore-max-tokens", "flood"] = Field(
+    fault: Literal[
+        "none", "no-done", "truncate", "hang", "malformed", "ignore-max-tokens", "flood"
+    ] = Field(
         "none",
-        description="misbehave on purpose: end streams without [DONE], hold them open without "
-        "it, send a malformed event, stream twice max_tokens, or flood (1 GiB per answer)",
+        description="misbehave on purpose: end streams after their finish_reason without "
+        "[DONE], end them after the first event, hold them open without [DONE], send a "
+        "malformed event, stream twice max_tokens, or flood (1 GiB per answer)",
     )
 
 
@@ -174,6 +177,10 @@ class Engine:
     def _finish(self, seq: _Sequence) -> None:
         self.running.remove(seq)
         fault = self.knobs.fault
+        if fault == "truncate":  # the response ends whole after its first token: no finish
+            seq.stream.close()
+            self.record(seq, time.monotonic_ns())
+            return
         usage = (seq.input_tokens, seq.generated) if seq.include_usage else None
         tail = closing_events(
             MODEL, seq.chat, "length", usage, done=fault not in ("no-done", "hang")
@@ -233,7 +240,11 @@ class Streamer(OpenAIServer):
             request.chat,
             request.include_usage,
             conn.open_stream(),
-            limit=request.max_tokens * (2 if knobs.fault == "ignore-max-tokens" else 1),
+            limit=(
+                1
+                if knobs.fault == "truncate"
+                else request.max_tokens * (2 if knobs.fault == "ignore-max-tokens" else 1)
+            ),
         )
         self.engine.submit(seq)
 

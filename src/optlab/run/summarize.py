@@ -117,6 +117,11 @@ def summarize(c: Collected) -> Summarized:
         notes.append(f"warmup did not stabilise within {longest:g} s; measured anyway")
     if c.abandoned:
         notes.append(f"{c.abandoned} requests were still in flight after the drain")
+    if c.llm is not None and c.llm.without_done:
+        notes.append(
+            f"{c.llm.without_done} of {c.llm.requests} streams ended without [DONE] (whole, "
+            "after a finish_reason): each ends at its last bytes"
+        )
     valid = judged.valid if c.status == "FINISHED" else False
     reasons = list(judged.reasons)
     codes = list(judged.codes)

@@ -293,4 +293,5 @@ def llm_summary(
         ),
         "token_counts": counted,
         "totals_from_usage": tally.totals_from_usage,
+        "streams_without_done": tally.without_done,
     }

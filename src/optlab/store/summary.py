@@ -315,6 +315,8 @@ class LlmSummary(_Frozen):
     total_tokens_per_s: float | None = None
     token_counts: Literal["usage", "words", "events"] | None = None
     totals_from_usage: int = 0  # requests whose length is the server's own usage count
+    # Streams that ended whole after a finish_reason but without `[DONE]` (counted complete).
+    streams_without_done: int = 0
     server: ServerMetrics | None = None  # the engine's own view (`target.prometheus_url`)
 
 

@@ -179,6 +179,8 @@ class _Connection(asyncio.Protocol):
         if self.status < 200:  # 100 Continue and other interim responses: the real one follows
             self._reset()
             return
+        if self.reader is not None:
+            self.reader.body_ended(self.stamp)
         if not self.client.head:
             self._complete()
 

@@ -12,7 +12,9 @@ the final `usage` chunk's `completion_tokens` where the server sent one (docs/ru
 "llm" says which the run used). Reasoning counts toward the first token and the length.
 
 What cannot be measured is a `StreamError` with its type, counted by type and kept out of
-every latency statistic: `truncated` (the stream ended without `[DONE]`), `malformed-event`,
+every latency statistic: `truncated` (the stream ended without `[DONE]`, and without a
+`finish_reason` in a response that ended whole: one that had finished is complete at its
+last bytes, and counted in the run's `llm.streams_without_done`), `malformed-event`,
 `stream-error` (an event with an `error` object), `oversized-event` (one event past
 MAX_EVENT_BYTES), `oversized-stream` (a response past MAX_STREAM_BYTES), `exceeded-max-tokens`
 (more tokens than `max_tokens` asked for: a server that ignores it), `short-output` (fewer
@@ -125,6 +127,7 @@ class SseReader:
         "_input_tokens",
         "_continuous",
         "done_ns",
+        "_without_done",
         "error",
         "events",
     )
@@ -154,6 +157,7 @@ class SseReader:
         self.events: list[tuple[int, int]] = []  # token-bearing events: (arrival ns, tokens)
         self.done_ns: int | None = None
         self.error: StreamError | None = None
+        self._without_done = False
 
     def feed(self, data: bytes, stamp: int) -> None:
         if self.error is not None or self.done_ns is not None:
@@ -238,6 +242,17 @@ class SseReader:
                 "ignores max_tokens",
             )
 
+    def body_ended(self, stamp: int) -> None:
+        """The HTTP response ended whole (its last chunk, or its length, read) at `stamp`.
+        A stream without `[DONE]` that had finished (a `finish_reason` seen, as `transformers
+        serve` ends its streams) is complete then; one that had not stays truncated."""
+        if self.done_ns is None and self.error is None and self._finish is not None:
+            if self._buffer.strip():
+                self._line(self._buffer.strip(), stamp)  # a last event without its newline
+                self._buffer = b""
+            self.done_ns = stamp
+            self._without_done = True
+
     @property
     def source(self) -> str:
         return "usage" if self._continuous else self._tokenizer
@@ -276,6 +291,7 @@ class SseReader:
             total,
             self._prompt if self._prompt is not None else self._input_tokens,
             self.source,
+            self._without_done,
         )
         return StreamResult(timing, self._usage, self._finish, self.source)
 
