@@ -23,6 +23,7 @@ import torch
 
 from optlab.reference.llm.model import load_reference
 from optlab.reference.llm.tokenizer import EOS, UNK
+from tests.support.capabilities import lacks
 from tests.support.proc import free_port, kill_group, wait_listening
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,7 +41,7 @@ def _python() -> str:
         )
         if probe.returncode == 0:
             return python
-    pytest.skip(
+    lacks(
         "transformers[serving] is not installed: install it in a venv (torch pinned to "
         "2.13.0) and set OPTLAB_TRANSFORMERS_PYTHON to its python"
     )
