@@ -22,6 +22,7 @@ from click.testing import Result
 
 from optlab.metrics.stats import percentile
 from optlab.store import Store
+from tests.support.capabilities import module
 from tests.support.files import write
 from tests.support.httpsvc import summary_of
 from tests.support.proc import free_port, service
@@ -262,3 +263,56 @@ def test_a_sweep_judges_each_level_by_its_token_slos(tmp_path: Path, invoke: Inv
     assert levels[0]["offered_qps"] == 100.0 and levels[0]["meets_slo"], levels
     listed = invoke("sweeps").stdout
     assert "ttft_p99=40ms,tpot_p99=20ms" in listed
+
+
+def _word_tokenizer(path: Path) -> Path:
+    """A Hugging Face tokenizer.json whose tokens are whitespace-separated words."""
+    tokenizers = module("tokenizers")
+    vocab = {"[UNK]": 0, **{f"t{k}": k for k in range(1, 100)}}
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(path))
+    return path
+
+
+def test_a_tokenizer_file_counts_each_events_tokens_and_is_part_of_the_code(
+    tmp_path: Path, invoke: Invoke, sqlite_url: str
+) -> None:
+    _word_tokenizer(tmp_path / "tokenizer.json")
+    extra = ", include_usage: false, tokenizer: {file: tokenizer.json}"
+    with streamer("--decode-base-ms", "2") as base:
+        path = experiment(tmp_path, "hf-tok", base, load="{mode: closed, concurrency: 2}",
+                          extra=extra)  # fmt: skip
+        result = invoke("run", str(path), "--json", "--allow-invalid")
+    summary = summary_of(result)
+    llm: Any = summary["llm"]
+    assert summary["errors"] == 0 and llm["token_counts"] == "tokenizer"
+    assert llm["output_tokens"] == 24 * llm["requests"] and llm["totals_from_usage"] == 0
+    with Store.open(sqlite_url) as store:
+        run = store.get_run(int(summary["run_id"]))  # type: ignore[call-overload]
+        assert len(run.code_identity["tokenizer_sha256"]) == 64
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (None, "does not exist"),
+        ('{"version": "1.0", "model": 7}', "cannot be loaded as a Hugging Face tokenizer"),
+        ("not json at all", "cannot be loaded as a Hugging Face tokenizer"),
+    ],
+    ids=["missing", "not-a-tokenizer", "not-json"],
+)
+def test_a_tokenizer_that_cannot_load_is_refused_with_the_field_and_nothing_stored(
+    tmp_path: Path, invoke: Invoke, sqlite_url: str, content: str | None, said: str
+) -> None:
+    module("tokenizers")
+    if content is not None:
+        (tmp_path / "tokenizer.json").write_text(content)
+    path = experiment(
+        tmp_path, "bad-tok", "http://127.0.0.1:9", extra=", tokenizer: {file: tokenizer.json}"
+    )
+    result = invoke("run", str(path))
+    assert result.exit_code == 2, result.output
+    assert "tokenizer" in result.output and "file" in result.output and said in result.output
+    with Store.open(sqlite_url) as store:
+        assert store.list_runs() == []

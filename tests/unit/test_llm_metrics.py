@@ -220,3 +220,16 @@ def test_folding_streams_takes_each_requests_origin_and_judges_goodput() -> None
     assert tally.goodput(20.0, None) == 0.5  # the late one's TTFT is 50 ms
     assert tally.goodput(None, 12.0) == 0.5  # its TPOT is 16.7 ms
     assert tally.goodput(100.0, 100.0) == 1.0 and tally.goodput(None, None) is None
+
+
+def test_a_tokenizers_count_replaces_the_words_where_usage_is_not_streamed() -> None:
+    def chars(text: str) -> int:
+        return len(text.strip())
+
+    chunk = {"choices": [{"delta": {"content": " ab", "reasoning": "cde"}}]}
+    assert count_tokens(chunk, chars) == 5 and count_tokens(chunk) == 2
+    reader = SseReader(0, tokenizer=chars)
+    for line in _sse(_chat(content=" t1 t2"), _chat(content=" t3")):
+        reader.feed(line, 1)
+    result = reader.result()
+    assert [n for _, n in result.timing.events] == [5, 2] and result.source == "tokenizer"

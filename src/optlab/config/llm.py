@@ -93,3 +93,11 @@ class Prompts(StrictModel):
         if self.file is not None and (self.shared_prefix is not None or self.turns > 1):
             raise ValueError("a prompts file is sent as it is: no shared_prefix or turns")
         return self
+
+
+class TokenizerFile(StrictModel):
+    """A streaming target's tokenizer from a file: a Hugging Face fast tokenizer's
+    `tokenizer.json` (the `tokenizers` package, `pip install 'optlab[llm]'`), beside the
+    experiment. Its sha256 is part of the target's code identity."""
+
+    file: str = Field(min_length=1, description="a tokenizer.json beside the experiment")

@@ -13,7 +13,7 @@ from pydantic import (
 )
 
 from optlab.config.knobs import StrictModel
-from optlab.config.llm import Prompts
+from optlab.config.llm import Prompts, TokenizerFile
 
 # The load modes' models live with their modes (config/modes/); these names stay importable
 # from here, where the rest of the file's schema is.
@@ -194,7 +194,11 @@ class OpenAITarget(_HttpRequest):
     )
     include_usage: bool = True
     extra_body: dict[str, Any] = Field(default_factory=dict)
-    tokenizer: Literal["words", "events"] = "words"
+    tokenizer: Literal["words", "events"] | TokenizerFile = Field(
+        "words",
+        description="how an event's tokens are counted where usage is not streamed per chunk: "
+        "words, events, or {file: tokenizer.json} (a Hugging Face fast tokenizer)",
+    )
     prometheus_url: ServiceUrl | None = Field(
         None,
         description="the engine's Prometheus metrics (vLLM's, SGLang's /metrics): requests "

@@ -313,7 +313,7 @@ class LlmSummary(_Frozen):
     requests_per_s: float | None = None
     input_tokens: int = 0
     total_tokens_per_s: float | None = None
-    token_counts: Literal["usage", "words", "events"] | None = None
+    token_counts: Literal["usage", "words", "events", "tokenizer"] | None = None
     totals_from_usage: int = 0  # requests whose length is the server's own usage count
     # Streams that ended whole after a finish_reason but without `[DONE]` (counted complete).
     streams_without_done: int = 0

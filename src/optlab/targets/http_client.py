@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from optlab.metrics.stages import RequestTiming
@@ -34,7 +34,7 @@ from optlab.targets.http_wire import (
     request_bytes,
 )
 from optlab.targets.server_timing import parse_server_timing
-from optlab.targets.sse import SseReader
+from optlab.targets.sse import SseReader, Tokenizer
 
 if TYPE_CHECKING:
     import ssl
@@ -56,7 +56,7 @@ class StreamSpec:
     """A streaming target's responses are Server-Sent Events, timed as they arrive
     (`optlab.targets.sse`): how tokens are counted, and each body's `max_tokens`."""
 
-    tokenizer: Literal["words", "events"]
+    tokenizer: Tokenizer
     max_tokens: tuple[int, ...]  # by body index
     input_tokens: tuple[int, ...]  # by body index, as built (the server's usage wins)
     exact: bool  # the requests asked for exactly max_tokens (ignore_eos, min_tokens)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -49,9 +49,10 @@ MAX_EVENT_BYTES = 1 << 20  # one event's data: beyond it the stream is refused, 
 MAX_STREAM_BYTES = 64 << 20  # one response: a runaway stream is cut off, not read to its end
 
 _TEXT_KEYS = ("text", "content", "reasoning_content", "reasoning")
-Tokenizer = Literal["words", "events"]
+# `words`, `events`, or a function counting a text's tokens (a tokenizer file's).
+Tokenizer = Literal["words", "events"] | Callable[[str], int]
 # Where each event's token count came from, by code (`StreamResult.source`).
-TOKEN_SOURCES = ("usage", "words", "events")
+TOKEN_SOURCES = ("usage", "words", "events", "tokenizer")
 
 
 class StreamError(ValueError):
@@ -70,8 +71,9 @@ class StreamResult:
     source: str = "words"  # one of TOKEN_SOURCES: where the per-event counts came from
 
 
-def count_tokens(chunk: dict[str, Any]) -> int:
-    """Tokens in one chunk: its choices' text and reasoning, as whitespace-separated words."""
+def count_tokens(chunk: dict[str, Any], count: Callable[[str], int] | None = None) -> int:
+    """Tokens in one chunk: its choices' text and reasoning, as whitespace-separated words
+    (or by `count`, a tokenizer's)."""
     found = 0
     for choice in chunk.get("choices") or ():
         if not isinstance(choice, dict):
@@ -82,7 +84,7 @@ def count_tokens(chunk: dict[str, Any]) -> int:
             for key in _TEXT_KEYS:
                 value = source.get(key)
                 if isinstance(value, str):
-                    found += len(value.split())
+                    found += len(value.split()) if count is None else count(value)
     return found
 
 
@@ -226,6 +228,8 @@ class SseReader:
         if self._continuous and usage is not None:
             tokens = max(usage - self._usage_seen, 0)
             self._usage_seen = usage
+        elif callable(self._tokenizer):
+            tokens = count_tokens(chunk, self._tokenizer)
         elif self._tokenizer == "events":
             tokens = 1
         else:
@@ -255,7 +259,9 @@ class SseReader:
 
     @property
     def source(self) -> str:
-        return "usage" if self._continuous else self._tokenizer
+        if self._continuous:
+            return "usage"
+        return "tokenizer" if callable(self._tokenizer) else self._tokenizer
 
     def result(self) -> StreamResult:
         """The stream's timing (its end: `[DONE]`'s arrival), or its StreamError."""

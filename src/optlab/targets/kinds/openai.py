@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from optlab.config.llm import Prompts
+from optlab.config.llm import Prompts, TokenizerFile
 from optlab.config.models import OpenAITarget, ResolvedConfig, Target, Workload
 from optlab.config.source import SourceFile
 from optlab.errors import ConfigError, TargetError
@@ -29,6 +29,7 @@ from optlab.targets.http_client import StreamSpec
 from optlab.targets.kind import TargetKind
 from optlab.targets.kinds.command import command_identity
 from optlab.targets.llm_requests import file_sha256, llm_requests
+from optlab.targets.llm_tokenizer import load_counter, tokenizer_sha256
 from optlab.targets.network import (
     adopt_listener,
     check_templates,
@@ -84,10 +85,25 @@ class OpenAI(TargetKind):
             prompts = prompts.model_copy(update={"file_sha256": file_sha256(path)})
         return workload.model_copy(update={"prompts": prompts})
 
+    def check_code(self, target: Target, paths: Sequence[Path], source: SourceFile) -> None:
+        # A tokenizer file that cannot be read is refused at load, before anything is stored.
+        assert isinstance(target, OpenAITarget)
+        if isinstance(target.tokenizer, TokenizerFile):
+            try:
+                load_counter(target.tokenizer, paths)
+            except ConfigError as exc:
+                where = source.where(("target", "tokenizer", "file"))
+                raise ConfigError(f"{where}: {exc.message}", exc.hint) from None
+
     def identity(self, target: Mapping[str, Any], paths: Sequence[Path]) -> dict[str, Any]:
         if target.get("command"):
-            return {**command_identity(target, paths), "kind": "openai"}
-        return {"kind": "openai", "declared": target.get("code_version")}
+            found = {**command_identity(target, paths), "kind": "openai"}
+        else:
+            found = {"kind": "openai", "declared": target.get("code_version")}
+        tokenizer = target.get("tokenizer")
+        if isinstance(tokenizer, dict):  # a tokenizer file: its bytes are part of the code
+            found["tokenizer_sha256"] = tokenizer_sha256(TokenizerFile(**tokenizer), paths)
+        return found
 
     def service_environment(
         self, target: Mapping[str, Any], folder: Path, environ: Mapping[str, str] | None
@@ -112,7 +128,11 @@ class OpenAI(TargetKind):
         spec = dataclasses.replace(base, url=base.url.rstrip("/") + PATHS[target.api])
         bodies = tuple(r.body for r in requests)
         stream = StreamSpec(
-            tokenizer=target.tokenizer,
+            tokenizer=(
+                load_counter(target.tokenizer, paths)
+                if isinstance(target.tokenizer, TokenizerFile)
+                else target.tokenizer
+            ),
             max_tokens=tuple(r.max_tokens for r in requests),
             input_tokens=tuple(r.input_tokens for r in requests),
             exact=target.ignore_eos or target.min_tokens,
