@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from optlab.cli.main import cli
 from optlab.demo import DEMO_WARMUP_S
@@ -22,17 +22,24 @@ SHORT_WARMUP_S = 0.5
 STEPS = ["cpu-baseline", "cpu-preprocess", "cpu-dynamic-batch", "cpu-onnxruntime", "cpu-int8"]
 
 
+def demo(chain: str, folder: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Result, Path]:
+    """`optlab demo --chain CHAIN` from `folder` with the short warmup: (its result, its
+    output folder)."""
+    monkeypatch.chdir(folder)
+    monkeypatch.delenv("OPTLAB_DB", raising=False)
+    out = folder / "demo"
+    args = ["demo", "--chain", chain, "--out", str(out), "--warmup", str(SHORT_WARMUP_S)]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    return result, out
+
+
 def test_demo_measures_the_cpu_chain_short_and_prints_its_table(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine_cache: Path
 ) -> None:
     assert SHORT_WARMUP_S < DEMO_WARMUP_S
-    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("OPTLAB_CACHE_DIR", str(engine_cache))
-    monkeypatch.delenv("OPTLAB_DB", raising=False)
-    out = tmp_path / "demo"
-    args = ["demo", "--chain", "cpu", "--out", str(out), "--warmup", str(SHORT_WARMUP_S)]
-    result = CliRunner().invoke(cli, args)
-    assert result.exit_code == 0, result.output
+    result, out = demo("cpu", tmp_path, monkeypatch)
     assert "stacked gains: cpu-int8" in result.stdout
     for name in STEPS:
         assert name in result.stdout
@@ -78,12 +85,7 @@ def test_demo_measures_the_llm_chain_and_its_token_figures(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The reference LLM behind its OpenAI-compatible server, each knob a real change."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("OPTLAB_DB", raising=False)
-    out = tmp_path / "demo"
-    args = ["demo", "--chain", "llm", "--out", str(out), "--warmup", str(SHORT_WARMUP_S)]
-    result = CliRunner().invoke(cli, args)
-    assert result.exit_code == 0, result.output
+    result, out = demo("llm", tmp_path, monkeypatch)
     assert "stacked gains: llm-prefix-cache" in result.stdout
     for header in ("TTFT P99", "TPOT P50", "tok/s", "goodput"):
         assert header in result.stdout

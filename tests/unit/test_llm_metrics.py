@@ -233,3 +233,30 @@ def test_a_tokenizers_count_replaces_the_words_where_usage_is_not_streamed() -> 
         reader.feed(line, 1)
     result = reader.result()
     assert [n for _, n in result.timing.events] == [5, 2] and result.source == "tokenizer"
+
+
+def _tally(verdicts: list[bool]) -> LlmTally:
+    """Requests whose TTFT is 10 ms (good under 50 ms) or 100 ms (bad), in this order."""
+    import numpy as np
+
+    tally = LlmTally()
+    pairs = [(10_000_000 if ok else 100_000_000, -1) for ok in verdicts]
+    tally.pairs.append(np.asarray(pairs, dtype=np.int64))
+    return tally
+
+
+def test_the_goodput_interval_is_wilsons_or_wider_where_misses_come_in_runs() -> None:
+    from scipy.stats import binomtest
+
+    scattered = [k % 10 != 0 for k in range(400)]  # 10% bad, spread evenly
+    found = _tally(scattered).goodput_interval(50.0, None)
+    wilson = binomtest(360, 400).proportion_ci(confidence_level=0.99, method="wilson")
+    assert found == pytest.approx((wilson.low, wilson.high), abs=1e-9)
+    # The same 10% bad in four runs of 10 (a stall behind a queue): a wider interval.
+    bunched = [not (k % 100 < 10) for k in range(400)]
+    low, high = _tally(bunched).goodput_interval(50.0, None) or (0.0, 0.0)
+    assert high - low > wilson.high - wilson.low and low < 0.9 < high
+    all_good = _tally([True] * 400).goodput_interval(50.0, None)
+    assert all_good is not None and all_good[1] == 1.0 and 0.97 < all_good[0] < 1.0
+    assert _tally([True] * 5).goodput_interval(50.0, None) is None  # too few to say
+    assert _tally(scattered).goodput_interval(None, None) is None  # no bound

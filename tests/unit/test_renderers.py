@@ -52,7 +52,7 @@ def test_golden_table_exercises_every_column() -> None:
     table = golden_table()
     assert table.columns() == [*COLUMNS, *STAGE_COLUMNS]
     empty = [c for c in table.columns() if not table.any_value(c)]
-    assert empty == [*(c for c, _ in LLM_COLUMNS), "service_p50_ms"]
+    assert empty == [*(c for c, _ in LLM_COLUMNS), "goodput_low", "goodput_high", "service_p50_ms"]
 
 
 def test_a_streaming_chains_token_figures_are_in_every_format() -> None:
@@ -64,6 +64,8 @@ def test_a_streaming_chains_token_figures_are_in_every_format() -> None:
         "itl_p99_ms": 20.87,
         "output_tps": 684.68,
         "goodput": 0.994,
+        "goodput_low": 0.981,
+        "goodput_high": 0.999,
     }
     judged = {"tpot_p50_step_pct": -40.0, "tpot_p50_step_low_pct": -45.0,
               "tpot_p50_step_high_pct": -35.0}  # fmt: skip
@@ -74,7 +76,7 @@ def test_a_streaming_chains_token_figures_are_in_every_format() -> None:
     assert table.columns() == [*COLUMNS, *STAGE_COLUMNS, *LLM_DELTA_COLUMNS]
     markdown = render_markdown(table)
     assert "| TTFT P50 | TTFT P99 | TPOT P50 | TPOT P99 | ITL P99 | tok/s | goodput |" in markdown
-    assert "| 101.25 | 119.70 | 11.49 | 13.75 | 20.87 | 685 | 99.4% |" in markdown
+    assert "| 101.25 | 119.70 | 11.49 | 13.75 | 20.87 | 685 | 99.4% [98.1, 99.9] |" in markdown
     assert "| 11.49 (-40% [-45,-35]) |" in markdown  # a judged figure, with its interval
     text = render_text(table, width=600)
     assert "TTFT P99" in text and "119.70" in text and "685" in text and "99.4%" in text

@@ -30,11 +30,14 @@ Linux host, so a server's log on the same host is comparable).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from statistics import NormalDist
 from typing import Any
 
 from optlab.metrics.stages import LLM_PREFIX
+from optlab.metrics.stats import batch_means
 
 __all__ = [
     "LLM_SERIES",
@@ -225,9 +228,9 @@ class LlmTally:
             self.without_done,
         )
 
-    def goodput(self, ttft_ms: float | None, tpot_ms: float | None) -> float | None:
-        """The share of requests whose TTFT and TPOT are within the bounds given; None with no
-        bound, or no request."""
+    def _good(self, ttft_ms: float | None, tpot_ms: float | None) -> Any:
+        """Each request's verdict under the bounds (a bool array, in the order folded); None
+        with no bound, or no request."""
         import numpy as np
 
         if (ttft_ms is None and tpot_ms is None) or not self.pairs:
@@ -241,7 +244,32 @@ class LlmTally:
         if tpot_ms is not None:
             # A one-token answer has no TPOT: nothing of it can miss a TPOT bound.
             good &= (pairs[:, 1] < 0) | (pairs[:, 1] <= tpot_ms * 1e6)
-        return float(good.mean())
+        return good
+
+    def goodput(self, ttft_ms: float | None, tpot_ms: float | None) -> float | None:
+        """The share of requests whose TTFT and TPOT are within the bounds given; None with no
+        bound, or no request."""
+        good = self._good(ttft_ms, tpot_ms)
+        return None if good is None else float(good.mean())
+
+    def goodput_interval(
+        self, ttft_ms: float | None, tpot_ms: float | None, confidence: float = 0.99
+    ) -> tuple[float, float] | None:
+        """The goodput's interval: the wider of Wilson's score interval (requests taken as
+        independent) and batch means over consecutive requests (which widens it where good
+        and bad requests come in runs, as they do behind a queue); None below 10 requests."""
+        good = self._good(ttft_ms, tpot_ms)
+        if good is None or len(good) < 10:
+            return None
+        n, share = len(good), float(good.mean())
+        z = NormalDist().inv_cdf(0.5 + confidence / 2)
+        centre = (share + z * z / (2 * n)) / (1 + z * z / n)
+        half = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+        low, high = centre - half, centre + half
+        batched = batch_means([float(v) for v in good], confidence=confidence)
+        if batched is not None and batched.high - batched.low > high - low:
+            low, high = batched.low, batched.high
+        return max(0.0, low), min(1.0, high)
 
 
 def fold_streams(

@@ -35,6 +35,15 @@ def rate(value: Any, missing: str = MISSING) -> str:
     return f"{float(value):.1%}" if present(value) else missing
 
 
+def goodput_text(row: Any, missing: str = MISSING) -> str:
+    """A step's goodput with its interval: `99.4% [98.1, 99.9]`."""
+    text = rate(row.get("goodput"), missing=missing)
+    low, high = row.get("goodput_low"), row.get("goodput_high")
+    if present(row.get("goodput")) and present(low) and present(high):
+        text += f" [{float(low) * 100:.1f}, {float(high) * 100:.1f}]"
+    return text
+
+
 def bound(value: float, digits: int = 0) -> str:
     """An interval's bound in percent, `+44`: a ratio's bound lies above -100%, so one that
     rounds to -100 gets the digits that show it does not reach it (`-99.96`; `>-100` past

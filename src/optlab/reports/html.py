@@ -20,6 +20,7 @@ from optlab.reports.format import (
     capacity_value,
     change_text,
     cumulative_delta,
+    goodput_text,
     number,
     percent,
     rate,
@@ -148,7 +149,9 @@ def _figure_cells(
     for column in extras:
         value: Any = row.get(column)
         text = rate(value) if column in _RATES else number(value, 1)
-        if column.removesuffix("_ms") in LLM_DELTA_METRICS:
+        if column == "goodput":
+            text = _e(goodput_text(row))
+        elif column.removesuffix("_ms") in LLM_DELTA_METRICS:
             text = _e(text) + _delta(row, column.removesuffix("_ms"))
         cells.append(_cell(text, True))
     slo = row.slo_pass

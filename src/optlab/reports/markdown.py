@@ -16,6 +16,7 @@ from optlab.reports.format import (
     capacity_value,
     change_text,
     cumulative_delta,
+    goodput_text,
     level,
     number,
     percent,
@@ -159,7 +160,7 @@ def _llm_cell(row: TableRow, column: str) -> str:
     one with its step change and interval."""
     value = row.get(column)
     if column == "goodput":
-        return rate(value)
+        return goodput_text(row)
     text = number(value, 0 if column == "output_tps" else 2)
     change = step_delta(row, column.removesuffix("_ms"), digits=0, tight=True)
     return f"{text} ({change})" if change and row.verdict != "baseline" else text

@@ -90,7 +90,7 @@ COLUMNS = (
     "qps_cumulative_low_pct", "qps_cumulative_high_pct", "p50_cumulative_low_pct",
     "p50_cumulative_high_pct", "p99_cumulative_low_pct", "p99_cumulative_high_pct",
     "step_confidence", "cumulative_confidence", "step_method",
-    *(column for column, _ in LLM_COLUMNS),
+    *(column for column, _ in LLM_COLUMNS), "goodput_low", "goodput_high",
 )  # fmt: skip
 
 # A step's capacity columns (`reports.capacity`), after the stage columns.
@@ -255,6 +255,8 @@ class TableRow(_Figures):
     itl_p99_ms: float | None = None
     output_tps: float | None = None
     goodput: float | None = None
+    goodput_low: float | None = None
+    goodput_high: float | None = None
     stages: dict[str, float | None] = {}
     capacity: StepCapacityRow | None = None
     llm_deltas: dict[str, float | None] = {}  # LLM_DELTA_COLUMNS that hold a value

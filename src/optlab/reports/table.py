@@ -129,6 +129,8 @@ def _run_figures(run: RunRecord, s: RunSummary) -> dict[str, Any]:
         figures["itl_p99_ms"] = llm.itl_ms.p99 if llm.itl_ms else None
         figures["output_tps"] = llm.output_tokens_per_s
         figures["goodput"] = llm.goodput
+        if llm.goodput_interval is not None:
+            figures["goodput_low"], figures["goodput_high"] = llm.goodput_interval
     return figures
 
 

@@ -165,6 +165,8 @@ class ChainEntry(BaseModel):
     itl_p99_ms: float | None = Field(None, description="per-event gap, P99")
     output_tps: float | None = Field(None, description="output tokens per second")
     goodput: float | None = Field(None, description="share of requests within slo.ttft_ms/tpot_ms")
+    goodput_low: float | None = Field(None, description="its 99% interval's lower bound")
+    goodput_high: float | None = Field(None, description="its 99% interval's upper bound")
     llm_step_delta: LlmDelta | None = Field(
         None, description="in a table with a streaming step: the token figures' step changes"
     )

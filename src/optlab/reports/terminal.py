@@ -28,6 +28,7 @@ from optlab.reports.format import (
     capacity_value,
     change_text,
     cumulative_delta,
+    goodput_text,
     interval,
     level,
     number,
@@ -194,7 +195,9 @@ def table_columns(table: StackedTable, *, compact: bool = False) -> list[Column]
         if not table.any_value(extra):
             continue
         prefix = extra.removesuffix("_ms")
-        if prefix in LLM_DELTA_METRICS:  # judged: the step change and its interval below
+        if extra == "goodput":
+            columns.append(column(extra, header, partial(goodput_text, missing="-")))
+        elif prefix in LLM_DELTA_METRICS:  # judged: the step change and its interval below
             columns.append(
                 column(extra, header, partial(_judged_extra, column=extra, prefix=prefix))
             )

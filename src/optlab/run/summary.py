@@ -275,6 +275,7 @@ def llm_summary(
             tally.output_tokens / tally.token_events if tally.token_events else None
         ),
         "goodput": tally.goodput(ttft_bound, tpot_bound),
+        "goodput_interval": tally.goodput_interval(ttft_bound, tpot_bound),
         "goodput_slo": (
             {"ttft_ms": ttft_bound, "tpot_ms": tpot_bound}
             if ttft_bound is not None or tpot_bound is not None

@@ -303,6 +303,8 @@ class LlmSummary(_Frozen):
     output_tokens_per_s: float | None = None
     tokens_per_event: float | None = None
     goodput: float | None = None  # share of requests within every bound of goodput_slo
+    # its 99% interval: the wider of Wilson's and batch means over consecutive requests
+    goodput_interval: tuple[float, float] | None = None
     goodput_slo: GoodputSlo | None = None
     ttft_sent_ms: LatencyStats | None = None
     client_wait_ms: LatencyStats | None = None
