@@ -47,6 +47,7 @@ def experiment(
     load: str = "{mode: closed, concurrency: 4}",
     prompts: str = "{input_tokens: 12, output_tokens: 24}",
     extra: str = "",
+    timeout_ms: int = 5000,
 ) -> Path:
     return write(
         folder,
@@ -54,7 +55,7 @@ def experiment(
         f"name: {name}\n"
         f"target: {{kind: openai, url: '{base}/v1', model: optlab-streamer, "
         f"code_version: streamer-1{extra}}}\n"
-        f"workload:\n  load: {load}\n  prompts: {prompts}\n  timeout_ms: 5000\n"
+        f"workload:\n  load: {load}\n  prompts: {prompts}\n  timeout_ms: {timeout_ms}\n"
         "protocol: {name: quick, warmup_s: 0.5, duration_s: 2}\n"
         "slo: {ttft_ms: 1000, tpot_ms: 1000}\n",
     )
@@ -132,6 +133,19 @@ def test_a_stream_that_cannot_be_measured_is_counted_by_type_and_kept_out(
     assert set(errors) == {kind} and errors[kind] == summary["errors"] > 0
     assert summary["requests"] == 0 and "llm" not in summary  # nothing of them is a figure
     assert any("error rate" in reason for reason in summary["reasons"])  # type: ignore[attr-defined]
+
+
+def test_a_stream_held_open_without_done_is_a_timeout_kept_out_of_the_figures(
+    tmp_path: Path, invoke: Invoke
+) -> None:
+    with streamer("--decode-base-ms", "2", "--fault", "hang") as base:
+        path = experiment(tmp_path, "hang", base, load="{mode: closed, concurrency: 2}",
+                          timeout_ms=300)  # fmt: skip
+        result = invoke("run", str(path), "--json")
+    assert result.exit_code == 4, result.output  # stored, INVALID
+    summary = summary_of(result)
+    errors: Any = summary["errors_by_type"]
+    assert set(errors) == {"timeout"} and summary["requests"] == 0 and "llm" not in summary
 
 
 def test_a_stream_that_ends_whole_after_its_finish_without_done_is_complete_and_noted(
