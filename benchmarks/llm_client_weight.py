@@ -12,9 +12,13 @@ cost of streaming. optlab: `optlab run` (closed loop, 32 clients, quick protocol
 128), a word-level tokenizer on disk (`/tmp`, built with `tokenizers`: every word one token, as
 the streamer counts them).
 
-Goal: optlab's CPU per output token at most 0.5x AIPerf's. AIPerf is installed in its own
-virtual environment (`pip install aiperf`; default `/tmp/peer`, `--peer-venv`); without it the
-benchmark says so and measures optlab alone. A measurement, not a test.
+Goal: optlab's CPU per output token at most 0.5x AIPerf's. The same run also sets each
+client's same-definition figures against the streamer's own log (`GET /truth`, reset before
+each run): TTFT P50/P99 (first event's write minus the request's arrival) and the per-request
+mean ITL ((last - first) / (n - 1), AIPerf's `inter_token_latency`), within max(1 ms, 3%).
+AIPerf is installed in its own virtual environment (`pip install aiperf`; default `/tmp/peer`,
+`--peer-venv`); without it the benchmark says so and measures optlab alone. A measurement,
+not a test.
 
 Run: ``PYTHONPATH=src python benchmarks/llm_client_weight.py [--peer-venv /tmp/peer]``.
 """
@@ -29,7 +33,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 STREAMS, OUTPUT_TOKENS, INPUT_TOKENS, DECODE_MS = 32, 128, 32, 10.0
@@ -56,8 +64,8 @@ def _cpu_of(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[float, str
     return usage.ru_utime + usage.ru_stime, text
 
 
-def optlab_run(port: int, seconds: float, folder: Path) -> tuple[float, int]:
-    """(CPU seconds, output tokens of the measured phase) of one `optlab run`."""
+def optlab_run(port: int, seconds: float, folder: Path) -> tuple[float, int, dict[str, Any]]:
+    """(CPU seconds, output tokens of the measured phase, its `llm` section) of one run."""
     experiment = folder / f"weight-{seconds:g}.yaml"
     experiment.write_text(
         f"name: weight-{int(seconds)}\n"
@@ -72,10 +80,13 @@ def optlab_run(port: int, seconds: float, folder: Path) -> tuple[float, int]:
             str(experiment), "--json", "--allow-invalid"]  # fmt: skip
     cpu, text = _cpu_of(argv, env, folder)
     summary = json.loads([line for line in text.splitlines() if line.startswith("{")][-1])
-    return cpu, int(summary["llm"]["output_tokens"])
+    return cpu, int(summary["llm"]["output_tokens"]), summary["llm"]
 
 
-def aiperf_run(venv: Path, port: int, requests: int, folder: Path, tokenizer: Path) -> float:
+def aiperf_run(
+    venv: Path, port: int, requests: int, folder: Path, tokenizer: Path
+) -> tuple[float, dict[str, Any]]:
+    """(CPU seconds, its JSON export) of one `aiperf profile`."""
     argv = [
         str(venv / "bin" / "aiperf"), "profile", "--url", f"http://127.0.0.1:{port}",
         "--endpoint-type", "completions", "--streaming", "-m", "optlab-streamer",
@@ -87,7 +98,41 @@ def aiperf_run(venv: Path, port: int, requests: int, folder: Path, tokenizer: Pa
         "--no-gpu-telemetry", "--no-auto-plot", "--ui-type", "none",
     ]  # fmt: skip
     cpu, _ = _cpu_of(argv, dict(os.environ), folder)
-    return cpu
+    export = folder / f"aiperf-{requests}" / "profile_export_aiperf.json"
+    return cpu, json.loads(export.read_text())
+
+
+def _truth(port: int, reset: bool = False) -> dict[str, tuple[float, float]]:
+    """The server's own TTFT (first event's write - arrival) and per-request mean ITL
+    ((last - first event) / (events - 1)), P50 and P99 in ms, over its log since the reset."""
+    base = f"http://127.0.0.1:{port}"
+    if reset:
+        request = urllib.request.Request(base + "/truth/reset", data=b"", method="POST")
+        urllib.request.urlopen(request, timeout=10).close()
+        return {}
+    with urllib.request.urlopen(base + "/truth", timeout=30) as response:
+        log = json.load(response)
+    ttft = [(r["events"][0][0] - r["arrived_ns"]) / 1e6 for r in log if r["events"]]
+    itl = [
+        (r["events"][-1][0] - r["events"][0][0]) / 1e6 / (len(r["events"]) - 1)
+        for r in log
+        if len(r["events"]) > 1
+    ]
+    return {
+        "ttft": (float(np.percentile(ttft, 50)), float(np.percentile(ttft, 99))),
+        "itl_mean": (float(np.percentile(itl, 50)), float(np.percentile(itl, 99))),
+    }
+
+
+def _compare(name: str, client: dict[str, tuple[float, float]], server: dict[str, Any]) -> None:
+    """One client's same-definition figures against the server's log."""
+    cells = []
+    for key, label in (("ttft", "TTFT"), ("itl_mean", "ITL (per-request mean)")):
+        for index, pct in enumerate(("P50", "P99")):
+            mine, truth = client[key][index], server[key][index]
+            ok = abs(mine - truth) <= max(1.0, 0.03 * truth)
+            cells.append(f"{label} {pct} {mine:.2f}/{truth:.2f}{'' if ok else ' MISS'}")
+    print(f"  {name} (client/server ms): " + "; ".join(cells))
 
 
 def word_tokenizer(venv: Path, folder: Path) -> Path:
@@ -129,8 +174,12 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory() as name:
             folder = Path(name)
-            runs = [optlab_run(port, seconds, folder) for seconds in OPTLAB_SECONDS]
-            (cpu_a, tok_a), (cpu_b, tok_b) = runs
+            runs = []
+            for seconds in OPTLAB_SECONDS:
+                _truth(port, reset=True)
+                runs.append(optlab_run(port, seconds, folder))
+            ours_truth = _truth(port)
+            (cpu_a, tok_a, _), (cpu_b, tok_b, llm) = runs
             ours = (cpu_b - cpu_a) / (tok_b - tok_a)
             print(
                 f"optlab run: {cpu_a:.2f} s CPU / {tok_a:,} tokens, {cpu_b:.2f} s / {tok_b:,}: "
@@ -141,7 +190,13 @@ def main() -> None:
                 print(f"AIPerf not installed at {aiperf} (pip install aiperf in its own venv)")
                 return
             tokenizer = word_tokenizer(args.peer_venv, folder)
-            cpus = [aiperf_run(args.peer_venv, port, n, folder, tokenizer) for n in AIPERF_REQUESTS]
+            peer = []
+            for n in AIPERF_REQUESTS:
+                _truth(port, reset=True)
+                peer.append(aiperf_run(args.peer_venv, port, n, folder, tokenizer))
+            theirs_truth = _truth(port)
+            cpus = [cpu for cpu, _ in peer]
+            export = peer[-1][1]
             tokens = [n * OUTPUT_TOKENS for n in AIPERF_REQUESTS]
             theirs = (cpus[1] - cpus[0]) / (tokens[1] - tokens[0])
             print(
@@ -151,6 +206,19 @@ def main() -> None:
             ratio = ours / theirs
             verdict = "PASS" if ratio <= 0.5 else "MISS"
             print(f"optlab / AIPerf: {ratio:.2f}x  {verdict} (goal <= 0.5x)")
+            print("same-definition figures of each long run against the server's log, "
+                  "within max(1 ms, 3%):")  # fmt: skip
+
+            def of(section: dict[str, Any]) -> tuple[float, float]:
+                return float(section["p50"]), float(section["p99"])
+
+            mine = {"ttft": of(llm["ttft_ms"]), "itl_mean": of(llm["itl_request_mean_ms"])}
+            _compare("optlab", mine, ours_truth)
+            peers = {
+                "ttft": of(export["time_to_first_token"]),
+                "itl_mean": of(export["inter_token_latency"]),
+            }
+            _compare("AIPerf", peers, theirs_truth)
     finally:
         os.killpg(server.pid, 15)
         server.wait(timeout=10)
