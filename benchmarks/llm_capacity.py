@@ -149,7 +149,7 @@ def real_sweep(
         experiment.write_text(
             f"name: llm-capacity-{seed}\n"
             f'target: {{kind: openai, url: "http://127.0.0.1:{port}/v1", model: optlab-streamer,'
-            " ignore_eos: true}\n"
+            " ignore_eos: true, code_version: streamer}\n"
             "workload:\n"
             "  load: {mode: open, rate: 10, arrival: poisson, max_in_flight: 512}\n"
             f"  prompts: {{input_tokens: {INPUT_TOKENS}, output_tokens: {OUTPUT_TOKENS}}}\n"

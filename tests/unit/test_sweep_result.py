@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from optlab.config.slo import Slo
+from optlab.config.slo import Slo, parse_slo
 from optlab.reports.sweep import (
     LevelRow,
     SweepView,
@@ -117,3 +117,18 @@ def test_a_stored_result_round_trips_and_reads_its_versionless_form() -> None:
 def test_a_result_that_does_not_fit_is_refused(change: dict[str, Any]) -> None:
     with pytest.raises(ValidationError):
         SweepResult.from_stored({**RESULT, **change})
+
+
+def test_a_token_slo_sweep_says_how_much_of_its_bound_each_level_used() -> None:
+    """P50 and P99 stay the E2E latency's; the added column is the binding bound's share."""
+    view = _view(RESULT)
+    tokens = SweepView(view.record, parse_slo("ttft_p99=30ms,tpot_p99=5ms"), view.levels)
+    text = render_sweep(tokens)
+    header = next(line for line in text.splitlines() if line.startswith("#"))
+    assert header.split() == ["#", "load", "achieved/s", "P50", "ms", "P99", "ms", "of", "SLO",
+                              "err", "%", "run", "verdict"]  # fmt: skip
+    rows = [line.split() for line in text.splitlines() if line[:1].isdigit()]
+    assert rows[1][5] == "71%" and rows[3][5] == "252%"  # 21.25 and 75.5 of 30 ms
+    assert rows[4][5] == "-"  # no figure to judge
+    assert "| of SLO |" in render_sweep_markdown(tokens)
+    assert "of SLO" not in render_sweep(view)  # a plain P99 sweep: its P99 is the judged value
