@@ -205,3 +205,38 @@ def test_the_server_streams_words_with_usage_timings_and_metrics() -> None:
         assert stats["requests"] == 2 and stats["output_tokens"] == 18
     finally:
         kill_group(proc)
+
+
+def test_a_client_that_goes_away_mid_answer_frees_its_slot() -> None:
+    """A closed connection cancels its sequence at the next step: the one slot is free for the
+    next request, which is served at once rather than after 400 tokens of nobody's answer."""
+    import socket
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "optlab.reference.llm.server", "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        wait_listening(port, timeout_s=120)
+        body = json.dumps(
+            {"prompt": "The for statement", "max_tokens": 400, "stream": True, "ignore_eos": True}
+        ).encode()
+        head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+        with socket.create_connection(("127.0.0.1", port)) as gone:
+            gone.sendall(head % len(body) + body)
+            read = b""
+            while b"data: " not in read:  # its first token, then the client leaves
+                chunk = gone.recv(65536)
+                assert chunk, "the server closed before the first token"
+                read += chunk
+        base = f"http://127.0.0.1:{port}"
+        short = {"prompt": "hi", "max_tokens": 5, "stream": True, "ignore_eos": True}
+        status, raw = _post(base + "/v1/completions", short)
+        assert status == 200 and raw.count(b"data: ") == 7  # 5 tokens, the end, [DONE]
+        with urllib.request.urlopen(base + "/stats", timeout=10) as response:
+            stats = json.loads(response.read())
+        # Only the second request finished; the first was dropped long before its 400 tokens.
+        assert stats["requests"] == 1 and stats["steps"] < 300  # 400 + 5 had it run out
+    finally:
+        kill_group(proc)
