@@ -42,7 +42,7 @@ from optlab.targets.service_env import describe_service
 
 if TYPE_CHECKING:
     from optlab.config.slo import Slo
-    from optlab.store import EnvironmentRecord, RunRecord, RunSummary, Store
+    from optlab.store import EnvironmentRecord, LlmSummary, RunRecord, RunSummary, Store
     from optlab.targets.kind import TargetKind
 
 # Headline metrics: (column, window field, higher is better, label).
@@ -60,6 +60,8 @@ LLM_HEADLINE = (
     ("tpot_p99_ms", "tpot_p99_ms", False, "TPOT P99"),
     ("output_tps", "output_tps", True, "tok/s"),
 )
+_LLM_FIELDS = frozenset(field for _, field, _, _ in LLM_HEADLINE)
+_LLM_COLUMNS = frozenset(column for column, _, _, _ in LLM_HEADLINE)
 SLO_FIELDS = {"p50_ms": "p50_ms", "p95_ms": "p95_ms", "p99_ms": "p99_ms", "p999_ms": "p999_ms"}
 
 
@@ -120,18 +122,25 @@ def _run_figures(run: RunRecord, s: RunSummary) -> dict[str, Any]:
     figures["infer_ms_per_request"] = s.target_figure("infer", "ms_per_request")
     figures["mean_batch_size"] = s.target_figure("batching", "mean_batch_size")
     figures["cache_hit_rate"] = s.target_figure("cache", "hit_rate")
-    llm = s.llm
-    if llm is not None:
-        figures["ttft_p50_ms"] = llm.ttft_ms.p50 if llm.ttft_ms else None
-        figures["ttft_p99_ms"] = llm.ttft_ms.p99 if llm.ttft_ms else None
-        figures["tpot_p50_ms"] = llm.tpot_ms.p50 if llm.tpot_ms else None
-        figures["tpot_p99_ms"] = llm.tpot_ms.p99 if llm.tpot_ms else None
-        figures["itl_p99_ms"] = llm.itl_ms.p99 if llm.itl_ms else None
-        figures["output_tps"] = llm.output_tokens_per_s
-        figures["goodput"] = llm.goodput
-        if llm.goodput_interval is not None:
-            figures["goodput_low"], figures["goodput_high"] = llm.goodput_interval
+    if s.llm is not None:
+        figures |= _llm_figures(s.llm)
     return figures
+
+
+def _llm_figures(llm: LlmSummary) -> dict[str, float | None]:
+    """A streaming run's table figures (`LLM_COLUMNS` and goodput's interval)."""
+    low, high = llm.goodput_interval or (None, None)
+    return {
+        "ttft_p50_ms": llm.ttft_ms.p50 if llm.ttft_ms else None,
+        "ttft_p99_ms": llm.ttft_ms.p99 if llm.ttft_ms else None,
+        "tpot_p50_ms": llm.tpot_ms.p50 if llm.tpot_ms else None,
+        "tpot_p99_ms": llm.tpot_ms.p99 if llm.tpot_ms else None,
+        "itl_p99_ms": llm.itl_ms.p99 if llm.itl_ms else None,
+        "output_tps": llm.output_tokens_per_s,
+        "goodput": llm.goodput,
+        "goodput_low": low,
+        "goodput_high": high,
+    }
 
 
 def _slo_check(
@@ -173,15 +182,8 @@ def _estimate(run: RunRecord, column: str) -> float | None:
     if s is None:
         return None
     value = {"p50_ms": s.total.p50, "p99_ms": s.total.p99}.get(column)
-    llm = s.llm
-    if llm is not None and value is None:
-        value = {
-            "ttft_p50_ms": llm.ttft_ms.p50 if llm.ttft_ms else None,
-            "ttft_p99_ms": llm.ttft_ms.p99 if llm.ttft_ms else None,
-            "tpot_p50_ms": llm.tpot_ms.p50 if llm.tpot_ms else None,
-            "tpot_p99_ms": llm.tpot_ms.p99 if llm.tpot_ms else None,
-            "output_tps": llm.output_tokens_per_s,
-        }.get(column)
+    if value is None and s.llm is not None:
+        value = _llm_figures(s.llm).get(column)
     return None if value is None else float(value)
 
 
@@ -223,7 +225,7 @@ def _comparisons(
         child_estimates = [_estimate(r, column) for r in after]
         if any(v is None for v in (*parent_estimates, *child_estimates)):
             continue
-        if metrics is not HEADLINE and not all(windows.series(r)[field] for r in (*before, *after)):
+        if field in _LLM_FIELDS and not all(windows.series(r)[field] for r in (*before, *after)):
             continue  # runs measured before their windows held this figure
         result = stats.compare(
             label,
@@ -381,8 +383,14 @@ def stacked_table(store: Store, head: str, slo: Slo | None = None) -> StackedTab
             row["verdict"] = "baseline" if index == 0 else "missing parent"
             first = index
         else:
-            step_change = judge(steps[previous], steps[index], windows)
-            _compare(step_change, row)
+            # A streaming step's token figures are judged with the headline metrics, in one
+            # pass over the same runs; only the headline ones decide the verdict.
+            streaming = row.get("ttft_p50_ms") is not None or row.get("output_tps") is not None
+            metrics = (*HEADLINE, *LLM_HEADLINE) if streaming else HEADLINE
+            step_change = judge(steps[previous], steps[index], windows, metrics)
+            headline = [c for c in step_change if c[0] not in _LLM_COLUMNS]
+            _compare(headline, row)
+            _write(row, "step", [c for c in step_change if c[0] in _LLM_COLUMNS])
             if row["verdict"] is None:
                 row["verdict"] = "not judged"  # a side has no valid run
             # Against the baseline: the same question when the parent is the baseline, so
@@ -391,14 +399,8 @@ def stacked_table(store: Store, head: str, slo: Slo | None = None) -> StackedTab
             _write(
                 row,
                 "cumulative",
-                step_change if same else judge(steps[first], steps[index], windows),
+                step_change if same else judge(steps[first], steps[index], windows, metrics),
             )
-            if row.get("ttft_p50_ms") is not None or row.get("output_tps") is not None:
-                parent, base = steps[previous], steps[first]
-                llm_step = judge(parent, steps[index], windows, LLM_HEADLINE)
-                _write(row, "step", llm_step)
-                llm_cum = llm_step if same else judge(base, steps[index], windows, LLM_HEADLINE)
-                _write(row, "cumulative", llm_cum)
         previous = index
     _headline_changes(rows)
     kind = _baseline_kind(store, steps[0].experiment)
