@@ -23,6 +23,7 @@ from click.testing import Result
 from optlab.metrics.stats import percentile
 from optlab.store import Store
 from tests.support.capabilities import module
+from tests.support.diagnosing import diagnosed
 from tests.support.files import write
 from tests.support.httpsvc import summary_of
 from tests.support.proc import free_port, service
@@ -330,3 +331,56 @@ def test_a_tokenizer_that_cannot_load_is_refused_with_the_field_and_nothing_stor
     assert "tokenizer" in result.output and "file" in result.output and said in result.output
     with Store.open(sqlite_url) as store:
         assert store.list_runs() == []
+
+
+def test_a_prompt_that_sets_the_first_token_is_diagnosed_prefill_bound(
+    tmp_path: Path, invoke: Invoke
+) -> None:
+    # A step costs 0.2 ms per input token it admits: TTFT rises with the prompt's length.
+    with streamer(
+        "--slots", "16", "--decode-base-ms", "2", "--prefill-ms-per-token", "0.2"
+    ) as base:
+        path = experiment(
+            tmp_path,
+            "prefill",
+            base,
+            load="{mode: closed, concurrency: 2}",
+            prompts="{input_tokens: {dist: uniform, min: 16, max: 320}, output_tokens: 8}",
+        )
+        result = invoke("run", str(path), "--json", "--allow-invalid")
+    assert result.exit_code == 0, result.output
+    fit: Any = summary_of(result)["llm"]["ttft_by_input"]
+    assert fit is not None and fit["x_min"] < 64 and fit["x_max"] > 256, fit
+    # Its own prompt's prefill, plus at times the other stream's admitted in the same step.
+    assert 0.15 < fit["slope"] < 0.3 and fit["r2"] > 0.3, fit
+    document = diagnosed(invoke, "prefill")
+    fired = {finding["rule"]: finding for finding in document["findings"]}
+    assert "llm-prefill-bound" in fired, document
+    assert "ms per input token" in fired["llm-prefill-bound"]["summary"]
+    assert "llm-decode-bound" not in fired, fired
+
+
+def test_a_batch_that_sets_the_decode_step_is_diagnosed_decode_bound(
+    tmp_path: Path, invoke: Invoke
+) -> None:
+    # A step costs 1 ms plus 1 ms per running sequence; Poisson arrivals vary how many run.
+    with streamer("--slots", "32", "--decode-base-ms", "1", "--decode-per-seq-ms", "1") as base:
+        path = experiment(
+            tmp_path,
+            "decode",
+            base,
+            load="{mode: open, rate: 30, arrival: poisson}",
+            prompts="{input_tokens: 12, output_tokens: 24}",
+        )
+        result = invoke("run", str(path), "--json", "--allow-invalid")
+    assert result.exit_code == 0, result.output
+    llm: Any = summary_of(result)["llm"]
+    assert llm["ttft_by_input"] is None  # one prompt length: nothing to relate
+    fit = llm["tpot_by_running"]
+    assert fit is not None and fit["x_max"] - fit["x_min"] > 1.0, fit
+    assert 0.6 < fit["slope"] < 1.4 and fit["r2"] > 0.3, fit
+    document = diagnosed(invoke, "decode")
+    fired = {finding["rule"]: finding for finding in document["findings"]}
+    assert "llm-decode-bound" in fired, document
+    missing = dict((item["rule"], item["missing"]) for item in document["not_evaluated"])
+    assert missing["llm-prefill-bound"].startswith("TTFT cannot be related"), missing

@@ -14,11 +14,13 @@ import pytest
 from optlab.metrics.llm import (
     LlmTally,
     StreamTiming,
+    decoding_beside,
     figures,
     fold_streams,
     itl_event_gaps,
     itl_request_mean,
     itl_token_split,
+    line_fit,
 )
 from optlab.metrics.stats import percentile
 from optlab.targets.sse import (
@@ -240,8 +242,8 @@ def _tally(verdicts: list[bool]) -> LlmTally:
     import numpy as np
 
     tally = LlmTally()
-    pairs = [(10_000_000 if ok else 100_000_000, -1) for ok in verdicts]
-    tally.pairs.append(np.asarray(pairs, dtype=np.int64))
+    rows = [(10_000_000 if ok else 100_000_000, -1, -1, 0, 0, 0) for ok in verdicts]
+    tally.rows.append(np.asarray(rows, dtype=np.int64))
     return tally
 
 
@@ -260,3 +262,40 @@ def test_the_goodput_interval_is_wilsons_or_wider_where_misses_come_in_runs() ->
     assert all_good is not None and all_good[1] == 1.0 and 0.97 < all_good[0] < 1.0
     assert _tally([True] * 5).goodput_interval(50.0, None) is None  # too few to say
     assert _tally(scattered).goodput_interval(None, None) is None  # no bound
+
+
+def test_decoding_beside_is_the_mean_count_of_open_decode_spans_over_each_span() -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    starts = np.sort(rng.integers(0, 1_000, 60))
+    ends = starts + rng.integers(0, 200, 60)
+    starts[5], ends[5] = 300, 300  # a one-token answer: a span of no length
+    found = decoding_beside(starts, ends)
+    # Brute force on the unit grid: the count of spans open over each nanosecond of a span.
+    for i, (s, e) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+        if e == s:
+            assert found[i] == 1.0
+            continue
+        grid = np.arange(s, e) + 0.5
+        open_count = ((starts[:, None] <= grid) & (grid < ends[:, None])).sum(axis=0)
+        assert found[i] == pytest.approx(open_count.mean(), rel=1e-12)
+
+
+def test_line_fit_is_ordinary_least_squares_and_needs_a_spread() -> None:
+    import numpy as np
+    from scipy.stats import linregress
+
+    rng = np.random.default_rng(3)
+    x = rng.integers(16, 512, 200).astype(float)
+    y = 4.0 + 0.5 * x + rng.normal(0, 20, 200)
+    fit = line_fit(x, y)
+    truth = linregress(x, y)
+    assert fit is not None
+    assert fit["slope"] == pytest.approx(truth.slope) and fit["intercept"] == pytest.approx(
+        truth.intercept
+    )
+    assert fit["r2"] == pytest.approx(truth.rvalue**2)
+    assert (fit["x_min"], fit["x_max"], fit["requests"]) == (x.min(), x.max(), 200)
+    assert line_fit(np.full(200, 64.0), y) is None  # one prompt length: nothing to relate
+    assert line_fit(x[:29], y[:29]) is None  # too few requests

@@ -39,6 +39,8 @@ RuleId = Literal[
     "network",
     "llm-client-bound",
     "llm-queue-bound",
+    "llm-prefill-bound",
+    "llm-decode-bound",
     "llm-kv-cache-bound",
 ]
 RULE_IDS: tuple[str, ...] = get_args(RuleId)

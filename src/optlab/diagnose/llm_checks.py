@@ -1,15 +1,28 @@
 """The checks of the rule catalogue on a streaming LLM target (`kind: openai`), from its run's
 `llm` section (docs/run-json.md): whether the client held requests back (TTFT from the
 intended send against the send's own), whether a request waits for a slot before its
-first token (TTFT against the decode step), and whether the engine's KV cache ran full
-(its own metrics, `llm.server`). A target of another kind has nothing of the sort
-to check (they pass, showing nothing); a streaming run without the figures says so."""
+first token (TTFT against the decode step), whether the prompt's length sets the first token
+(TTFT against input tokens) or the sequences decoding together set the pace of the rest
+(TPOT against running sequences), and whether the engine's KV cache ran full (its own
+metrics, `llm.server`). A target of another kind has nothing of the sort to check (they
+pass, showing nothing); a streaming run without the figures says so."""
 
 from __future__ import annotations
 
 from optlab.diagnose.evidence import Evidence
-from optlab.diagnose.findings import Measure, Outcome, Params, Passed, Unevaluable, past
+from optlab.diagnose.findings import (
+    Fired,
+    Measure,
+    Outcome,
+    Params,
+    Passed,
+    Unevaluable,
+    confidence,
+    past,
+    ramp,
+)
 from optlab.store import LlmSummary
+from optlab.store.summary import LineFit
 
 NOT_STREAMING = "no TTFT or ITL figures: no stream of the run could be measured (run-json.md llm)"
 
@@ -59,6 +72,89 @@ def check_llm_queue(e: Evidence, p: Params) -> Outcome:
         f"from its send, ITL P50 {itl:.1f} ms): it waits for a free sequence slot (or a long "
         "prefill) before it starts; more concurrent sequences, chunked prefill or fewer "
         "requests in flight",
+    )
+
+
+def _explained(
+    fit: LineFit, share: float, p: Params, name: str, summary: str, context: tuple[Measure, ...]
+) -> Outcome:
+    """A line rule: fired where the line's part at the mean x is at least `share` of the mean
+    y AND the line explains at least `r2` of y's variance (a steep line through noise, or a
+    tight line that moves y little, is not the cause)."""
+    measures = (
+        Measure(name, share, p["share"], unit="x"),
+        Measure("R² of the line", fit.r2, p["r2"]),
+        *context,
+    )
+    if not (measures[0].met and measures[1].met):
+        return Passed(measures)
+    strength = confidence(ramp(share, p["share"], 1.0), ramp(fit.r2, p["r2"], 1.0))
+    return Fired(None, strength, measures, summary)
+
+
+def check_llm_prefill(e: Evidence, p: Params) -> Outcome:
+    llm = _llm(e)
+    if llm is None:
+        return _not_streaming(e)
+    fit = llm.ttft_by_input
+    if fit is None or fit.y_mean <= 0:
+        return Unevaluable(
+            "TTFT cannot be related to the prompt's length: every prompt had the same number "
+            "of tokens (or under 30 requests had a first token); a workload whose "
+            "input_tokens vary (uniform, normal or a list) shows it"
+        )
+    share = max(0.0, fit.slope * fit.x_mean / fit.y_mean)
+    shortest = fit.intercept + fit.slope * fit.x_min
+    longest = fit.intercept + fit.slope * fit.x_max
+    return _explained(
+        fit,
+        share,
+        p,
+        "prompt's share of TTFT from the send",
+        f"TTFT from the send grows {fit.slope:.3g} ms per input token (R² {fit.r2:.2f} over "
+        f"{fit.requests:,} requests): {shortest:.1f} ms at {fit.x_min:.0f} tokens, "
+        f"{longest:.1f} ms at {fit.x_max:.0f}; the prefill is {share:.0%} of the first "
+        "token at the mean prompt; chunked prefill, prefix caching (shared prompts) or a "
+        "faster prefill (precision, threads)",
+        (
+            Measure("TTFT per input token", fit.slope, None, unit="ms"),
+            Measure("input tokens (mean)", fit.x_mean, None),
+        ),
+    )
+
+
+def check_llm_decode(e: Evidence, p: Params) -> Outcome:
+    llm = _llm(e)
+    if llm is None:
+        return _not_streaming(e)
+    fit = llm.tpot_by_running
+    if fit is None or fit.y_mean <= 0:
+        return Unevaluable(
+            "TPOT cannot be related to the sequences decoding: under 30 requests had two "
+            "tokens, or the count of streams decoding together never varied"
+        )
+    if fit.x_max - fit.x_min < p["spread"]:
+        return Unevaluable(
+            f"the streams decoding beside a request hardly varied ({fit.x_min:.1f} to "
+            f"{fit.x_max:.1f}): TPOT cannot be related to them; an open loop (Poisson) or a "
+            "sweep over concurrency varies them"
+        )
+    share = max(0.0, fit.slope * fit.x_mean / fit.y_mean)
+    alone = fit.intercept + fit.slope
+    return _explained(
+        fit,
+        share,
+        p,
+        "running sequences' share of TPOT",
+        f"TPOT grows {fit.slope:.3g} ms per sequence decoding beside it (R² {fit.r2:.2f} over "
+        f"{fit.requests:,} requests): {alone:.2f} ms alone, {fit.y_mean:.2f} ms at the mean "
+        f"{fit.x_mean:.1f} running; the batch is {share:.0%} of each decode step: fewer "
+        "concurrent sequences (max_num_seqs) if ITL matters more than throughput, or a "
+        "cheaper step (quantisation, a smaller KV-cache dtype, more threads)",
+        (
+            Measure("TPOT per running sequence", fit.slope, None, unit="ms"),
+            Measure("running sequences (mean)", fit.x_mean, None),
+        ),
     )
 
 

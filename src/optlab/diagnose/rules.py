@@ -37,7 +37,13 @@ from optlab.diagnose.checks import (
 from optlab.diagnose.evidence import Evidence
 from optlab.diagnose.findings import Outcome, Params, Passed, Resource
 from optlab.diagnose.gpu_checks import check_gpu_compute, check_gpu_starved, check_gpu_throttled
-from optlab.diagnose.llm_checks import check_llm_client, check_llm_kv_cache, check_llm_queue
+from optlab.diagnose.llm_checks import (
+    check_llm_client,
+    check_llm_decode,
+    check_llm_kv_cache,
+    check_llm_prefill,
+    check_llm_queue,
+)
 from optlab.diagnose.pace_checks import (
     check_errors,
     check_gc,
@@ -271,6 +277,24 @@ RULES: tuple[Rule, ...] = (
         ("llm",),
         {"steps": 4.0},
         check_fn=check_llm_queue,
+    ),
+    Rule(
+        "llm-prefill-bound",
+        "queue",
+        "prefill-bound TTFT",
+        "TTFT grows with the prompt's tokens: the prefill sets the first token",
+        ("llm",),
+        {"share": 0.5, "r2": 0.3},
+        check_fn=check_llm_prefill,
+    ),
+    Rule(
+        "llm-decode-bound",
+        "queue",
+        "decode-bound ITL",
+        "TPOT grows with the sequences decoding together: the batch sets the decode step",
+        ("llm",),
+        {"share": 0.5, "r2": 0.3, "spread": 1.0},
+        check_fn=check_llm_decode,
     ),
     Rule(
         "llm-kv-cache-bound",

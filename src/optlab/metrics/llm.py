@@ -43,6 +43,7 @@ __all__ = [
     "LLM_SERIES",
     "LlmTally",
     "StreamTiming",
+    "decoding_beside",
     "fold_streams",
     "is_llm_series",
     "TokenFigures",
@@ -50,6 +51,7 @@ __all__ = [
     "itl_event_gaps",
     "itl_request_mean",
     "itl_token_split",
+    "line_fit",
 ]
 
 
@@ -202,10 +204,17 @@ def is_llm_series(name: str) -> bool:
     return name.startswith(LLM_PREFIX)
 
 
+# The columns of a tally's per-request rows (int64 ns, -1 where a request has none): its TTFT
+# from the origin and from the send, its TPOT, its prompt's tokens, and the arrival of its first
+# token and its stream's end on the run's clock (its decode: the span between them).
+ROW_TTFT, ROW_TPOT, ROW_INPUT, ROW_TTFT_SENT, ROW_FIRST, ROW_END = range(6)
+
+
 @dataclass
 class LlmTally:
-    """A phase's streams beyond their histograms: counts, and each request's (TTFT, TPOT) in ns
-    (TPOT -1 where it has none) for goodput under any bound."""
+    """A phase's streams beyond their histograms: counts, and one row per request that had a
+    first token (the ROW_* columns) for goodput under any bound and for the figures that relate
+    TTFT to the prompt's length and TPOT to the sequences decoding beside it."""
 
     requests: int = 0
     output_tokens: int = 0
@@ -213,7 +222,7 @@ class LlmTally:
     token_events: int = 0
     totals_from_usage: int = 0  # requests whose length is the server's own count
     sources: dict[str, int] = field(default_factory=dict)  # per-event counts: from where
-    pairs: list[Any] = field(default_factory=list)  # int64 arrays of shape (n, 2)
+    rows: list[Any] = field(default_factory=list)  # int64 arrays of shape (n, 6): ROW_*
     without_done: int = 0  # streams that ended whole after a finish_reason, without [DONE]
 
     def copy(self) -> LlmTally:
@@ -224,7 +233,7 @@ class LlmTally:
             self.token_events,
             self.totals_from_usage,
             dict(self.sources),
-            list(self.pairs),
+            list(self.rows),
             self.without_done,
         )
 
@@ -233,18 +242,49 @@ class LlmTally:
         with no bound, or no request."""
         import numpy as np
 
-        if (ttft_ms is None and tpot_ms is None) or not self.pairs:
+        if ttft_ms is None and tpot_ms is None:
             return None
-        pairs = np.concatenate(self.pairs)
-        if pairs.size == 0:
+        rows = self.table()
+        if rows is None:
             return None
-        good = np.ones(len(pairs), dtype=bool)
+        good = np.ones(len(rows), dtype=bool)
         if ttft_ms is not None:
-            good &= pairs[:, 0] <= ttft_ms * 1e6
+            good &= rows[:, ROW_TTFT] <= ttft_ms * 1e6
         if tpot_ms is not None:
             # A one-token answer has no TPOT: nothing of it can miss a TPOT bound.
-            good &= (pairs[:, 1] < 0) | (pairs[:, 1] <= tpot_ms * 1e6)
+            tpot = rows[:, ROW_TPOT]
+            good &= (tpot < 0) | (tpot <= tpot_ms * 1e6)
         return good
+
+    def table(self) -> Any:
+        """Every row, in the order folded (an int64 array of shape (n, 6)); None with none."""
+        import numpy as np
+
+        if not self.rows:
+            return None
+        rows = np.concatenate(self.rows)
+        return rows if rows.size else None
+
+    def ttft_by_input(self) -> dict[str, float] | None:
+        """TTFT from the send (ms) against the prompt's tokens, a least-squares line over the
+        requests whose prompt length is known (`line_fit`): prefill's share of the first
+        token shows as its slope; None where fewer than 30 requests or one prompt length."""
+        rows = self.table()
+        if rows is None:
+            return None
+        known = rows[rows[:, ROW_INPUT] >= 0]
+        return line_fit(known[:, ROW_INPUT], known[:, ROW_TTFT_SENT] / 1e6)
+
+    def tpot_by_running(self) -> dict[str, float] | None:
+        """TPOT (ms) against the sequences decoding while the request decoded (itself
+        included: `decoding_beside`), a least-squares line (`line_fit`) over the requests with
+        a TPOT; None where fewer than 30 or the count never varied."""
+        rows = self.table()
+        if rows is None:
+            return None
+        running = decoding_beside(rows[:, ROW_FIRST], rows[:, ROW_END])
+        has = rows[:, ROW_TPOT] >= 0
+        return line_fit(running[has], rows[has, ROW_TPOT] / 1e6)
 
     def goodput(self, ttft_ms: float | None, tpot_ms: float | None) -> float | None:
         """The share of requests whose TTFT and TPOT are within the bounds given; None with no
@@ -282,7 +322,7 @@ def fold_streams(
     in an open loop, the send otherwise); the counts go into `tally`, and where `each` is
     given, every stream's (TTFT, TPOT, output tokens) in order (-1: none) into it."""
     out: dict[str, list[int]] = {name: [] for name in LLM_SERIES}
-    pairs: list[tuple[int, int]] = []
+    rows: list[tuple[int, int, int, int, int, int]] = []
     for given, origin in zip(streams, origins, strict=True):
         # The definitions above, from the request's origin.
         stream = given if given.intended_ns == origin else replace(given, intended_ns=origin)
@@ -302,9 +342,10 @@ def fold_streams(
             if each is not None:
                 each.append((-1, -1, tokens))
             continue
+        wait = stream.sent_ns - origin
         out[TTFT].append(ttft)
-        out[TTFT_SENT].append(ttft - (stream.sent_ns - origin))
-        out[CLIENT_WAIT].append(stream.sent_ns - origin)
+        out[TTFT_SENT].append(ttft - wait)
+        out[CLIENT_WAIT].append(wait)
         out[ITL_EVENT_GAP].extend(itl_event_gaps(stream))
         out[ITL_TOKEN_SPLIT].extend(round(gap) for gap in itl_token_split(stream))
         mean, tpot_ns = itl_request_mean(stream), stream.tpot_ns()
@@ -314,11 +355,72 @@ def fold_streams(
             tpot = round(tpot_ns)
             out[TPOT].append(tpot)
             out[TPOT_TOKEN_WEIGHTED].extend([tpot] * (tokens - 1))
-        pairs.append((ttft, tpot))
+        given_input = stream.input_tokens if stream.input_tokens is not None else -1
+        rows.append((ttft, tpot, given_input, ttft - wait, origin + ttft, stream.end_ns))
         if each is not None:
             each.append((ttft, tpot, tokens))
-    if pairs:
+    if rows:
         import numpy as np
 
-        tally.pairs.append(np.asarray(pairs, dtype=np.int64))
+        tally.rows.append(np.asarray(rows, dtype=np.int64))
     return out
+
+
+MIN_FIT_REQUESTS = 30
+
+
+def line_fit(x: Any, y: Any) -> dict[str, float] | None:
+    """The least-squares line y = intercept + slope * x over paired samples, with its R² (the
+    share of y's variance the line explains) and x's range and mean (docs/run-json.md "llm");
+    None under MIN_FIT_REQUESTS samples or where x never varies."""
+    import numpy as np
+
+    xs, ys = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if xs.size < MIN_FIT_REQUESTS:
+        return None
+    x_mean, y_mean = float(xs.mean()), float(ys.mean())
+    dx, dy = xs - x_mean, ys - y_mean
+    sxx, syy = float(dx @ dx), float(dy @ dy)
+    if sxx <= 1e-12 * max(1.0, x_mean * x_mean) * xs.size:
+        return None
+    slope = float(dx @ dy) / sxx
+    r2 = (slope * slope * sxx / syy) if syy > 0 else 0.0
+    return {
+        "requests": int(xs.size),
+        "slope": slope,
+        "intercept": y_mean - slope * x_mean,
+        "r2": min(1.0, r2),
+        "x_min": float(xs.min()),
+        "x_mean": x_mean,
+        "x_max": float(xs.max()),
+        "y_mean": y_mean,
+    }
+
+
+def decoding_beside(first_ns: Any, end_ns: Any) -> Any:
+    """For each request, the mean number of requests decoding (between their first token and
+    their stream's end, itself included) over its own decode: the integral of the count of
+    open decode spans over [first, end], divided by its length; 1.0 for a zero-length span.
+    Exact, from a sweep over every span's start and end (O(n log n))."""
+    import numpy as np
+
+    starts, ends = np.asarray(first_ns, dtype=np.int64), np.asarray(end_ns, dtype=np.int64)
+    times = np.concatenate([starts, ends])
+    steps = np.concatenate([np.ones(starts.size), -np.ones(ends.size)])
+    order = np.argsort(times, kind="stable")
+    times, steps = times[order], steps[order]
+    open_after = np.cumsum(steps)  # spans open just after each breakpoint
+    # The integral of the open count from the first breakpoint to each breakpoint.
+    area = np.concatenate([[0.0], np.cumsum(open_after[:-1] * np.diff(times).astype(np.float64))])
+
+    def integral(at: Any) -> Any:
+        # The last breakpoint at or before `at`, plus the open count since (the count after
+        # every breakpoint at that instant, so ties count whole).
+        index = np.searchsorted(times, at, side="right") - 1
+        return area[index] + open_after[index] * (at - times[index])
+
+    span = (ends - starts).astype(np.float64)
+    covered = integral(ends) - integral(starts)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean = np.where(span > 0, covered / np.where(span > 0, span, 1.0), 1.0)
+    return mean

@@ -288,6 +288,20 @@ class ServerMetrics(_Frozen):
     prefix_cache_hit_rate: float | None = None
 
 
+class LineFit(_Frozen):
+    """A least-squares line y = intercept + slope × x over a run's requests (docs/run-json.md
+    "llm"): `r2` is the share of y's variance it explains; x's range and mean, y's mean."""
+
+    requests: int
+    slope: float
+    intercept: float
+    r2: float
+    x_min: float
+    x_mean: float
+    x_max: float
+    y_mean: float
+
+
 class LlmSummary(_Frozen):
     """A streaming LLM target's figures over the measured phase (docs/run-json.md "llm"),
     each named by its definition: `itl_ms` is the per-event gap (vLLM's, SGLang's), beside
@@ -320,6 +334,11 @@ class LlmSummary(_Frozen):
     # Streams that ended whole after a finish_reason but without `[DONE]` (counted complete).
     streams_without_done: int = 0
     server: ServerMetrics | None = None  # the engine's own view (`target.prometheus_url`)
+    # TTFT from the send (ms) against the prompt's tokens: prefill's cost per input token.
+    ttft_by_input: LineFit | None = None
+    # TPOT (ms) against the mean number of sequences decoding beside each request (itself
+    # included): a decode step's cost per running sequence.
+    tpot_by_running: LineFit | None = None
 
 
 class RunSummary(_Frozen):

@@ -21,6 +21,7 @@ from optlab.store.summary import (
     BatchingEvidence,
     GcEvidence,
     LatencyStats,
+    LineFit,
     LlmSummary,
     MemoryTrend,
     NetworkEvidence,
@@ -577,6 +578,64 @@ CASES: tuple[Case, ...] = (
         then=lambda e: replace(e, kind=kind_named("openai")),
     ),
     Case(
+        "llm-prefill-bound",
+        "0.5 ms per input token, most of TTFT",
+        Run(),
+        "fired",
+        "prompt's share of TTFT from the send",
+        then=lambda e: with_fits(e, prefill=fit(slope=0.5, intercept=10.0, r2=0.9, x=(64, 512))),
+    ),
+    Case(
+        "llm-prefill-bound",
+        "a steep line through noise",
+        Run(),
+        "passed",
+        "R² of the line",
+        then=lambda e: with_fits(e, prefill=fit(slope=0.5, intercept=10.0, r2=0.1, x=(64, 512))),
+    ),
+    Case(
+        "llm-prefill-bound",
+        "the prompt a small part of TTFT",
+        Run(),
+        "passed",
+        "prompt's share of TTFT from the send",
+        then=lambda e: with_fits(e, prefill=fit(slope=0.01, intercept=50.0, r2=0.9, x=(64, 512))),
+    ),
+    Case("llm-prefill-bound", "another kind: nothing to check", Run(), "passed", None),
+    Case(
+        "llm-prefill-bound",
+        "every prompt the same length",
+        Run(),
+        "not-evaluated",
+        "TTFT cannot be related to the prompt's length",
+        then=lambda e: with_fits(e),
+    ),
+    Case(
+        "llm-decode-bound",
+        "1 ms per running sequence on a 2 ms step",
+        Run(),
+        "fired",
+        "running sequences' share of TPOT",
+        then=lambda e: with_fits(e, decode=fit(slope=1.0, intercept=2.0, r2=0.8, x=(1, 12))),
+    ),
+    Case(
+        "llm-decode-bound",
+        "a flat decode step",
+        Run(),
+        "passed",
+        "running sequences' share of TPOT",
+        then=lambda e: with_fits(e, decode=fit(slope=0.01, intercept=20.0, r2=0.5, x=(1, 12))),
+    ),
+    Case("llm-decode-bound", "another kind: nothing to check", Run(), "passed", None),
+    Case(
+        "llm-decode-bound",
+        "closed loop: the running count hardly varied",
+        Run(),
+        "not-evaluated",
+        "the streams decoding beside a request hardly varied",
+        then=lambda e: with_fits(e, decode=fit(slope=1.0, intercept=2.0, r2=0.8, x=(7.6, 8.0))),
+    ),
+    Case(
         "llm-kv-cache-bound",
         "the cache 98% full at its peak",
         Run(),
@@ -621,6 +680,35 @@ def with_server(e: Evidence, server: ServerMetrics) -> Evidence:
     summary = e.run.summary
     assert summary is not None
     llm = LlmSummary(requests=100, server=server)
+    return replace(
+        e,
+        kind=kind_named("openai"),
+        run=replace(e.run, summary=summary.model_copy(update={"llm": llm})),
+    )
+
+
+def fit(*, slope: float, intercept: float, r2: float, x: tuple[float, float]) -> LineFit:
+    """A line over 200 requests whose x spread evenly over `x`."""
+    mean = (x[0] + x[1]) / 2
+    return LineFit(
+        requests=200,
+        slope=slope,
+        intercept=intercept,
+        r2=r2,
+        x_min=x[0],
+        x_mean=mean,
+        x_max=x[1],
+        y_mean=intercept + slope * mean,
+    )
+
+
+def with_fits(
+    e: Evidence, *, prefill: LineFit | None = None, decode: LineFit | None = None
+) -> Evidence:
+    """The run as a streaming target's with its TTFT-by-input and TPOT-by-running lines."""
+    summary = e.run.summary
+    assert summary is not None
+    llm = LlmSummary(requests=200, ttft_by_input=prefill, tpot_by_running=decode)
     return replace(
         e,
         kind=kind_named("openai"),
