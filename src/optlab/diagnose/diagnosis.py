@@ -186,7 +186,7 @@ def diagnose(
             )
         elif isinstance(outcome, Unevaluable):
             missing.append((rule.id, outcome.missing))
-        elif isinstance(outcome, Passed):
+        elif isinstance(outcome, Passed) and outcome.applies:
             passed.append((rule.id, outcome.evidence))
     covered = {r for f in findings for r in f.rule.subsumes}
     findings = [f for f in findings if f.rule.id not in covered]

@@ -11,6 +11,7 @@ from typing import Literal
 __all__ = [
     "Fired",
     "Measure",
+    "NOT_APPLICABLE",
     "Outcome",
     "Params",
     "Passed",
@@ -81,6 +82,12 @@ class Fired:
 @dataclass(frozen=True)
 class Passed:
     evidence: tuple[Measure, ...] = ()
+    # False where the rule has nothing to read on this kind of target (a streaming target's
+    # rules on a python one): passed, and left out of the text's "checked, nothing found".
+    applies: bool = True
+
+
+NOT_APPLICABLE = Passed((), applies=False)
 
 
 @dataclass(frozen=True)

@@ -5,13 +5,14 @@ first token (TTFT against the decode step), whether the prompt's length sets the
 (TTFT against input tokens) or the sequences decoding together set the pace of the rest
 (TPOT against running sequences), and whether the engine's KV cache ran full (its own
 metrics, `llm.server`). A target of another kind has nothing of the sort to check (they
-pass, showing nothing); a streaming run without the figures says so."""
+pass, NOT_APPLICABLE, left out of the text); a streaming run without the figures says so."""
 
 from __future__ import annotations
 
 from optlab.diagnose.evidence import Evidence
 from optlab.diagnose.findings import (
     Fired,
+    NOT_APPLICABLE,
     Measure,
     Outcome,
     Params,
@@ -35,7 +36,7 @@ def _llm(e: Evidence) -> LlmSummary | None:
 def _not_streaming(e: Evidence) -> Outcome:
     """A run without the figures: nothing to check for a kind that does not stream."""
     if e.kind is None or e.kind.name != "openai":
-        return Passed(())
+        return NOT_APPLICABLE
     return Unevaluable(NOT_STREAMING)
 
 
@@ -163,7 +164,7 @@ def check_llm_kv_cache(e: Evidence, p: Params) -> Outcome:
     server = llm.server if llm is not None else None
     if server is None or (server.kv_cache_usage_max is None and server.preemptions is None):
         if e.kind is None or e.kind.name != "openai":
-            return Passed(())
+            return NOT_APPLICABLE
         return Unevaluable(
             "no KV-cache figures: the engine's Prometheus metrics were not read "
             "(target.prometheus_url) or export neither KV-cache usage nor preemptions"
