@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from optlab.diagnose.evidence import Evidence
 from optlab.diagnose.findings import (
-    Fired,
     NOT_APPLICABLE,
+    Fired,
     Measure,
     Outcome,
     Params,
