@@ -236,8 +236,7 @@ def _summary(
         "who": c.who,
     }
     if c.llm is not None:
-        summary["llm"] = llm_summary(llm_series, c.llm, c.measured_s, c.goodput_ms)
-        summary["llm"]["server"] = c.server
+        summary["llm"] = llm_summary(llm_series, c.llm, c.measured_s, c.goodput_ms, c.server)
     if c.accuracy is not None:
         summary["accuracy"] = c.accuracy
     if c.target_metrics is not None:

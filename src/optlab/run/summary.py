@@ -253,9 +253,12 @@ def llm_summary(
     tally: LlmTally,
     measured_s: float,
     goodput_ms: tuple[float | None, float | None],
+    server: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A streaming run's `llm` section (docs/run-json.md "llm"): each series by its
-    definition, the token counts and rates, goodput under the config's per-request bounds."""
+    definition, the token counts and rates, goodput under the config's per-request bounds,
+    the lines relating TTFT to the prompt and TPOT to the batch, and the engine's own view
+    (`server`, from `metrics.server_metrics`, where its metrics were read)."""
     stats = latency_summary(series)
 
     def of(name: str) -> dict[str, Any] | None:
@@ -297,4 +300,5 @@ def llm_summary(
         "streams_without_done": tally.without_done,
         "ttft_by_input": tally.ttft_by_input(),
         "tpot_by_running": tally.tpot_by_running(),
+        "server": server,
     }
