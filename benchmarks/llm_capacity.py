@@ -14,7 +14,13 @@ bisection to 0.2%, 20,000 requests, mean of 3 seeds).
   level's are (`optlab.sweep.levels`: the binding bound's share, its per-second P99 spread).
   Seconds per seed.
 - `--real`: `optlab sweep` itself against a streamer process (open loop, quick protocol), each
-  level a real run judged by every check a user's is; about 2 minutes a seed on 2 cores.
+  level a real run judged by every check a user's is; about 4 minutes a seed on 2 cores
+  (`--level-duration 60`: 21 minutes).
+- `--model-check RATE`: how far the real streamer is from its own model at RATE: `optlab run`
+  drives it (Poisson, 120 s), and the server's own log (`GET /truth`) is set beside the model
+  simulated on the SAME arrivals, TTFT and TPOT P50/P99 from each. The truth above is the
+  model's; where the real server's tail runs above its model, the capacity a real sweep finds
+  is below the simulated truth by as much, whatever the client.
 
 Goal: capacity within +-5% of the truth in >= 19 of 20 seeds. A measurement, not a test:
 PASS/MISS is printed and the exit status is 0 either way.
@@ -174,6 +180,80 @@ def real_sweep(
         server.wait(timeout=10)
 
 
+def model_check(rate: float, folder: Path, seconds: float = 120.0) -> None:
+    """The streamer's own log against its model on the same arrivals (see the docstring)."""
+    import socket
+    import urllib.request
+
+    from optlab.reference.llm_queueing import SimRequest, simulate
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in KNOBS.model_dump().items()
+             if v is not None and k != "fault"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "optlab.reference.streamer", "--port", str(port), *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert server.stdout is not None
+        server.stdout.readline()
+        experiment = folder / "model-check.yaml"
+        experiment.write_text(
+            "name: llm-model-check\n"
+            f'target: {{kind: openai, url: "http://127.0.0.1:{port}/v1", model: optlab-streamer,'
+            " ignore_eos: true, code_version: streamer}\n"
+            "workload:\n"
+            f"  load: {{mode: open, rate: {rate:g}, arrival: poisson, max_in_flight: 512}}\n"
+            f"  prompts: {{input_tokens: {INPUT_TOKENS}, output_tokens: {OUTPUT_TOKENS}}}\n"
+            f"protocol: {{name: quick, warmup_s: 1, duration_s: {seconds:g}}}\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-m", "optlab", "--db", f"sqlite:///{folder}/check.db", "run",
+             str(experiment), "--allow-invalid", "--json"],
+            capture_output=True, text=True, env=env, check=False, timeout=seconds + 300,
+        )  # fmt: skip
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        client = json.loads(lines[-1])["llm"] if lines else None
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/truth", timeout=60) as response:
+            logged = sorted(json.load(response), key=lambda r: r["arrived_ns"])
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=10)
+    origin = logged[0]["arrived_ns"]
+    requests = [
+        SimRequest((r["arrived_ns"] - origin) / 1e9, r["input_tokens"], r["output_tokens"])
+        for r in logged
+    ]
+    model = simulate(KNOBS, requests).streams
+
+    def figures(ttft: list[float], tpot: list[float]) -> str:
+        return (
+            f"TTFT P50 {np.percentile(ttft, 50):6.2f} P99 {np.percentile(ttft, 99):6.2f} ms; "
+            f"TPOT P50 {np.percentile(tpot, 50):5.3f} P99 {np.percentile(tpot, 99):5.3f} ms"
+        )
+
+    n = OUTPUT_TOKENS - 1
+    server_ttft = [(r["events"][0][0] - r["arrived_ns"]) / 1e6 for r in logged]
+    server_tpot = [(r["events"][-1][0] - r["events"][0][0]) / 1e6 / n for r in logged]
+    model_ttft = [(s.events[0][0] - s.intended_ns) / 1e6 for s in model]
+    model_tpot = [(s.events[-1][0] - s.events[0][0]) / 1e6 / n for s in model]
+    achieved = len(logged) / ((logged[-1]["arrived_ns"] - origin) / 1e9)
+    print(f"# model check at {rate:g}/s offered ({achieved:.2f}/s came, {len(logged)} requests)")
+    print(f"server log: {figures(server_ttft, server_tpot)}")
+    print(f"model     : {figures(model_ttft, model_tpot)}")
+    if client is not None:  # the measured phase only (the log has the warmup too)
+        print(
+            f"optlab run: TTFT P50 {client['ttft_ms']['p50']:6.2f} P99 "
+            f"{client['ttft_ms']['p99']:6.2f} ms; TPOT P50 {client['tpot_ms']['p50']:5.3f} "
+            f"P99 {client['tpot_ms']['p99']:5.3f} ms (E2E - TTFT)/(n - 1)"
+        )
+    ratio = np.percentile(server_tpot, 99) / np.percentile(model_tpot, 99)
+    print(f"server / model TPOT P99: {ratio:.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--seeds", type=int, default=20)
@@ -185,7 +265,15 @@ def main() -> None:
     parser.add_argument(
         "--full", action="store_true", help="simulated levels of the full protocol (600 s)"
     )
+    parser.add_argument(
+        "--model-check", type=float, default=None, metavar="RATE",
+        help="the real streamer's own log against its model at RATE (s), then exit",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.model_check is not None:
+        with tempfile.TemporaryDirectory() as folder:
+            model_check(args.model_check, Path(folder))
+        return
     expected, seeds = truth()
     base = FULL_MEASURE_S if args.full else args.level_duration
     top = saturation_rate(KNOBS, INPUT_TOKENS, OUTPUT_TOKENS)

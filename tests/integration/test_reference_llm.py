@@ -10,10 +10,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from click.testing import Result
 
 from optlab.reference.llm.engine import Engine, Sequence
 from optlab.reference.llm.knobs import LlmKnobs
@@ -21,6 +24,9 @@ from optlab.reference.llm.model import KVCache, load_reference
 from optlab.reference.llm.tokenizer import EOS
 from optlab.reference.serve_knobs import assemble_knobs
 from optlab.targets.sse import SseReader, StreamResult
+from tests.support.diagnosing import diagnosed
+from tests.support.files import write
+from tests.support.httpsvc import summary_of
 from tests.support.proc import free_port, kill_group, wait_listening
 
 PROMPTS = [
@@ -240,3 +246,37 @@ def test_a_client_that_goes_away_mid_answer_frees_its_slot() -> None:
         assert stats["requests"] == 1 and stats["steps"] < 300  # 400 + 5 had it run out
     finally:
         kill_group(proc)
+
+
+def test_a_real_engine_shows_its_prefill_and_its_batch_to_diagnose(
+    tmp_path: Path, invoke: Callable[..., Result]
+) -> None:
+    """The reference LLM under Poisson arrivals with prompts of 16 to 400 words: its prefill
+    is a real forward pass over the prompt, and a decode step of several sequences costs more
+    than one, so both lines a run keeps rise, and diagnose names them."""
+    port = free_port()
+    path = write(
+        tmp_path,
+        "engine.yaml",
+        "name: engine\n"
+        "target:\n"
+        f"  kind: openai\n  url: 'http://127.0.0.1:{port}/v1'\n  api: completions\n"
+        "  model: optlab-tiny-lm\n  ignore_eos: true\n"
+        f"  command: ['{{python}}', '-m', 'optlab.reference.llm.server', '--port', '{port}',\n"
+        "            '--kv-cache', 'true', '--batching', '{knobs.batching}']\n"
+        f"  health_url: 'http://127.0.0.1:{port}/health'\n  ready_timeout_s: 120\n"
+        "knobs:\n  batching: {mode: continuous, max_num_seqs: 8}\n"
+        "workload:\n  load: {mode: open, rate: 8, arrival: poisson}\n"
+        "  prompts: {input_tokens: {dist: uniform, min: 16, max: 400}, output_tokens: 16}\n"
+        "protocol: {name: quick, warmup_s: 2, duration_s: 12}\n",
+    )
+    result = invoke("run", str(path), "--json", "--allow-invalid")
+    assert result.exit_code == 0, result.output
+    llm: Any = summary_of(result)["llm"]
+    prefill, batch = llm["ttft_by_input"], llm["itl_by_running"]
+    assert prefill is not None and prefill["slope"] > 0 and prefill["r2"] > 0.2, prefill
+    assert batch is not None and batch["slope"] > 0, batch
+    document = diagnosed(invoke, "engine")
+    assert "llm-prefill-bound" in {f["rule"] for f in document["findings"]}, document
+    # Poisson arrivals vary how many decode together: the batch's line is read, not skipped.
+    assert "llm-decode-bound" not in {n["rule"] for n in document["not_evaluated"]}, document

@@ -242,7 +242,7 @@ def _tally(verdicts: list[bool]) -> LlmTally:
     import numpy as np
 
     tally = LlmTally()
-    rows = [(10_000_000 if ok else 100_000_000, -1, -1, 0, 0, 0) for ok in verdicts]
+    rows = [(10_000_000 if ok else 100_000_000, -1, -1, 0, 0, 0, -1) for ok in verdicts]
     tally.rows.append(np.asarray(rows, dtype=np.int64))
     return tally
 

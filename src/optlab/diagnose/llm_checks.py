@@ -3,9 +3,10 @@
 intended send against the send's own), whether a request waits for a slot before its
 first token (TTFT against the decode step), whether the prompt's length sets the first token
 (TTFT against input tokens) or the sequences decoding together set the pace of the rest
-(TPOT against running sequences), and whether the engine's KV cache ran full (its own
-metrics, `llm.server`). A target of another kind has nothing of the sort to check (they
-pass, NOT_APPLICABLE, left out of the text); a streaming run without the figures says so."""
+(each request's median ITL against running sequences), and whether the engine's KV cache
+ran full (its own metrics, `llm.server`). A target of another kind has nothing of the sort
+to check (NOT_APPLICABLE: they pass, left out of the text); a streaming run without the
+figures says so."""
 
 from __future__ import annotations
 
@@ -128,16 +129,16 @@ def check_llm_decode(e: Evidence, p: Params) -> Outcome:
     llm = _llm(e)
     if llm is None:
         return _not_streaming(e)
-    fit = llm.tpot_by_running
+    fit = llm.itl_by_running
     if fit is None or fit.y_mean <= 0:
         return Unevaluable(
-            "TPOT cannot be related to the sequences decoding: under 30 requests had two "
+            "ITL cannot be related to the sequences decoding: under 30 requests had two "
             "tokens, or the count of streams decoding together never varied"
         )
     if fit.x_max - fit.x_min < p["spread"]:
         return Unevaluable(
             f"the streams decoding beside a request hardly varied ({fit.x_min:.1f} to "
-            f"{fit.x_max:.1f}): TPOT cannot be related to them; an open loop (Poisson) or a "
+            f"{fit.x_max:.1f}): ITL cannot be related to them; an open loop (Poisson) or a "
             "sweep over concurrency varies them"
         )
     share = max(0.0, fit.slope * fit.x_mean / fit.y_mean)
@@ -146,14 +147,15 @@ def check_llm_decode(e: Evidence, p: Params) -> Outcome:
         fit,
         share,
         p,
-        "running sequences' share of TPOT",
-        f"TPOT grows {fit.slope:.3g} ms per sequence decoding beside it (R² {fit.r2:.2f} over "
-        f"{fit.requests:,} requests): {alone:.2f} ms alone, {fit.y_mean:.2f} ms at the mean "
-        f"{fit.x_mean:.1f} running; the batch is {share:.0%} of each decode step: fewer "
-        "concurrent sequences (max_num_seqs) if ITL matters more than throughput, or a "
-        "cheaper step (quantisation, a smaller KV-cache dtype, more threads)",
+        "running sequences' share of ITL",
+        f"a request's median ITL grows {fit.slope:.3g} ms per sequence decoding beside it "
+        f"(R² {fit.r2:.2f} over {fit.requests:,} requests): {alone:.2f} ms alone, "
+        f"{fit.y_mean:.2f} ms at the mean {fit.x_mean:.1f} running; the batch is {share:.0%} "
+        "of each decode step: fewer concurrent sequences (max_num_seqs) if ITL matters more "
+        "than throughput, or a cheaper step (quantisation, a smaller KV-cache dtype, more "
+        "threads)",
         (
-            Measure("TPOT per running sequence", fit.slope, None, unit="ms"),
+            Measure("ITL per running sequence", fit.slope, None, unit="ms"),
             Measure("running sequences (mean)", fit.x_mean, None),
         ),
     )

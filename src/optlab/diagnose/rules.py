@@ -285,13 +285,15 @@ RULES: tuple[Rule, ...] = (
         "TTFT grows with the prompt's tokens: the prefill sets the first token",
         ("llm",),
         {"share": 0.5, "r2": 0.3},
+        # The prompt's prefill explains a first token many decode steps in.
+        subsumes=("llm-queue-bound",),
         check_fn=check_llm_prefill,
     ),
     Rule(
         "llm-decode-bound",
         "queue",
         "decode-bound ITL",
-        "TPOT grows with the sequences decoding together: the batch sets the decode step",
+        "ITL grows with the sequences decoding together: the batch sets the decode step",
         ("llm",),
         {"share": 0.5, "r2": 0.3, "spread": 1.0},
         check_fn=check_llm_decode,

@@ -205,9 +205,12 @@ def is_llm_series(name: str) -> bool:
 
 
 # The columns of a tally's per-request rows (int64 ns, -1 where a request has none): its TTFT
-# from the origin and from the send, its TPOT, its prompt's tokens, and the arrival of its first
-# token and its stream's end on the run's clock (its decode: the span between them).
-ROW_TTFT, ROW_TPOT, ROW_INPUT, ROW_TTFT_SENT, ROW_FIRST, ROW_END = range(6)
+# from the origin and from the send, its TPOT, its prompt's tokens, the arrival of its first
+# token and its stream's end on the run's clock (its decode: the span between them), and the
+# median of its per-token ITL (its typical decode step: a stall, another's prefill, moves a
+# mean but not the median).
+ROW_TTFT, ROW_TPOT, ROW_INPUT, ROW_TTFT_SENT, ROW_FIRST, ROW_END, ROW_ITL_MEDIAN = range(7)
+ROW_COLUMNS = 7
 
 
 @dataclass
@@ -222,7 +225,7 @@ class LlmTally:
     token_events: int = 0
     totals_from_usage: int = 0  # requests whose length is the server's own count
     sources: dict[str, int] = field(default_factory=dict)  # per-event counts: from where
-    rows: list[Any] = field(default_factory=list)  # int64 arrays of shape (n, 6): ROW_*
+    rows: list[Any] = field(default_factory=list)  # int64 arrays of (n, ROW_COLUMNS): ROW_*
     without_done: int = 0  # streams that ended whole after a finish_reason, without [DONE]
 
     def copy(self) -> LlmTally:
@@ -257,7 +260,7 @@ class LlmTally:
         return good
 
     def table(self) -> Any:
-        """Every row, in the order folded (an int64 array of shape (n, 6)); None with none."""
+        """Every row, in the order folded (int64, shape (n, ROW_COLUMNS)); None with none."""
         import numpy as np
 
         if not self.rows:
@@ -275,16 +278,18 @@ class LlmTally:
         known = rows[rows[:, ROW_INPUT] >= 0]
         return line_fit(known[:, ROW_INPUT], known[:, ROW_TTFT_SENT] / 1e6)
 
-    def tpot_by_running(self) -> dict[str, float] | None:
-        """TPOT (ms) against the sequences decoding while the request decoded (itself
-        included: `decoding_beside`), a least-squares line (`line_fit`) over the requests with
-        a TPOT; None where fewer than 30 or the count never varied."""
+    def itl_by_running(self) -> dict[str, float] | None:
+        """Each request's median per-token ITL (ms) against the sequences decoding while it
+        decoded (itself included: `decoding_beside`), a least-squares line (`line_fit`) over
+        the requests with two tokens or more: a decode step's cost per running sequence,
+        where another's prefill stalling the batch moves the median little; None where
+        fewer than 30 or the count never varied."""
         rows = self.table()
         if rows is None:
             return None
         running = decoding_beside(rows[:, ROW_FIRST], rows[:, ROW_END])
-        has = rows[:, ROW_TPOT] >= 0
-        return line_fit(running[has], rows[has, ROW_TPOT] / 1e6)
+        has = rows[:, ROW_ITL_MEDIAN] >= 0
+        return line_fit(running[has], rows[has, ROW_ITL_MEDIAN] / 1e6)
 
     def goodput(self, ttft_ms: float | None, tpot_ms: float | None) -> float | None:
         """The share of requests whose TTFT and TPOT are within the bounds given; None with no
@@ -322,7 +327,7 @@ def fold_streams(
     in an open loop, the send otherwise); the counts go into `tally`, and where `each` is
     given, every stream's (TTFT, TPOT, output tokens) in order (-1: none) into it."""
     out: dict[str, list[int]] = {name: [] for name in LLM_SERIES}
-    rows: list[tuple[int, int, int, int, int, int]] = []
+    rows: list[tuple[int, ...]] = []
     for given, origin in zip(streams, origins, strict=True):
         # The definitions above, from the request's origin.
         stream = given if given.intended_ns == origin else replace(given, intended_ns=origin)
@@ -347,7 +352,8 @@ def fold_streams(
         out[TTFT_SENT].append(ttft - wait)
         out[CLIENT_WAIT].append(wait)
         out[ITL_EVENT_GAP].extend(itl_event_gaps(stream))
-        out[ITL_TOKEN_SPLIT].extend(round(gap) for gap in itl_token_split(stream))
+        split = [round(gap) for gap in itl_token_split(stream)]
+        out[ITL_TOKEN_SPLIT].extend(split)
         mean, tpot_ns = itl_request_mean(stream), stream.tpot_ns()
         tpot = -1
         if mean is not None and tpot_ns is not None:
@@ -356,7 +362,8 @@ def fold_streams(
             out[TPOT].append(tpot)
             out[TPOT_TOKEN_WEIGHTED].extend([tpot] * (tokens - 1))
         given_input = stream.input_tokens if stream.input_tokens is not None else -1
-        rows.append((ttft, tpot, given_input, ttft - wait, origin + ttft, stream.end_ns))
+        median = sorted(split)[len(split) // 2] if split else -1
+        rows.append((ttft, tpot, given_input, ttft - wait, origin + ttft, stream.end_ns, median))
         if each is not None:
             each.append((ttft, tpot, tokens))
     if rows:

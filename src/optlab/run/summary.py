@@ -299,6 +299,6 @@ def llm_summary(
         "totals_from_usage": tally.totals_from_usage,
         "streams_without_done": tally.without_done,
         "ttft_by_input": tally.ttft_by_input(),
-        "tpot_by_running": tally.tpot_by_running(),
+        "itl_by_running": tally.itl_by_running(),
         "server": server,
     }

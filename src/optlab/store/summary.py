@@ -336,9 +336,9 @@ class LlmSummary(_Frozen):
     server: ServerMetrics | None = None  # the engine's own view (`target.prometheus_url`)
     # TTFT from the send (ms) against the prompt's tokens: prefill's cost per input token.
     ttft_by_input: LineFit | None = None
-    # TPOT (ms) against the mean number of sequences decoding beside each request (itself
-    # included): a decode step's cost per running sequence.
-    tpot_by_running: LineFit | None = None
+    # Each request's median per-token ITL (ms) against the mean number of sequences decoding
+    # beside it (itself included): a decode step's cost per running sequence.
+    itl_by_running: LineFit | None = None
 
 
 class RunSummary(_Frozen):

@@ -615,7 +615,7 @@ CASES: tuple[Case, ...] = (
         "1 ms per running sequence on a 2 ms step",
         Run(),
         "fired",
-        "running sequences' share of TPOT",
+        "running sequences' share of ITL",
         then=lambda e: with_fits(e, decode=fit(slope=1.0, intercept=2.0, r2=0.8, x=(1, 12))),
     ),
     Case(
@@ -623,7 +623,7 @@ CASES: tuple[Case, ...] = (
         "a flat decode step",
         Run(),
         "passed",
-        "running sequences' share of TPOT",
+        "running sequences' share of ITL",
         then=lambda e: with_fits(e, decode=fit(slope=0.01, intercept=20.0, r2=0.5, x=(1, 12))),
     ),
     Case("llm-decode-bound", "another kind: nothing to check", Run(), "passed", None),
@@ -705,10 +705,10 @@ def fit(*, slope: float, intercept: float, r2: float, x: tuple[float, float]) ->
 def with_fits(
     e: Evidence, *, prefill: LineFit | None = None, decode: LineFit | None = None
 ) -> Evidence:
-    """The run as a streaming target's with its TTFT-by-input and TPOT-by-running lines."""
+    """The run as a streaming target's with its TTFT-by-input and ITL-by-running lines."""
     summary = e.run.summary
     assert summary is not None
-    llm = LlmSummary(requests=200, ttft_by_input=prefill, tpot_by_running=decode)
+    llm = LlmSummary(requests=200, ttft_by_input=prefill, itl_by_running=decode)
     return replace(
         e,
         kind=kind_named("openai"),
