@@ -38,6 +38,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -132,10 +134,13 @@ def simulated_sweep(
     return conclude(levels, settings).capacity_qps, sum(lv.measured_s for lv in levels)
 
 
-def real_sweep(
-    seed: int, folder: Path, base_s: float, tolerance: float
-) -> tuple[float | None, float]:
-    """`optlab sweep` against a streamer process; (capacity, wall seconds)."""
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO / "src")}
+
+
+@contextmanager
+def streamer() -> Iterator[int]:
+    """A streamer process with KNOBS on a free port, for the block; yields the port."""
     import socket
 
     with socket.socket() as probe:
@@ -143,31 +148,47 @@ def real_sweep(
         port = probe.getsockname()[1]
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in KNOBS.model_dump().items()
              if v is not None and k != "fault"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     server = subprocess.Popen(
         [sys.executable, "-m", "optlab.reference.streamer", "--port", str(port), *flags],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_env(), start_new_session=True,
     )  # fmt: skip
     try:
         assert server.stdout is not None
         server.stdout.readline()  # "listening on ..."
-        experiment = folder / f"capacity-{seed}.yaml"
-        experiment.write_text(
-            f"name: llm-capacity-{seed}\n"
-            f'target: {{kind: openai, url: "http://127.0.0.1:{port}/v1", model: optlab-streamer,'
-            " ignore_eos: true, code_version: streamer}\n"
-            "workload:\n"
-            "  load: {mode: open, rate: 10, arrival: poisson, max_in_flight: 512}\n"
-            f"  prompts: {{input_tokens: {INPUT_TOKENS}, output_tokens: {OUTPUT_TOKENS}}}\n"
-            f"  seed: {seed}\n"
-            "protocol: {name: full}\n"
-        )
+        yield port
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=10)
+
+
+def _experiment(folder: Path, name: str, port: int, rate: float, protocol: str, seed: int) -> Path:
+    """An open-loop Poisson experiment on the streamer at `port`, the benchmark's prompts."""
+    path = folder / f"{name}.yaml"
+    path.write_text(
+        f"name: {name}\n"
+        f'target: {{kind: openai, url: "http://127.0.0.1:{port}/v1", model: optlab-streamer,'
+        " ignore_eos: true, code_version: streamer}\n"
+        "workload:\n"
+        f"  load: {{mode: open, rate: {rate:g}, arrival: poisson, max_in_flight: 512}}\n"
+        f"  prompts: {{input_tokens: {INPUT_TOKENS}, output_tokens: {OUTPUT_TOKENS}}}\n"
+        f"  seed: {seed}\n"
+        f"protocol: {protocol}\n"
+    )
+    return path
+
+
+def real_sweep(
+    seed: int, folder: Path, base_s: float, tolerance: float
+) -> tuple[float | None, float]:
+    """`optlab sweep` against a streamer process; (capacity, wall seconds)."""
+    with streamer() as port:
+        experiment = _experiment(folder, f"llm-capacity-{seed}", port, 10, "{name: full}", seed)
         started = time.monotonic()
         done = subprocess.run(
             [sys.executable, "-m", "optlab", "--db", f"sqlite:///{folder}/capacity.db", "sweep",
              str(experiment), "--slo", SLO, "--quick", "--json", "--level-duration",
              f"{base_s:g}", "--tolerance", f"{tolerance:.1%}"],
-            capture_output=True, text=True, env=env, check=False, timeout=1800,
+            capture_output=True, text=True, env=_env(), check=False, timeout=1800,
         )  # fmt: skip
         seconds = time.monotonic() - started
         lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -175,53 +196,26 @@ def real_sweep(
             print(f"  seed {seed}: sweep exit {done.returncode}: {done.stderr[-400:]}")
             return None, seconds
         return json.loads(lines[-1]).get("capacity_qps"), seconds
-    finally:
-        os.killpg(server.pid, 15)
-        server.wait(timeout=10)
 
 
 def model_check(rate: float, folder: Path, seconds: float = 120.0) -> None:
     """The streamer's own log against its model on the same arrivals (see the docstring)."""
-    import socket
     import urllib.request
 
     from optlab.reference.llm_queueing import SimRequest, simulate
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    flags = [f"--{k.replace('_', '-')}={v}" for k, v in KNOBS.model_dump().items()
-             if v is not None and k != "fault"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "optlab.reference.streamer", "--port", str(port), *flags],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-    )  # fmt: skip
-    try:
-        assert server.stdout is not None
-        server.stdout.readline()
-        experiment = folder / "model-check.yaml"
-        experiment.write_text(
-            "name: llm-model-check\n"
-            f'target: {{kind: openai, url: "http://127.0.0.1:{port}/v1", model: optlab-streamer,'
-            " ignore_eos: true, code_version: streamer}\n"
-            "workload:\n"
-            f"  load: {{mode: open, rate: {rate:g}, arrival: poisson, max_in_flight: 512}}\n"
-            f"  prompts: {{input_tokens: {INPUT_TOKENS}, output_tokens: {OUTPUT_TOKENS}}}\n"
-            f"protocol: {{name: quick, warmup_s: 1, duration_s: {seconds:g}}}\n"
-        )
+    with streamer() as port:
+        protocol = f"{{name: quick, warmup_s: 1, duration_s: {seconds:g}}}"
+        experiment = _experiment(folder, "llm-model-check", port, rate, protocol, 0)
         done = subprocess.run(
             [sys.executable, "-m", "optlab", "--db", f"sqlite:///{folder}/check.db", "run",
              str(experiment), "--allow-invalid", "--json"],
-            capture_output=True, text=True, env=env, check=False, timeout=seconds + 300,
+            capture_output=True, text=True, env=_env(), check=False, timeout=seconds + 300,
         )  # fmt: skip
         lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
         client = json.loads(lines[-1])["llm"] if lines else None
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/truth", timeout=60) as response:
             logged = sorted(json.load(response), key=lambda r: r["arrived_ns"])
-    finally:
-        os.killpg(server.pid, 15)
-        server.wait(timeout=10)
     origin = logged[0]["arrived_ns"]
     requests = [
         SimRequest((r["arrived_ns"] - origin) / 1e9, r["input_tokens"], r["output_tokens"])
