@@ -102,8 +102,9 @@ def check_llm_prefill(e: Evidence, p: Params) -> Outcome:
     if fit is None or fit.y_mean <= 0:
         return Unevaluable(
             "TTFT cannot be related to the prompt's length: every prompt had the same number "
-            "of tokens (or under 30 requests had a first token); a workload whose "
-            "input_tokens vary (uniform, normal or a list) shows it"
+            "of tokens (or under 30 requests had a first token, or the run was stored before "
+            "optlab kept llm.ttft_by_input); a workload whose input_tokens vary (uniform, "
+            "normal or a list) shows it"
         )
     share = max(0.0, fit.slope * fit.x_mean / fit.y_mean)
     shortest = fit.intercept + fit.slope * fit.x_min
@@ -133,7 +134,8 @@ def check_llm_decode(e: Evidence, p: Params) -> Outcome:
     if fit is None or fit.y_mean <= 0:
         return Unevaluable(
             "ITL cannot be related to the sequences decoding: under 30 requests had two "
-            "tokens, or the count of streams decoding together never varied"
+            "tokens, the count of streams decoding together never varied, or the run was "
+            "stored before optlab kept llm.itl_by_running"
         )
     if fit.x_max - fit.x_min < p["spread"]:
         return Unevaluable(
