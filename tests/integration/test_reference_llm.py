@@ -5,6 +5,7 @@ the OpenAI streaming protocol a client reads."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -274,9 +275,20 @@ def test_a_real_engine_shows_its_prefill_and_its_batch_to_diagnose(
     assert result.exit_code == 0, result.output
     llm: Any = summary_of(result)["llm"]
     prefill, batch = llm["ttft_by_input"], llm["itl_by_running"]
-    assert prefill is not None and prefill["slope"] > 0 and prefill["r2"] > 0.2, prefill
-    assert batch is not None and batch["slope"] > 0, batch
+    # Each slope positive beyond its noise (its t statistic from R² and the count): a busy
+    # machine widens the scatter (R² 0.6 quiet, 0.13 beside the suite's other lanes) but the
+    # prompt's cost and the batch's stay.
+    assert prefill is not None and slope_t(prefill) > 2.5, prefill
+    assert batch is not None and slope_t(batch) > 2.0, batch
     document = diagnosed(invoke, "engine")
-    assert "llm-prefill-bound" in {f["rule"] for f in document["findings"]}, document
-    # Poisson arrivals vary how many decode together: the batch's line is read, not skipped.
-    assert "llm-decode-bound" not in {n["rule"] for n in document["not_evaluated"]}, document
+    # Both rules read their lines (whether they fire depends on how busy the machine is:
+    # tests/integration/test_openai_target.py fires them on the streamer's exact timing).
+    skipped = {n["rule"] for n in document["not_evaluated"]}
+    assert not skipped & {"llm-prefill-bound", "llm-decode-bound"}, document["not_evaluated"]
+
+
+def slope_t(line: dict[str, Any]) -> float:
+    """The least-squares slope's t statistic, signed: r √(n − 2) / √(1 − r²)."""
+    r2, n = line["r2"], line["requests"]
+    sign = 1.0 if line["slope"] > 0 else -1.0
+    return sign * math.sqrt(r2 * (n - 2) / max(1e-12, 1 - r2))
