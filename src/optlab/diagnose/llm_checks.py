@@ -78,11 +78,12 @@ def check_llm_queue(e: Evidence, p: Params) -> Outcome:
 
 
 def _explained(
-    fit: LineFit, share: float, p: Params, name: str, summary: str, context: tuple[Measure, ...]
+    fit: LineFit, p: Params, name: str, summary: str, context: tuple[Measure, ...]
 ) -> Outcome:
     """A line rule: fired where the line's part at the mean x is at least `share` of the mean
     y AND the line explains at least `r2` of y's variance (a steep line through noise, or a
     tight line that moves y little, is not the cause)."""
+    share = fit.share_at_mean
     measures = (
         Measure(name, share, p["share"], unit="x"),
         Measure("R² of the line", fit.r2, p["r2"]),
@@ -106,12 +107,11 @@ def check_llm_prefill(e: Evidence, p: Params) -> Outcome:
             "optlab kept llm.ttft_by_input); a workload whose input_tokens vary (uniform, "
             "normal or a list) shows it"
         )
-    share = max(0.0, fit.slope * fit.x_mean / fit.y_mean)
+    share = fit.share_at_mean
     shortest = fit.intercept + fit.slope * fit.x_min
     longest = fit.intercept + fit.slope * fit.x_max
     return _explained(
         fit,
-        share,
         p,
         "prompt's share of TTFT from the send",
         f"TTFT from the send grows {fit.slope:.3g} ms per input token (R² {fit.r2:.2f} over "
@@ -143,11 +143,10 @@ def check_llm_decode(e: Evidence, p: Params) -> Outcome:
             f"{fit.x_max:.1f}): ITL cannot be related to them; an open loop (Poisson) or a "
             "sweep over concurrency varies them"
         )
-    share = max(0.0, fit.slope * fit.x_mean / fit.y_mean)
+    share = fit.share_at_mean
     alone = fit.intercept + fit.slope
     return _explained(
         fit,
-        share,
         p,
         "running sequences' share of ITL",
         f"a request's median ITL grows {fit.slope:.3g} ms per sequence decoding beside it "

@@ -216,8 +216,8 @@ ROW_COLUMNS = 7
 @dataclass
 class LlmTally:
     """A phase's streams beyond their histograms: counts, and one row per request that had a
-    first token (the ROW_* columns) for goodput under any bound and for the figures that relate
-    TTFT to the prompt's length and TPOT to the sequences decoding beside it."""
+    first token (the ROW_* columns) for goodput under any bound and for the lines that relate
+    TTFT to the prompt's length and ITL to the sequences decoding beside it."""
 
     requests: int = 0
     output_tokens: int = 0
@@ -265,7 +265,9 @@ class LlmTally:
 
         if not self.rows:
             return None
-        rows = np.concatenate(self.rows)
+        if len(self.rows) > 1:  # the folds' arrays joined once, not once per figure read
+            self.rows = [np.concatenate(self.rows)]
+        rows = self.rows[0]
         return rows if rows.size else None
 
     def ttft_by_input(self) -> dict[str, float] | None:

@@ -301,6 +301,12 @@ class LineFit(_Frozen):
     x_max: float
     y_mean: float
 
+    @property
+    def share_at_mean(self) -> float:
+        """The line's part at the mean x, slope × x̄ / ȳ (0 where ȳ is not positive or the
+        slope falls): how much of the mean y the x explains."""
+        return max(0.0, self.slope * self.x_mean / self.y_mean) if self.y_mean > 0 else 0.0
+
 
 class LlmSummary(_Frozen):
     """A streaming LLM target's figures over the measured phase (docs/run-json.md "llm"),
