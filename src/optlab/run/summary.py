@@ -257,7 +257,7 @@ def llm_summary(
 ) -> dict[str, Any]:
     """A streaming run's `llm` section (docs/run-json.md "llm"): each series by its
     definition, the token counts and rates, goodput under the config's per-request bounds,
-    the lines relating TTFT to the prompt and TPOT to the batch, and the engine's own view
+    the lines relating TTFT to the prompt and ITL to the batch, and the engine's own view
     (`server`, from `metrics.server_metrics`, where its metrics were read)."""
     stats = latency_summary(series)
 
