@@ -320,6 +320,7 @@ def test_migrations_dir_is_the_repository_folder() -> None:
         "0008_reason_codes.py",
         "0009_sweep_slo_json.py",
         "0010_llm_windows.py",
+        "0011_knob_sweeps.py",
     }
 
 

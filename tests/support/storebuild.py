@@ -21,7 +21,7 @@ from optlab.store import Store, migrations_dir
 from tests.support.capabilities import lacks
 
 POSTGRES_ENV = "OPTLAB_TEST_POSTGRES_URL"
-HEAD = "0010_llm_windows"  # the newest migration: a new one updates this line
+HEAD = "0011_knob_sweeps"  # the newest migration: a new one updates this line
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

@@ -56,6 +56,7 @@ __all__ = [
     "VERDICT_CONFIDENCE",
     "batch_means",
     "beyond_noise",
+    "log_error",
     "compare",
     "metric_label",
     "percentile",
@@ -153,6 +154,16 @@ def _window_spread(values: np.ndarray, min_batches: int) -> _Spread | None:
     se = float(np.std(values, ddof=1) / math.sqrt(len(values)))
     n = len(values)
     return _Spread(float(values.mean()), se, n - 1, f"{n} windows as batches (short run)")
+
+
+def log_error(values: Sequence[float | None]) -> tuple[float, float] | None:
+    """(standard error of ln(mean), its degrees of freedom) of a per-second series: the
+    within-run error `compare` weighs (batch means; a short run's windows as batches), by
+    the delta method se(ln x) = se(x) / x. None: too few windows, or a mean not above 0."""
+    spread = _window_spread(_clean(values), 10)
+    if spread is None or spread.mean <= 0:
+        return None
+    return spread.se / spread.mean, spread.df
 
 
 def batch_means(

@@ -36,6 +36,7 @@ __all__ = [
     "RunOptions",
     "RunOutcome",
     "link_code",
+    "measure_in_block",
     "measure_level",
     "open_context",
     "run",
@@ -144,6 +145,24 @@ def measure_level(
         measured.summary,
         pending=measured.pending,
         unstored=measured.unstored,
+    )
+
+
+def measure_in_block(
+    store: Store,
+    link: Link,
+    options: RunOptions,
+    progress: Progress,
+    context: Context,
+    tag: dict[str, Any],
+) -> RunOutcome:
+    """One arm of a block (`optlab sweep-knob`): `link` measured and stored as a normal run
+    whose summary carries the block's `paired` tag ({"session", "index", "role"}), so the
+    table compares a promoted value with the parent block by block. No parent run is asked
+    for: every arm of the sweep is measured by this one command, on this environment and
+    code, and their comparison is the sweep's, not the runner's."""
+    return _measure_link(
+        store, link, None, options, progress, context.fingerprint, context.env_hash, tag
     )
 
 

@@ -430,3 +430,57 @@ class SqlSweepLevel(Base):
     load: Mapped[float] = mapped_column(Double)  # requests/s (open) or clients (closed)
     purpose: Mapped[str] = mapped_column(StorableString(32))
     reused: Mapped[bool] = mapped_column(Boolean)
+
+
+class SqlKnobSweep(Base):
+    """One `optlab sweep-knob`: the parent experiment (the control arm), the knob, its values
+    and sibling experiments, the block plan, what it found. Its cells are runs or, for a
+    capacity metric, sweeps (`knob_sweep_cells`)."""
+
+    __tablename__ = "knob_sweeps"
+    __table_args__ = (
+        CheckConstraint(_in_list("status", RUN_STATUSES), name="status"),
+        Index(None, "experiment_id", "status"),
+        UniqueConstraint("uid"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    uid: Mapped[str] = mapped_column(StorableString(32), default=new_uid)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id"))
+    config_id: Mapped[int] = mapped_column(ForeignKey("experiment_configs.id"))
+    knob: Mapped[str] = mapped_column(StorableString(255))
+    metric: Mapped[str] = mapped_column(StorableString(32))
+    status: Mapped[str] = mapped_column(StorableString(16))
+    # The request as asked (values, blocks, SLO, protocol, seed), the arms' experiments and
+    # the block plan: what a resumed sweep must match and follow.
+    spec_json: Mapped[dict[str, Any]] = mapped_column(JSONText)
+    hostname: Mapped[str] = mapped_column(StorableString(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    result_json: Mapped[dict[str, Any] | None] = mapped_column(JSONText)
+    measured_s: Mapped[float | None] = mapped_column(Double)
+    error_message: Mapped[str | None] = mapped_column(StorableText)
+
+    experiment: Mapped[SqlExperiment] = relationship()
+    config: Mapped[SqlConfig] = relationship()
+
+
+class SqlKnobCell(Base):
+    """One arm measured in one block of a knob sweep: a run (its metric read from the run) or
+    a capacity sweep. Measured again (an INVALID run), the cell points at the new one."""
+
+    __tablename__ = "knob_sweep_cells"
+    __table_args__ = (
+        UniqueConstraint("knob_sweep_id", "block", "arm"),
+        Index(None, "run_id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    knob_sweep_id: Mapped[int] = mapped_column(ForeignKey("knob_sweeps.id", ondelete="CASCADE"))
+    block: Mapped[int] = mapped_column(Integer)
+    arm: Mapped[int] = mapped_column(Integer)  # 0: the parent; 1..k: the values in order
+    position: Mapped[int] = mapped_column(Integer)  # its place in the block's random order
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="SET NULL"))
+    sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id", ondelete="SET NULL"))
+    measured_s: Mapped[float] = mapped_column(Double)

@@ -290,3 +290,38 @@ class SweepRecord:
         if self.slo_json is not None:
             return Slo.model_validate(self.slo_json)
         return Slo(self.slo_percentile, self.slo_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class KnobCellRecord:
+    """One arm measured in one block of a knob sweep: its run, or its capacity sweep."""
+
+    block: int
+    arm: int  # 0: the parent; 1..k: the values in order
+    position: int  # its place in the block's random order
+    run_id: int | None
+    sweep_id: int | None
+    measured_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class KnobSweepRecord:
+    """An `optlab sweep-knob`: the request (`spec`), its cells, and what it found (`result`,
+    docs/sweep-knob-json.md's document, None until it finishes)."""
+
+    id: int
+    uid: str
+    experiment: str
+    config_hash: str
+    knob: str
+    metric: str
+    status: str
+    spec: dict[str, Any]
+    hostname: str
+    pid: int
+    started_at: datetime
+    finished_at: datetime | None
+    result: dict[str, Any] | None
+    measured_s: float | None
+    error_message: str | None
+    cells: tuple[KnobCellRecord, ...]

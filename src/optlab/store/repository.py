@@ -34,6 +34,7 @@ from optlab.store.models import (
 from optlab.store.records import EnvironmentRecord, ExperimentRecord, StoredConfig
 from optlab.store.runs import RunsMixin, experiment_row
 from optlab.store.schema import verify_or_create
+from optlab.store.knob_sweeps import KnobSweepsMixin
 from optlab.store.sweeps import SweepsMixin
 from optlab.store.transfer import TransferMixin
 
@@ -65,7 +66,7 @@ def _insert_or_get(session: Session, query: Select[_Row], new: Callable[[], _Row
     return row
 
 
-class Store(RunsMixin, SweepsMixin, MeasurementsMixin, TransferMixin, ImportMixin):
+class Store(RunsMixin, SweepsMixin, KnobSweepsMixin, MeasurementsMixin, TransferMixin, ImportMixin):
     """optlab's database. Create one with `Store.open()`; close it (or use `with`)."""
 
     def __init__(self, engine: Engine) -> None:

@@ -62,6 +62,8 @@ class SweepOptions:
     tolerance: float = 0.05
     budget_s: float | None = None
     chain: bool = False
+    # False: measure every level anew (a knob sweep's blocks must not share levels).
+    reuse: bool = True
 
     def settings(self, max_error_rate: float) -> Settings:
         return Settings(
@@ -274,6 +276,8 @@ class _Sweep:
         rules; a run with no environment recorded is not reused). Which of them has the
         level's protocol is asked when the level is measured (`_measure`)."""
         found: dict[tuple[str, float], list[RunRecord]] = {}
+        if not self.options.reuse:
+            return found
         # One query for the experiment's runs, and one comparison per environment: a level
         # reused by several sweeps is listed by each.
         runs = {r.id: r for r in self.store.list_runs(self.link.name, levels=True)}

@@ -1,0 +1,132 @@
+"""`optlab sweep-knob` (which value of one knob, measured interleaved against the parent) and
+`optlab tune` (several knobs in turn, then an interaction check)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from optlab.cli.common import EXPERIMENT_PATH, open_store, store_url
+from optlab.cli.runs import LiveProgress, PlainProgress, echo_or_reader_gone
+
+METRIC_HELP = (
+    "What the values are compared by: qps, p50, p99, ttft_p50, ttft_p99, tpot_p50, tpot_p99, "
+    "tok_s, capacity (needs --slo). Default: capacity with --slo, else qps for a closed loop "
+    "and p99 for an open one."
+)
+
+
+@click.command("sweep-knob")
+@click.argument("experiment", type=EXPERIMENT_PATH)
+@click.option("--knob", required=True, metavar="KEY", help="One knob: NAME or NAME.FIELD.")
+@click.option(
+    "--values", "values_text", required=True, metavar="V1,V2,...", help="Two or more values."
+)
+@click.option("--metric", metavar="NAME", help=METRIC_HELP)
+@click.option(
+    "--slo",
+    "slo_text",
+    metavar="pNN=TIME",
+    help="Compare capacities under this SLO (each cell is an `optlab sweep`), e.g. p99=60ms.",
+)
+@click.option(
+    "--mode",
+    type=click.Choice(["open", "closed"]),
+    default="open",
+    show_default=True,
+    help="The capacity sweeps' loop (with --slo).",
+)
+@click.option(
+    "--blocks",
+    type=int,
+    default=3,
+    show_default=True,
+    help="How many times each arm is measured, one block of every arm at a time.",
+)
+@click.option("--quick", is_flag=True, help="Seconds-long PROVISIONAL runs (demos, tests).")
+@click.option("--duration", type=float, metavar="S", help="Measured seconds of each run.")
+@click.option("--warmup", type=float, metavar="S", help="Fixed warmup instead of until-stable.")
+@click.option("--seed", type=int, help="The blocks' random order (default: drawn).")
+@click.option(
+    "--tie-break",
+    type=click.Choice(["nearest", "cheapest"]),
+    default="nearest",
+    show_default=True,
+    help="Which tied value is chosen: the one nearest the parent's, or the one using least CPU.",
+)
+@click.option(
+    "--promote",
+    is_flag=True,
+    help="Write the winner as the next step file beside EXPERIMENT (the stacked table grows "
+    "by one row).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Last stdout line: the sweep's JSON.")
+@click.pass_context
+def sweep_knob(
+    ctx: click.Context,
+    experiment: str,
+    knob: str,
+    values_text: str,
+    metric: str | None,
+    slo_text: str | None,
+    mode: str,
+    blocks: int,
+    quick: bool,
+    duration: float | None,
+    warmup: float | None,
+    seed: int | None,
+    tie_break: str,
+    promote: bool,
+    as_json: bool,
+) -> None:
+    """Measure sibling steps of EXPERIMENT that each change only KEY to one of the values,
+    in randomised interleaved blocks with EXPERIMENT as the control in every block; report
+    each value's effect with its interval, and a winner only where it beats the runner-up
+    beyond noise (docs/sweep-knob-json.md).
+
+    Asked again after Ctrl-C, the same question resumes the stored sweep. Exit codes: 0
+    swept; 2 bad input or refused (before anything is measured); 1 FAILED; 130 interrupted.
+    """
+    from optlab.config.slo import parse_slo
+    from optlab.knobs.search import KnobOptions
+    from optlab.knobs.search import sweep_knob as run_knob_sweep
+    from optlab.reports.knob import render_knob
+    from optlab.run.progress import GuardedProgress
+
+    options = KnobOptions(
+        knob=knob,
+        values=values_text,
+        metric=metric,
+        slo=None if slo_text is None else parse_slo(slo_text),
+        blocks=blocks,
+        quick=quick,
+        duration_s=duration,
+        warmup_s=warmup,
+        seed=seed,
+        tie_break=tie_break,
+        promote=promote,
+        mode=mode,
+    )
+    store = open_store(ctx, url=store_url(ctx, experiment))
+    live = sys.stderr.isatty() and not as_json
+    shown: PlainProgress | LiveProgress = LiveProgress() if live else PlainProgress()
+    progress = GuardedProgress(shown)
+    try:
+        outcome = run_knob_sweep(Path(experiment), store, options, progress)
+    finally:
+        shown.close()
+    text = render_knob(outcome.document)
+    for note in outcome.notes:
+        text += f"\n{note}"
+    if as_json:
+        progress.note(text)
+        echo_or_reader_gone(json.dumps(outcome.document, default=str, allow_nan=False))
+    else:
+        echo_or_reader_gone(text)
+    if outcome.status == "KILLED":
+        ctx.exit(130)
+    if outcome.status == "FAILED":
+        ctx.exit(1)

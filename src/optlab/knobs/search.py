@@ -1,0 +1,638 @@
+"""`optlab sweep-knob`: k sibling steps of one parent, each changing only one knob, measured
+in randomised interleaved blocks with the parent as the control in every block; each value's
+paired effect against the parent, and a winner only where it beats the runner-up beyond noise.
+
+A block measures every arm once (the parent and each value), in an order drawn from the
+sweep's seed, so a slow drift of a shared machine is shared by the arms of a block and cancels
+out of their differences. Each cell is a normal stored run tagged with the block (the runs'
+`paired` tag: {"session": "knob-<uid>", "index": block, "role": "parent" | "step"}), or with
+`--slo` a capacity sweep. The sweep is a stored record (`store.knob_sweeps`): Ctrl-C keeps the
+cells measured, and asking the same question again resumes it, reusing its valid cells and
+measuring an INVALID one again (once). The document it ends with is docs/sweep-knob-json.md's.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from optlab.chain.lineage import Link, prepare
+from optlab.config.models import ResolvedConfig
+from optlab.config.slo import Slo
+from optlab.errors import OptlabError
+from optlab.knobs.metric import (
+    CAPACITY,
+    CellFigure,
+    Metric,
+    capacity_figure,
+    metric,
+    run_figure,
+)
+from optlab.knobs.spec import (
+    KnobRequest,
+    current_value,
+    parse_key,
+    parse_values,
+    value_key,
+    write_siblings,
+)
+from optlab.metrics.selection import ALPHA, Arm, Selection, effect, select_best
+from optlab.run.progress import GuardedProgress, Progress
+from optlab.run.runner import (
+    Context,
+    RunOptions,
+    measure_in_block,
+    open_context,
+    process_alive,
+)
+from optlab.store import KnobSweepRecord, Store
+from optlab.sweep.driver import SweepOptions, sweep
+
+__all__ = [
+    "KNOB_SCHEMA_VERSION",
+    "KnobOptions",
+    "KnobOutcome",
+    "TIE_BREAKS",
+    "decide",
+    "sweep_knob",
+]
+
+KNOB_SCHEMA_VERSION = 1
+TIE_BREAKS = ("nearest", "cheapest")
+MAX_BLOCKS = 50
+SESSION_PREFIX = "knob-"
+
+
+@dataclass(frozen=True)
+class KnobOptions:
+    knob: str
+    values: str  # as typed: comma-separated
+    metric: str | None = None  # default: capacity with an SLO, else qps (closed) or p99 (open)
+    slo: Slo | None = None
+    blocks: int = 3
+    quick: bool = False
+    duration_s: float | None = None
+    warmup_s: float | None = None
+    seed: int | None = None
+    tie_break: str = "nearest"
+    promote: bool = False
+    mode: str = "open"  # a capacity sweep's loop
+
+
+@dataclass
+class KnobOutcome:
+    knob_sweep_id: int
+    status: str
+    document: dict[str, Any]
+    measured_s: float
+    promoted: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _ArmSpec:
+    value: Any
+    experiment: str
+    path: Path
+    link: Link
+
+
+def _check(options: KnobOptions) -> None:
+    if not 1 <= options.blocks <= MAX_BLOCKS:
+        raise OptlabError(
+            f"--blocks {options.blocks} is outside 1..{MAX_BLOCKS}",
+            hint="3 blocks (the default) measure each arm three times, interleaved",
+        )
+    if options.tie_break not in TIE_BREAKS:
+        raise OptlabError(
+            f"--tie-break {options.tie_break!r} is not one of {', '.join(TIE_BREAKS)}",
+            hint="nearest: the tied value nearest the parent's; cheapest: the one using the "
+            "least CPU",
+        )
+    if options.metric == CAPACITY and options.slo is None:
+        raise OptlabError(
+            "--metric capacity needs --slo: capacity is the highest rate meeting it",
+            hint="e.g. --slo p99=60ms",
+        )
+
+
+def _metric_for(options: KnobOptions, config: ResolvedConfig, where: str) -> Metric:
+    if options.metric is None:
+        if options.slo is not None:
+            return metric(CAPACITY)
+        closed = config.workload.load.mode == "closed"
+        return metric("qps" if closed else "p99")
+    m = metric(options.metric)
+    if m.streaming and config.target.kind != "openai":
+        raise OptlabError(
+            f"--metric {m.name} is a streaming LLM figure, and {where}'s target is "
+            f"{config.target.kind}",
+            hint="use qps, p50, p99 or capacity (with --slo)",
+        )
+    return m
+
+
+def _order(seed: int, blocks: int, arms: int) -> list[list[int]]:
+    """Each block's arms in a random order (the sweep's seed draws every block's)."""
+    rng = random.Random(seed)
+    order = []
+    for _ in range(blocks):
+        block = list(range(arms))
+        rng.shuffle(block)
+        order.append(block)
+    return order
+
+
+def _question(
+    options: KnobOptions, m: Metric, config_hash: str, arms: Sequence[_ArmSpec]
+) -> dict[str, Any]:
+    """What makes two requests the same question: a resumed sweep must match it."""
+    return {
+        "knob": options.knob,
+        "values": [value_key(a.value) for a in arms],
+        "arms": [a.experiment for a in arms],
+        "metric": m.name,
+        "blocks": options.blocks,
+        "slo": None if options.slo is None else options.slo.model_dump(mode="json"),
+        "mode": options.mode if m.name == CAPACITY else None,
+        "quick": options.quick,
+        "duration_s": options.duration_s,
+        "warmup_s": options.warmup_s,
+        "parent_config_hash": config_hash,
+    }
+
+
+def _unfinished(store: Store, parent: str, question: dict[str, Any]) -> KnobSweepRecord | None:
+    for record in reversed(store.list_knob_sweeps(parent)):
+        if record.status == "FINISHED":
+            continue
+        if record.spec.get("question") == question and record.status != "RUNNING":
+            return record
+    return None
+
+
+class _KnobSweep:
+    def __init__(
+        self,
+        store: Store,
+        options: KnobOptions,
+        progress: Progress,
+        context: Context,
+        arms: list[_ArmSpec],
+        m: Metric,
+        request: KnobRequest,
+        parent_value: Any,
+        on_cell: Callable[[KnobOutcome], None] | None,
+    ) -> None:
+        self.store, self.options, self.progress, self.context = store, options, progress, context
+        self.arms, self.metric, self.request = arms, m, request
+        self.parent_value = parent_value
+        self.on_cell = on_cell
+        parent = arms[0]
+        question = _question(options, m, parent.link.stored.config_hash, arms)
+        found = _unfinished(store, parent.experiment, question)
+        if found is not None:
+            self.id = found.id
+            self.uid = found.uid
+            self.order: list[list[int]] = found.spec["order"]
+            self.seed = int(found.spec["seed"])
+            self.measured_s = found.measured_s or 0.0
+            store.resume_knob_sweep(found.id)
+            kept = sum(1 for c in found.cells if c.run_id is not None or c.sweep_id is not None)
+            progress.note(
+                f"sweep-knob {found.id}: resuming ({found.status}); {kept} of "
+                f"{len(arms) * options.blocks} cells measured before"
+            )
+        else:
+            self.seed = (
+                options.seed if options.seed is not None else random.SystemRandom().randrange(2**31)
+            )
+            self.order = _order(self.seed, options.blocks, len(arms))
+            spec = {
+                "question": question,
+                "seed": self.seed,
+                "order": self.order,
+                "tie_break": options.tie_break,
+                "parent_value": value_key(parent_value),
+            }
+            self.id = store.create_knob_sweep(
+                experiment=parent.experiment, knob=request.key, metric=m.name, spec=spec
+            )
+            self.uid = store.get_knob_sweep(self.id).uid
+            self.measured_s = 0.0
+        self.outcome = KnobOutcome(self.id, "RUNNING", {}, self.measured_s)
+
+    # -- measuring ------------------------------------------------------------------------
+
+    def _figure(self, run_id: int | None, sweep_id: int | None) -> CellFigure:
+        if self.metric.name == CAPACITY:
+            return capacity_figure(None if sweep_id is None else self.store.get_sweep(sweep_id))
+        return run_figure(
+            self.store, None if run_id is None else self.store.get_run(run_id), self.metric
+        )
+
+    def _cells(self) -> dict[tuple[int, int], tuple[int | None, int | None]]:
+        record = self.store.get_knob_sweep(self.id)
+        return {(c.block, c.arm): (c.run_id, c.sweep_id) for c in record.cells}
+
+    def run(self) -> KnobOutcome:
+        try:
+            cells = self._cells()
+            for block, order in enumerate(self.order):
+                for position, arm in enumerate(order):
+                    held = cells.get((block, arm))
+                    if held is not None and self._figure(*held).value is not None:
+                        continue
+                    retried = held is not None  # measured before, not usable: once more
+                    for attempt in range(1 if retried else 2):
+                        status, figure = self._measure(
+                            block, position, arm, bool(attempt) or retried
+                        )
+                        if status == "KILLED":
+                            return self._finish("KILLED")
+                        if figure.value is not None:
+                            break
+        except KeyboardInterrupt:
+            self._finish("KILLED")
+            raise
+        except Exception as exc:
+            self._finish("FAILED", error=f"{type(exc).__name__}: {exc}")
+            raise
+        return self._finish("FINISHED")
+
+    def _measure(self, block: int, position: int, arm: int, again: bool) -> tuple[str, CellFigure]:
+        spec = self.arms[arm]
+        what = "the parent" if arm == 0 else f"{self.request.key} = {spec.value}"
+        self.progress.note(
+            f"sweep-knob {self.id} block {block + 1}/{len(self.order)}, "
+            f"{position + 1}/{len(self.arms)}: {what} ({spec.experiment})"
+            + (" again: the last one is not usable" if again else "")
+        )
+        run_id = sweep_id = None
+        if self.metric.name == CAPACITY:
+            assert self.options.slo is not None
+            outcomes = sweep(
+                spec.path,
+                self.store,
+                SweepOptions(
+                    slo=self.options.slo,
+                    mode="closed" if self.options.mode == "closed" else "open",
+                    quick=self.options.quick,
+                    reuse=False,
+                ),
+                self.progress,
+            )
+            out = outcomes[-1]
+            status, sweep_id, seconds = out.status, out.sweep_id, out.measured_s
+        else:
+            tag = {
+                "session": f"{SESSION_PREFIX}{self.uid}",
+                "index": block,
+                "role": "parent" if arm == 0 else "step",
+            }
+            run_options = RunOptions(
+                self.options.quick, self.options.duration_s, self.options.warmup_s
+            )
+            outcome = measure_in_block(
+                self.store, spec.link, run_options, self.progress, self.context, tag
+            )
+            status, run_id = outcome.status, outcome.run_id
+            record = self.store.get_run(run_id) if not outcome.pending else None
+            seconds = (
+                0.0 if record is None else (record.warmup_s or 0.0) + (record.duration_s or 0.0)
+            )
+        self.measured_s += seconds
+        if status == "KILLED":
+            return status, self._figure(None, None)
+        self.store.set_knob_cell(
+            self.id,
+            block=block,
+            arm=arm,
+            position=position,
+            run_id=run_id,
+            sweep_id=sweep_id,
+            measured_s=seconds,
+        )
+        figure = self._figure(run_id, sweep_id)
+        if self.on_cell is not None:
+            self.outcome.measured_s = self.measured_s
+            self.on_cell(self.outcome)
+        return status, figure
+
+    # -- reading --------------------------------------------------------------------------
+
+    def arm_data(self) -> tuple[list[Arm], list[float | None]]:
+        """Each arm's block entries, and its mean CPU (for the `cheapest` tie-break)."""
+        cells = self._cells()
+        blocks = len(self.order)
+        arms, cpu = [], []
+        for arm in range(len(self.arms)):
+            logs, ses, dfs, cpus = [], [], [], []
+            for block in range(blocks):
+                held = cells.get((block, arm))
+                figure = (
+                    self._figure(*held) if held else CellFigure(None, math.nan, math.nan, math.nan)
+                )
+                logs.append(figure.log)
+                ses.append(figure.se)
+                dfs.append(figure.df)
+                if held and held[0] is not None and figure.value is not None:
+                    summary = self.store.get_run(held[0]).summary
+                    if summary is not None:
+                        used = summary.resources.mean_of("service_cpu_pct")
+                        used = (
+                            used
+                            if used is not None
+                            else summary.resources.mean_of("cpu_process_pct")
+                        )
+                        if used is not None:
+                            cpus.append(used)
+            arms.append(Arm(logs, ses, dfs))
+            cpu.append(sum(cpus) / len(cpus) if cpus else None)
+        return arms, cpu
+
+    def _finish(self, status: str, error: str | None = None) -> KnobOutcome:
+        arms, cpu = self.arm_data()
+        document = decide(
+            arms,
+            values=[a.value for a in self.arms],
+            experiments=[a.experiment for a in self.arms],
+            asked=list(self.request.values),
+            parent_value=self.parent_value,
+            knob=self.request.key,
+            m=self.metric,
+            tie_break=self.options.tie_break,
+            cpu=cpu,
+        )
+        document |= {
+            "knob_sweep_id": self.id,
+            "status": status,
+            "blocks": len(self.order),
+            "measured_s": round(self.measured_s, 3),
+            "promoted": None,
+        }
+        self.store.finish_knob_sweep(
+            self.id, status=status, result=document, measured_s=self.measured_s, error=error
+        )
+        self.outcome = KnobOutcome(self.id, status, document, self.measured_s)
+        return self.outcome
+
+
+# -- deciding -----------------------------------------------------------------------------
+
+
+def _distance(value: Any, parent: Any, asked: Sequence[Any]) -> float:
+    """How far a value is from the parent's: on the log scale for positive numbers, else
+    the places between them in the list asked for."""
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (value, parent))
+    if numbers and value > 0 and parent > 0:
+        return float(abs(math.log(value / parent)))
+    if numbers:
+        return float(abs(value - parent))
+    keys = [value_key(v) for v in asked]
+    here = keys.index(value_key(value)) if value_key(value) in keys else len(keys)
+    there = keys.index(value_key(parent)) if value_key(parent) in keys else -1
+    return float(abs(here - there))
+
+
+def _tie_break(
+    tie: Sequence[int],
+    values: Sequence[Any],
+    asked: Sequence[Any],
+    parent: Any,
+    rule: str,
+    cpu: Sequence[float | None],
+) -> tuple[int | None, str]:
+    if not tie:
+        return None, "no arm has a figure"
+    if 0 in tie:
+        return 0, "the parent is in the tie: it stays"
+    if rule == "cheapest" and all(cpu[i] is not None for i in tie):
+        chosen = min(tie, key=lambda i: cpu[i] or 0.0)
+        return chosen, f"cheapest: {cpu[chosen]:.0f}% CPU"
+    chosen = min(tie, key=lambda i: (_distance(values[i], parent, asked), i))
+    note = "nearest the parent's value"
+    if rule == "cheapest":
+        note += " (cheapest asked, but a tied arm has no CPU figure)"
+    return chosen, note
+
+
+def _pct(x: float) -> str:
+    return f"{x:+.1f}%"
+
+
+def decide(
+    arms: Sequence[Arm],
+    *,
+    values: Sequence[Any],
+    experiments: Sequence[str],
+    asked: Sequence[Any],
+    parent_value: Any,
+    knob: str,
+    m: Metric,
+    tie_break: str,
+    cpu: Sequence[float | None],
+) -> dict[str, Any]:
+    """The sweep's answer from its arms (arm 0 the parent): effects, winner, tie, choice."""
+    selection: Selection = select_best(arms, higher_is_better=m.higher_is_better)
+    effects = [None] + [effect(arms[0], arm) for arm in arms[1:]]
+    by_value = {value_key(v): i for i, v in enumerate(values)}
+    rows = []
+    for value in asked:
+        i = by_value.get(value_key(value), 0)
+        logs = [x for x in arms[i].logs if math.isfinite(x)]
+        estimate = math.exp(sum(logs) / len(logs)) if logs else None
+        e = effects[i]
+        row: dict[str, Any] = {
+            "value": value,
+            "experiment": experiments[i],
+            "control": i == 0,
+            "estimate": estimate,
+            "blocks": len(logs),
+        }
+        if i == 0:
+            row |= {"effect_pct": 0.0, "interval": [0.0, 0.0], "significant": False}
+        elif e is None or not math.isfinite(e.low_pct):
+            row |= {
+                "effect_pct": None if e is None else e.delta_pct,
+                "interval": None,
+                "significant": False,
+            }
+        else:
+            row |= {
+                "effect_pct": e.delta_pct,
+                "interval": [e.low_pct, e.high_pct],
+                "significant": e.significant,
+            }
+        better = row["significant"] and e is not None and (e.delta_pct > 0) == m.higher_is_better
+        row["better"] = bool(better)
+        rows.append(row)
+    chosen, why = _tie_break(selection.tie, values, asked, parent_value, tie_break, cpu)
+    winner = selection.winner
+    measured = sum(1 for arm in arms for x in arm.logs if math.isfinite(x))
+    doc: dict[str, Any] = {
+        "schema_version": KNOB_SCHEMA_VERSION,
+        "experiment": experiments[0],
+        "knob": knob,
+        "metric": m.name,
+        "higher_is_better": m.higher_is_better,
+        "parent_value": parent_value,
+        "winner": None if winner is None else values[winner],
+        "winner_experiment": None if winner is None else experiments[winner],
+        "tie": [values[i] for i in selection.tie] if winner is None else [],
+        "chosen": None if chosen is None else values[chosen],
+        "chosen_experiment": None if chosen is None else experiments[chosen],
+        "tie_break": tie_break,
+        "tie_break_note": why if winner is None else None,
+        "alpha": ALPHA,
+        "values": rows,
+        "comparisons": [
+            {
+                "value": values[t.other],
+                "margin_pct": t.margin_pct,
+                "blocks": t.blocks,
+                "p": t.p,
+                "p_holm": t.p_holm,
+                "method": t.method,
+            }
+            for t in selection.tests
+        ],
+        "best": None if selection.best is None else values[selection.best],
+        "cells_measured": measured,
+    }
+    doc["sentence"] = sentence(doc, effects, measured, len(values))
+    return doc
+
+
+def sentence(doc: dict[str, Any], effects: Sequence[Any], measured: int, arms: int) -> str:
+    """ "In N measurements across M values of KEY, V is X% [a, b] better than the parent"."""
+    knob, label = doc["knob"], doc["metric"]
+    head = f"In {measured} measurements across {arms} values of {knob}"
+    pick = doc["winner"] if doc["winner"] is not None else doc["chosen"]
+    row = next((r for r in doc["values"] if value_key(r["value"]) == value_key(pick)), None)
+    if pick is None:
+        return f"{head}, nothing was measured to compare"
+    if row is None or row["control"] or not row["better"]:
+        tie = ", ".join(str(v) for v in doc["tie"]) or str(pick)
+        if doc["winner"] is not None and value_key(doc["winner"]) == value_key(doc["parent_value"]):
+            return f"{head}, the parent's {knob} = {doc['parent_value']} is best beyond noise"
+        return (
+            f"{head}, no value beats the parent ({knob} = {doc['parent_value']}) on "
+            f"{label} beyond noise (tied: {tie})"
+        )
+    low, high = row["interval"]
+    better = "better" if doc["higher_is_better"] == (row["effect_pct"] > 0) else "worse"
+    size = abs(row["effect_pct"])
+    lo, hi = sorted((abs(low), abs(high)))
+    verdict = (
+        "the winner" if doc["winner"] is not None else f"chosen from the tie ({doc['tie_break']})"
+    )
+    return (
+        f"{head}, {pick} is {size:.1f}% [{lo:.1f}, {hi:.1f}] {better} than the parent on "
+        f"{label} ({verdict})"
+    )
+
+
+# -- the command ----------------------------------------------------------------------------
+
+
+def _arms(
+    path: Path, store: Store, context: Context, request: KnobRequest, parent_value: Any
+) -> list[_ArmSpec]:
+    link = context.chain[-1]
+    hypothesis = f"sweep-knob: {request.key} = {{}} against {link.name}"
+    siblings = write_siblings(path, link.stored, link.name, request, hypothesis)
+    arms = [_ArmSpec(parent_value, link.name, path, link)]
+    for sibling in siblings:
+        sibling_link = prepare(sibling.path, store).chain[-1]
+        arms.append(_ArmSpec(sibling.value, sibling.name, sibling.path, sibling_link))
+    return arms
+
+
+def sweep_knob(
+    path: Path,
+    store: Store,
+    options: KnobOptions,
+    progress: Progress,
+    on_cell: Callable[[KnobOutcome], None] | None = None,
+) -> KnobOutcome:
+    """Sweep one knob of the experiment at `path` (see the module's docstring)."""
+    _check(options)
+    progress = GuardedProgress(progress)
+    for knob_id in store.mark_knob_sweeps_crashed(process_alive):
+        progress.note(f"sweep-knob {knob_id} was left RUNNING by a process that is gone: CRASHED")
+    context = open_context(path, store, progress)
+    link = context.chain[-1]
+    config = ResolvedConfig.model_validate(link.stored.config)
+    knobs = link.stored.config.get("knobs", {})
+    key_path = parse_key(options.knob, knobs, str(path))
+    parent_value = current_value(knobs, key_path)
+    values = parse_values(options.values, parent_value)
+    request = KnobRequest(".".join(key_path), key_path, values)
+    m = _metric_for(options, config, str(path))
+    arms = _arms(path, store, context, request, parent_value)
+    search = _KnobSweep(store, options, progress, context, arms, m, request, parent_value, on_cell)
+    outcome = search.run()
+    if options.promote and outcome.status == "FINISHED":
+        promoted, note = promote(path, outcome.document, arms)
+        outcome.promoted = promoted
+        outcome.notes.append(note)
+        if promoted is not None:
+            outcome.document["promoted"] = str(promoted)
+            store.finish_knob_sweep(
+                outcome.knob_sweep_id,
+                status=outcome.status,
+                result=outcome.document,
+                measured_s=outcome.measured_s,
+            )
+    return outcome
+
+
+_NUMBERED = re.compile(r"^(\d+)-")
+
+
+def promotable(document: dict[str, Any]) -> Any | None:
+    """The value to promote: the winner, or the tie-break's choice where it is better than
+    the parent beyond noise; None when the parent stays."""
+    pick = document["winner"] if document["winner"] is not None else document["chosen"]
+    if pick is None:
+        return None
+    row = next((r for r in document["values"] if value_key(r["value"]) == value_key(pick)), None)
+    if row is None or row["control"] or not row["better"]:
+        return None
+    return pick
+
+
+def promote(
+    path: Path, document: dict[str, Any], arms: Sequence[_ArmSpec]
+) -> tuple[Path | None, str]:
+    """Move the promoted value's sibling file beside the parent's, numbered after the folder's
+    highest, its hypothesis the sweep's sentence: the stacked-gains table grows by one row (its
+    runs are the sweep's, compared with the parent block by block)."""
+    pick = promotable(document)
+    if pick is None:
+        return None, f"nothing promoted: {document['sentence']}"
+    arm = next(a for a in arms if value_key(a.value) == value_key(pick))
+    folder = path.resolve().parent
+    found = [m for p in folder.iterdir() if (m := _NUMBERED.match(p.name))]
+    numbers = [int(m.group(1)) for m in found]
+    width = max((len(m.group(1)) for m in found), default=2)
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{document['knob']}-{pick}").strip("_")
+    name = f"{(max(numbers) + 1 if numbers else 1):0{width}d}-{slug}.yaml"
+    target = folder / name
+    if target.exists():
+        raise OptlabError(
+            f"--promote: {target} exists already", hint="rename or remove it, then run again"
+        )
+    data = yaml.safe_load(arm.path.read_text(encoding="utf-8"))
+    data["hypothesis"] = f"sweep-knob {document['knob_sweep_id']}: {document['sentence']}"
+    target.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    arm.path.unlink()
+    return target, f"promoted {document['knob']} = {pick} to {target}"
