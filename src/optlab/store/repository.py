@@ -22,6 +22,7 @@ from optlab.store.convert import experiment_record, stored_config
 from optlab.store.database import default_url, make_engine, masked
 from optlab.store.faults import failed
 from optlab.store.imports import ImportMixin
+from optlab.store.knob_sweeps import KnobSweepsMixin
 from optlab.store.measurements import MeasurementsMixin
 from optlab.store.models import (
     EXPERIMENT_KINDS,
@@ -34,7 +35,6 @@ from optlab.store.models import (
 from optlab.store.records import EnvironmentRecord, ExperimentRecord, StoredConfig
 from optlab.store.runs import RunsMixin, experiment_row
 from optlab.store.schema import verify_or_create
-from optlab.store.knob_sweeps import KnobSweepsMixin
 from optlab.store.sweeps import SweepsMixin
 from optlab.store.transfer import TransferMixin
 
