@@ -111,7 +111,7 @@ def golden_rows(name: str = "fewer-copies") -> list[TableRow]:
             p50_cumulative_low_pct=-50.0, p50_cumulative_high_pct=-40.0,
             p99_cumulative_low_pct=20.0, p99_cumulative_high_pct=46.0,
             step_confidence=1 - 0.01 / 3, cumulative_confidence=0.99,
-            step_method="paired t on log-ratios, 3 pairs",
+            step_method="paired t on log-ratios, 3 pairs", knob_sweep=7,
         ),
         table_row(
             experiment="int8", variable="precision", change="fp32 -> int8",

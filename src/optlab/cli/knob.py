@@ -130,3 +130,53 @@ def sweep_knob(
         ctx.exit(130)
     if outcome.status == "FAILED":
         ctx.exit(1)
+
+
+@click.command("knob-sweeps")
+@click.argument("experiment", required=False)
+@click.option("--show", "show_id", type=int, metavar="ID", help="One knob sweep, in full.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "markdown", "svg"]),
+    default="text",
+    show_default=True,
+    help="How --show prints it (svg: its knob-response chart).",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per knob sweep.")
+@click.pass_context
+def knob_sweeps(
+    ctx: click.Context, experiment: str | None, show_id: int | None, fmt: str, as_json: bool
+) -> None:
+    """List knob sweeps (oldest first), of one parent EXPERIMENT or all: the knob, the metric,
+    the winner or the tie, the status; --show ID prints one (docs/sweep-knob-json.md)."""
+    from optlab.reports.knob import (
+        knob_chart_svg,
+        render_knob,
+        render_knob_list,
+        render_knob_markdown,
+    )
+
+    store = open_store(ctx, read_only=True)
+    records = (
+        [store.get_knob_sweep(show_id)]
+        if show_id is not None
+        else store.list_knob_sweeps(experiment)
+    )
+    documents = [r.result or {"knob_sweep_id": r.id, "status": r.status} for r in records]
+    if as_json:
+        for doc in documents:
+            echo_or_reader_gone(json.dumps(doc, default=str, allow_nan=False))
+        return
+    if not records:
+        click.echo("no knob sweeps yet" + (f" for {experiment}" if experiment else ""))
+        return
+    if show_id is not None:
+        doc = documents[0]
+        if "sentence" not in doc:
+            echo_or_reader_gone(f"knob sweep {show_id}: {records[0].status}, no result yet")
+            return
+        render = {"markdown": render_knob_markdown, "svg": knob_chart_svg}.get(fmt, render_knob)
+        echo_or_reader_gone(render(doc))
+        return
+    echo_or_reader_gone(render_knob_list([d for d in documents if "sentence" in d]))

@@ -505,6 +505,7 @@ def decide(
             for t in selection.tests
         ],
         "best": None if selection.best is None else values[selection.best],
+        "unmeasured": [values[i] for i in selection.unmeasured],
         "cells_measured": measured,
     }
     doc["sentence"] = sentence(doc, effects, measured, len(values))
@@ -519,6 +520,9 @@ def sentence(doc: dict[str, Any], effects: Sequence[Any], measured: int, arms: i
     row = next((r for r in doc["values"] if value_key(r["value"]) == value_key(pick)), None)
     if pick is None:
         return f"{head}, nothing was measured to compare"
+    if doc["unmeasured"]:
+        missing = ", ".join(str(v) for v in doc["unmeasured"])
+        head += f" ({missing}: no valid measurement)"
     if row is None or row["control"] or not row["better"]:
         tie = ", ".join(str(v) for v in doc["tie"]) or str(pick)
         if doc["winner"] is not None and value_key(doc["winner"]) == value_key(doc["parent_value"]):

@@ -23,10 +23,11 @@ arms alone, so the false-winner rate stays below ``alpha`` (Hsu, *Multiple Compa
 1996, ch. 4, on comparing with the best). The m = k comparisons are Holm-adjusted
 (Holm 1979: the i-th smallest p-value times m - i + 1, made monotone), and a winner is named
 only when every adjusted p-value is below ``alpha`` and its margin over the runner-up is at
-least :data:`optlab.metrics.stats.MIN_EFFECT_PCT`. Otherwise the **tie set** is the best arm
-and every arm it does not beat that way; the caller applies its declared tie-break. "The
-parent is best" and "no value beats the parent beyond noise" are both answers: the parent is
-an arm like the others.
+least :data:`optlab.metrics.stats.MIN_EFFECT_PCT`. An arm with no valid measurement at
+all takes part in no comparison and is reported apart (`unmeasured`). Otherwise the **tie
+set** is the best arm and every arm it does not beat that way; the caller applies its
+declared tie-break. "The parent is best" and "no value beats the parent beyond noise" are
+both answers: the parent is an arm like the others.
 
 Checked against brute force and scipy in tests/unit/test_selection.py; its false-winner rate
 (A/A) and power are measured by benchmarks/knob_search.py.
@@ -83,6 +84,7 @@ class Selection:
     tie: tuple[int, ...]  # the arms not told apart from the best (the best first)
     tests: tuple[PairTest, ...]
     alpha: float
+    unmeasured: tuple[int, ...] = ()  # arms with no valid measurement: in no comparison
 
 
 def holm(p_values: Sequence[float]) -> list[float]:
@@ -224,21 +226,28 @@ def select_best(
         finite = logs[np.isfinite(logs)]
         means.append(sign * float(finite.mean()) if finite.size else -math.inf)
     if not arms or all(m == -math.inf for m in means):
-        return Selection(None, None, (), (), alpha)
+        return Selection(None, None, (), (), alpha, tuple(range(len(arms))))
     best = int(np.argmax(means))
-    raw = [_pair(arms[best], arm, i, sign) for i, arm in enumerate(arms) if i != best]
-    missing = [i for i, arm in enumerate(arms) if i != best and raw[i - (i > best)] is None]
-    tests = [t for t in raw if t is not None]
-    adjusted = holm([t.p for t in tests])
+    unmeasured = tuple(i for i, m in enumerate(means) if m == -math.inf)
+    raw = [
+        _pair(arms[best], arm, i, sign)
+        for i, arm in enumerate(arms)
+        if i != best and i not in unmeasured
+    ]
+    # An arm measured, but never in a block beside the best: not told apart from it.
+    apart = [t for t in raw if t is not None]
+    no_shared = tuple(
+        i
+        for i in range(len(arms))
+        if i != best and i not in unmeasured and all(t.other != i for t in apart)
+    )
+    adjusted = holm([t.p for t in apart])
     tests = [
         PairTest(t.other, t.margin_pct, t.blocks, t.se, t.df, t.p, q, t.method)
-        for t, q in zip(tests, adjusted, strict=True)
+        for t, q in zip(apart, adjusted, strict=True)
     ]
     beaten = {t.other for t in tests if t.p_holm < alpha and t.margin_pct >= min_effect_pct}
-    tie = (
-        best,
-        *sorted((t.other for t in tests if t.other not in beaten), key=lambda i: -means[i]),
-        *missing,
-    )
+    rest = [t.other for t in tests if t.other not in beaten] + list(no_shared)
+    tie = (best, *sorted(rest, key=lambda i: -means[i]))
     winner = best if len(tie) == 1 else None
-    return Selection(best, winner, tie, tuple(tests), alpha)
+    return Selection(best, winner, tie, tuple(tests), alpha, unmeasured)

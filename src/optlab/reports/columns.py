@@ -55,7 +55,7 @@ COLUMNS = (
     "qps_cumulative_low_pct", "qps_cumulative_high_pct", "p50_cumulative_low_pct",
     "p50_cumulative_high_pct", "p99_cumulative_low_pct", "p99_cumulative_high_pct",
     "step_confidence", "cumulative_confidence", "step_method",
-    *(column for column, _ in LLM_COLUMNS), "goodput_low", "goodput_high",
+    *(column for column, _ in LLM_COLUMNS), "goodput_low", "goodput_high", "knob_sweep",
 )  # fmt: skip
 
 # A step's capacity columns (`reports.capacity`), after the stage columns.

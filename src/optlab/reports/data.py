@@ -82,6 +82,8 @@ class ReportData:
     sweeps: list[SweepCurve] = field(default_factory=list)
     # (step, its run's diagnosis), for each step with a run (docs/diagnose.md).
     diagnoses: list[tuple[str, Diagnosis]] = field(default_factory=list)
+    # The documents of the knob sweeps the steps were promoted from (docs/sweep-knob-json.md).
+    knob_sweeps: list[dict[str, Any]] = field(default_factory=list)
 
 
 def cdf_points(encoded: str) -> list[tuple[float, float]]:
@@ -168,4 +170,16 @@ def collect_report(store: Store, table: StackedTable) -> ReportData:
         for row in table.rows
         if row.capacity is not None and row.capacity.capacity_sweep_id is not None
     ]
-    return ReportData(steps=steps, environments=environments, sweeps=sweeps, diagnoses=diagnoses)
+    knob_sweeps = [
+        result
+        for row in table.rows
+        if row.knob_sweep is not None
+        and (result := store.get_knob_sweep(row.knob_sweep).result) is not None
+    ]
+    return ReportData(
+        steps=steps,
+        environments=environments,
+        sweeps=sweeps,
+        diagnoses=diagnoses,
+        knob_sweeps=knob_sweeps,
+    )

@@ -425,6 +425,22 @@ def _environment(table: StackedTable, data: ReportData) -> str:
     return "".join(out)
 
 
+def _knob_sweeps(documents: list[dict[str, Any]]) -> str:
+    """The knob-response chart of each sweep a step was promoted from, with its sentence."""
+    from optlab.reports.knob import knob_chart_svg, render_knob
+
+    out = ["<h2>Knob sweeps</h2>"]
+    for doc in documents:
+        out.append(
+            f"<h3>sweep-knob {_e(doc.get('knob_sweep_id'))}: {_e(doc['knob'])} of "
+            f"{_e(doc['experiment'])}</h3>"
+        )
+        out.append(f"<p>{_e(doc['sentence'])}</p>")
+        out.append(knob_chart_svg(doc))
+        out.append(f"<pre>{_e(render_knob(doc))}</pre>")
+    return "\n".join(out)
+
+
 def render_html(stacked: StackedTable, data: ReportData) -> str:
     """The whole report as one HTML document (inline CSS and SVG, no script, no URL)."""
     header = stacked.header
@@ -460,6 +476,7 @@ def render_html(stacked: StackedTable, data: ReportData) -> str:
         _steps_detail(stacked),
         *([diagnosed] if (diagnosed := render_diagnosis_html(data.diagnoses)) else []),
         _charts(stacked, data),
+        *([_knob_sweeps(data.knob_sweeps)] if data.knob_sweeps else []),
         "<h2>Environment</h2>",
         _environment(stacked, data),
         "</body></html>",

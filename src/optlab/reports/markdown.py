@@ -70,6 +70,11 @@ def row_notes(row: TableRow) -> list[str]:
         notes.append("SLO failed: " + "; ".join(failures))
     if present(row.missing):
         notes.append(f"note: {row.missing}")
+    if row.knob_sweep is not None:
+        notes.append(
+            f"from sweep-knob {row.knob_sweep}: its values measured against the parent in "
+            f"blocks (`optlab knob-sweeps --show {row.knob_sweep}`)"
+        )
     if (capacity := capacity_note(row)) is not None:
         notes.append(capacity)
     return notes

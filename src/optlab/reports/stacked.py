@@ -144,6 +144,7 @@ class TableRow(_Figures):
     variable: str | None = None
     change: str | None = None
     hypothesis: str | None = None
+    knob_sweep: int | None = None  # the `optlab sweep-knob` whose runs stand for the step
     run_id: int | None = None
     runs: int = 0
     status: str | None = None

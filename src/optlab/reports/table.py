@@ -368,6 +368,23 @@ def _headline_changes(rows: list[dict[str, Any]]) -> None:
                 last = value
 
 
+KNOB_SESSION = "knob-"  # a `paired` session of `optlab sweep-knob`: "knob-<its uid>"
+
+
+def _mark_knob_sweeps(store: Store, steps: Sequence[ChainStep], rows: list[dict[str, Any]]) -> None:
+    """A step whose standing run was measured by `optlab sweep-knob` (as one of its values)
+    names that sweep: the table links a promoted value to the evidence it came from."""
+    uids: dict[str, int] | None = None
+    for step, row in zip(steps, rows, strict=True):
+        run = step.run
+        tag = run.summary.paired if run is not None and run.summary is not None else None
+        if tag is None or tag.role != "step" or not tag.session.startswith(KNOB_SESSION):
+            continue
+        if uids is None:
+            uids = {k.uid: k.id for k in store.list_knob_sweeps()}
+        row["knob_sweep"] = uids.get(tag.session.removeprefix(KNOB_SESSION))
+
+
 def stacked_table(store: Store, head: str, slo: Slo | None = None) -> StackedTable:
     """One row per step: figures, step and cumulative change in %, significance, verdict;
     and, where the chain was swept, capacity under `slo` (default: the SLO of the head's
@@ -422,6 +439,7 @@ def stacked_table(store: Store, head: str, slo: Slo | None = None) -> StackedTab
         confidence=CONFIDENCE,
         stages=tuple(stages),
     )
+    _mark_knob_sweeps(store, steps, rows)
     table = StackedTable(header=header, rows=tuple(TableRow.from_cells(row) for row in rows))
     return add_capacity(table, store, slo, CONFIDENCE)
 

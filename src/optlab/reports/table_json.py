@@ -191,6 +191,11 @@ class ChainEntry(BaseModel):
     step_method: str | None = Field(
         description="the statistic that judged the step (paired t on log-ratios, Welch t ...)"
     )
+    knob_sweep: int | None = Field(
+        None,
+        description="the `optlab sweep-knob` this step was promoted from (its runs are the "
+        "sweep's blocks, compared with the parent block by block); null otherwise",
+    )
 
     @model_serializer(mode="wrap")
     def _capacity_only_when_judged(self, handler: SerializerFunctionWrapHandler) -> Any:
