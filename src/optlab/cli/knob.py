@@ -180,3 +180,86 @@ def knob_sweeps(
         echo_or_reader_gone(render(doc))
         return
     echo_or_reader_gone(render_knob_list([d for d in documents if "sentence" in d]))
+
+
+@click.command("tune")
+@click.argument("experiment", type=EXPERIMENT_PATH)
+@click.option("--knobs", "knobs_text", required=True, metavar="A,B,...", help="Knobs, in order.")
+@click.option(
+    "--values",
+    "values_texts",
+    multiple=True,
+    required=True,
+    metavar="KNOB=V1,V2,...",
+    help="One per knob: the values to sweep it over.",
+)
+@click.option("--budget-s", type=float, metavar="S", help="Most measured seconds to spend.")
+@click.option("--metric", metavar="NAME", help=METRIC_HELP)
+@click.option("--slo", "slo_text", metavar="pNN=TIME", help="Compare capacities under this SLO.")
+@click.option("--blocks", type=int, default=3, show_default=True, help="Blocks per knob sweep.")
+@click.option("--quick", is_flag=True, help="Seconds-long PROVISIONAL runs (demos, tests).")
+@click.option("--duration", type=float, metavar="S", help="Measured seconds of each run.")
+@click.option("--warmup", type=float, metavar="S", help="Fixed warmup instead of until-stable.")
+@click.option("--seed", type=int, help="The blocks' random order (default: drawn).")
+@click.option("--json", "as_json", is_flag=True, help="Last stdout line: the tune's JSON.")
+@click.pass_context
+def tune(
+    ctx: click.Context,
+    experiment: str,
+    knobs_text: str,
+    values_texts: tuple[str, ...],
+    budget_s: float | None,
+    metric: str | None,
+    slo_text: str | None,
+    blocks: int,
+    quick: bool,
+    duration: float | None,
+    warmup: float | None,
+    seed: int | None,
+    as_json: bool,
+) -> None:
+    """Tune EXPERIMENT one knob at a time: sweep each knob in the order given (`optlab
+    sweep-knob`), promote its winner, then check for interactions: the first knob swept again
+    at the final config ("order-dependent gain" when its best value moved) and a 2x2 of the
+    two knobs that gained most. Exit codes as sweep-knob's."""
+    from optlab.config.slo import parse_slo
+    from optlab.knobs.search import KnobOptions
+    from optlab.knobs.tune_run import TuneOptions, run_tune, tune_document
+    from optlab.run.progress import GuardedProgress
+
+    sweep_options = KnobOptions(
+        knob="",
+        values="",
+        metric=metric,
+        slo=None if slo_text is None else parse_slo(slo_text),
+        blocks=blocks,
+        quick=quick,
+        duration_s=duration,
+        warmup_s=warmup,
+        seed=seed,
+    )
+    options = TuneOptions(knobs_text, values_texts, budget_s, sweep_options)
+    store = open_store(ctx, url=store_url(ctx, experiment))
+    live = sys.stderr.isatty() and not as_json
+    shown: PlainProgress | LiveProgress = LiveProgress() if live else PlainProgress()
+    progress = GuardedProgress(shown)
+    try:
+        result = run_tune(Path(experiment), store, options, progress)
+    except KeyboardInterrupt:
+        shown.close()
+        ctx.exit(130)
+    finally:
+        shown.close()
+    doc = tune_document(result, experiment)
+    lines = [f"tune {experiment}: {len(result.steps)} knob sweeps, {result.measured_s:,.0f} s"]
+    lines += [f"  {s['purpose']}: {s['sentence']}" for s in doc["steps"]]
+    lines += [f"FLAG {flag}" for flag in result.flags] or ["no interaction flagged"]
+    if result.stopped:
+        lines.append(f"stopped: {result.stopped}")
+    lines.append(f"final: {result.final}")
+    text = "\n".join(lines)
+    if as_json:
+        progress.note(text)
+        echo_or_reader_gone(json.dumps(doc, default=str, allow_nan=False))
+    else:
+        echo_or_reader_gone(text)

@@ -95,6 +95,7 @@ def _register() -> None:
     cli.add_command(sweep.sweeps)
     cli.add_command(knob.sweep_knob)
     cli.add_command(knob.knob_sweeps)
+    cli.add_command(knob.tune)
     cli.add_command(diagnose.diagnose)
     cli.add_command(db.db)
     cli.add_command(demo.demo)

@@ -73,7 +73,7 @@ SESSION_PREFIX = "knob-"
 @dataclass(frozen=True)
 class KnobOptions:
     knob: str
-    values: str  # as typed: comma-separated
+    values: str | tuple[Any, ...]  # as typed (comma-separated), or already parsed
     metric: str | None = None  # default: capacity with an SLO, else qps (closed) or p99 (open)
     slo: Slo | None = None
     blocks: int = 3
@@ -377,6 +377,7 @@ class _KnobSweep:
             "blocks": len(self.order),
             "measured_s": round(self.measured_s, 3),
             "promoted": None,
+            "promoted_experiment": None,
         }
         self.store.finish_knob_sweep(
             self.id, status=status, result=document, measured_s=self.measured_s, error=error
@@ -578,7 +579,11 @@ def sweep_knob(
     knobs = link.stored.config.get("knobs", {})
     key_path = parse_key(options.knob, knobs, str(path))
     parent_value = current_value(knobs, key_path)
-    values = parse_values(options.values, parent_value)
+    values = (
+        parse_values(options.values, parent_value)
+        if isinstance(options.values, str)
+        else tuple(options.values)
+    )
     request = KnobRequest(".".join(key_path), key_path, values)
     m = _metric_for(options, config, str(path))
     arms = _arms(path, store, context, request, parent_value)
@@ -590,6 +595,11 @@ def sweep_knob(
         outcome.notes.append(note)
         if promoted is not None:
             outcome.document["promoted"] = str(promoted)
+            outcome.document["promoted_experiment"] = next(
+                a.experiment
+                for a in arms
+                if value_key(a.value) == value_key(promotable(outcome.document))
+            )
             store.finish_knob_sweep(
                 outcome.knob_sweep_id,
                 status=outcome.status,

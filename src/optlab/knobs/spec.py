@@ -190,7 +190,8 @@ def write_siblings(
     request: KnobRequest,
     hypothesis: str,
 ) -> list[Sibling]:
-    """One step file per value other than the parent's, each changing only the knob; each
+    """One step file per value other than the parent's (`hypothesis` with `{}` for the
+    value), each changing only the knob; each
     loaded and planned like any step file (the target's knob model and the one-variable rule),
     so a refused value stops everything before a run. Files this call wrote are removed again
     when it refuses."""
@@ -210,7 +211,7 @@ def write_siblings(
                 {
                     "name": name,
                     "parent": parent_name,
-                    "hypothesis": hypothesis,
+                    "hypothesis": hypothesis.replace("{}", _slug(value)),
                     "change": _change(request.path, value),
                 },
                 sort_keys=False,
@@ -237,3 +238,16 @@ def write_siblings(
             path.unlink(missing_ok=True)
         raise
     return siblings
+
+
+def derive_step(
+    parent_path: Path, parent: StoredConfig, parent_name: str, path: Sequence[str], value: Any
+) -> Path:
+    """The step file that changes only `path` to `value` against the parent (`optlab tune`'s
+    configs between sweeps): a sibling like a knob sweep's, written where they are."""
+    key = ".".join(path)
+    request = KnobRequest(key, tuple(path), (value,))
+    siblings = write_siblings(parent_path, parent, parent_name, request, f"tune: {key} = {{}}")
+    if not siblings:
+        return parent_path  # the parent has that value already
+    return siblings[0].path

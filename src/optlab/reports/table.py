@@ -368,21 +368,18 @@ def _headline_changes(rows: list[dict[str, Any]]) -> None:
                 last = value
 
 
-KNOB_SESSION = "knob-"  # a `paired` session of `optlab sweep-knob`: "knob-<its uid>"
-
-
 def _mark_knob_sweeps(store: Store, steps: Sequence[ChainStep], rows: list[dict[str, Any]]) -> None:
-    """A step whose standing run was measured by `optlab sweep-knob` (as one of its values)
-    names that sweep: the table links a promoted value to the evidence it came from."""
-    uids: dict[str, int] | None = None
+    """A step promoted from an `optlab sweep-knob` names that sweep: the table links the value
+    to the evidence it came from (its runs are the sweep's blocks)."""
+    promoted = {
+        str(k.result.get("promoted_experiment")): k.id
+        for k in store.list_knob_sweeps()
+        if k.result is not None and k.result.get("promoted_experiment")
+    }
+    if not promoted:
+        return
     for step, row in zip(steps, rows, strict=True):
-        run = step.run
-        tag = run.summary.paired if run is not None and run.summary is not None else None
-        if tag is None or tag.role != "step" or not tag.session.startswith(KNOB_SESSION):
-            continue
-        if uids is None:
-            uids = {k.uid: k.id for k in store.list_knob_sweeps()}
-        row["knob_sweep"] = uids.get(tag.session.removeprefix(KNOB_SESSION))
+        row["knob_sweep"] = promoted.get(step.experiment)
 
 
 def stacked_table(store: Store, head: str, slo: Slo | None = None) -> StackedTable:
