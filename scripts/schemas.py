@@ -29,6 +29,7 @@ from optlab.config.models import (
     StepFile,
 )
 from optlab.diagnose.document import DiagnoseDocument
+from optlab.knobs.document import KnobSweepDocument, TuneDocument
 from optlab.reports.sweep_json import SweepDocument
 from optlab.reports.table_json import TableDocument
 from optlab.store.summary import RunSummary
@@ -127,6 +128,10 @@ def sweep_schema() -> dict[str, Any]:
     return schema
 
 
+def knob_schemas() -> tuple[dict[str, Any], dict[str, Any]]:
+    return _with_defs(KnobSweepDocument)[0], _with_defs(TuneDocument)[0]
+
+
 def diagnose_schema() -> dict[str, Any]:
     schema, _ = _with_defs(DiagnoseDocument)
     return schema
@@ -140,6 +145,8 @@ def schemas() -> dict[str, dict[str, Any]]:
         "table.schema.json": table_schema(),
         "sweep.schema.json": sweep_schema(),
         "diagnose.schema.json": diagnose_schema(),
+        "sweep-knob.schema.json": knob_schemas()[0],
+        "tune.schema.json": knob_schemas()[1],
     }
     return {name: {"$schema": DIALECT, **schema} for name, schema in found.items()}
 

@@ -35,6 +35,8 @@ EXAMPLES = {
     ("table-json.md", "json"): "table",
     ("sweep-json.md", "json"): "sweep",
     ("diagnose-json.md", "json"): "diagnose",
+    ("sweep-knob-json.md", "json"): "sweep-knob",
+    ("tune-json.md", "json"): "tune",
 }
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 

@@ -244,13 +244,13 @@ def tune(
     shown: PlainProgress | LiveProgress = LiveProgress() if live else PlainProgress()
     progress = GuardedProgress(shown)
     try:
-        result = run_tune(Path(experiment), store, options, progress)
+        result, name = run_tune(Path(experiment), store, options, progress)
     except KeyboardInterrupt:
         shown.close()
         ctx.exit(130)
     finally:
         shown.close()
-    doc = tune_document(result, experiment)
+    doc = tune_document(result, name)
     lines = [f"tune {experiment}: {len(result.steps)} knob sweeps, {result.measured_s:,.0f} s"]
     lines += [f"  {s['purpose']}: {s['sentence']}" for s in doc["steps"]]
     lines += [f"FLAG {flag}" for flag in result.flags] or ["no interaction flagged"]

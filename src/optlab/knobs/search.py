@@ -379,11 +379,20 @@ class _KnobSweep:
             "promoted": None,
             "promoted_experiment": None,
         }
+        document = checked(document)
         self.store.finish_knob_sweep(
             self.id, status=status, result=document, measured_s=self.measured_s, error=error
         )
         self.outcome = KnobOutcome(self.id, status, document, self.measured_s)
         return self.outcome
+
+
+def checked(document: dict[str, Any]) -> dict[str, Any]:
+    """The document as its model (docs/sweep-knob-json.md) says it is: a field the code
+    forgot or misnamed fails here, before anything is stored or printed."""
+    from optlab.knobs.document import KnobSweepDocument
+
+    return KnobSweepDocument.model_validate(document).model_dump(mode="json")
 
 
 # -- deciding -----------------------------------------------------------------------------
@@ -600,6 +609,7 @@ def sweep_knob(
                 for a in arms
                 if value_key(a.value) == value_key(promotable(outcome.document))
             )
+            outcome.document = checked(outcome.document)
             store.finish_knob_sweep(
                 outcome.knob_sweep_id,
                 status=outcome.status,

@@ -72,8 +72,8 @@ def parse_space(
 
 def run_tune(
     path: Path, store: Store, options: TuneOptions, progress: Progress
-) -> TuneResult[Path]:
-    """Tune the experiment at `path` (see `optlab.knobs.tune`)."""
+) -> tuple[TuneResult[Path], str]:
+    """Tune the experiment at `path` (see `optlab.knobs.tune`); and the experiment's name."""
     base = options.sweep or KnobOptions(knob="", values="")
     start = prepare(path, store).chain[-1]
     space = parse_space(
@@ -108,13 +108,20 @@ def run_tune(
         link = prepare(config, store).chain[-1]
         return derive_step(config, link.stored, link.name, knob.split("."), value)
 
-    return tune(
+    result = tune(
         path, space, sweep=sweep, derive=derive, value_of=value_of, budget_s=options.budget_s
     )
+    return result, start.name
 
 
 def tune_document(result: TuneResult[Path], experiment: str) -> dict[str, Any]:
     """`optlab tune --json`'s document (docs/sweep-knob-json.md, "tune")."""
+    from optlab.knobs.document import TuneDocument
+
+    return TuneDocument.model_validate(_tune_fields(result, experiment)).model_dump(mode="json")
+
+
+def _tune_fields(result: TuneResult[Path], experiment: str) -> dict[str, Any]:
     return {
         "schema_version": TUNE_SCHEMA_VERSION,
         "experiment": experiment,
