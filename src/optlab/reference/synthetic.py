@@ -5,6 +5,12 @@ arrivals an M/M/c, M/D/c or M/G/c queue (exponential, fixed, lognormal service) 
 law and capacity :mod:`optlab.reference.queueing` computes. Without, every caller is served at
 once: no queue.
 
+With ``max_batch_size`` set (and servers) it batches dynamically, Triton-like: one open batch
+collects arrivals until it is full or, at ``max(first arrival + max_wait_ms, the earliest server
+free time)``, it closes; a batch of n takes ``service_ms + per_item_ms n + per_item2_ms n^2``
+ms on the server that frees first. :mod:`optlab.reference.batching` states the rule, and
+simulates it for its exact latencies and capacity.
+
 Stalls freeze the server: service time only accrues outside the stall windows
 ``[k * stall_every, k * stall_every + stall)`` for k = 1, 2, ... (seconds from construction),
 so a request in service or waiting when a stall begins is held until it ends, like a
@@ -14,13 +20,14 @@ queue with the same stalls gives, which is what an honest open-loop measurement 
 
 from __future__ import annotations
 
+import collections
 import heapq
 import math
 import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -30,6 +37,10 @@ from optlab.config.knobs import StrictModel
 from optlab.config.validation import target_knobs
 from optlab.load.timerslack import sleep_until
 from optlab.metrics.stages import stage
+from optlab.reference.batching import Batch, BatchQueue, batch_costs_ns
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = [
     "SyntheticKnobs",
@@ -65,6 +76,40 @@ class SyntheticKnobs(StrictModel):
     stall_ms: float = Field(0.0, ge=0, description="how long each stall freezes the server")
     error_rate: float = Field(0.0, ge=0, le=1, description="fraction raising RuntimeError")
     seed: int = 0
+    max_batch_size: int | None = Field(
+        None,
+        ge=1,
+        le=4096,
+        description="dynamic batching: the most requests one batch on a server takes "
+        "(needs servers); null: no batching, each request served alone",
+    )
+    max_wait_ms: float = Field(
+        0.0,
+        ge=0,
+        le=60_000,
+        description="how long the oldest request of an open batch may wait for it to fill "
+        "(while every server is busy it fills on regardless)",
+    )
+    per_item_ms: float = Field(
+        0.0,
+        ge=0,
+        le=60_000,
+        description="a batch of n takes service_ms + per_item_ms n + per_item2_ms n^2 "
+        "(service_ms: the fixed cost per batch)",
+    )
+    per_item2_ms: float = Field(
+        0.0,
+        ge=0,
+        le=60_000,
+        description="the quadratic term of a batch's time: with it a server's throughput "
+        "n / time(n) peaks at n = sqrt(service_ms / per_item2_ms)",
+    )
+    interaction: bool = Field(
+        False,
+        description="the planted interaction: the servers share one memory, so the quadratic "
+        "term is per_item2_ms x servers and the best batch size, sqrt(service_ms / "
+        "(per_item2_ms servers)), shrinks as servers grow; false: it does not depend on them",
+    )
 
     @model_validator(mode="after")
     def _stall_shorter_than_period(self) -> SyntheticKnobs:
@@ -81,6 +126,32 @@ class SyntheticKnobs(StrictModel):
             raise ValueError(
                 f"single_server: true means servers: 1, but servers is {self.servers}: "
                 "set one of the two knobs"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _batching_knobs(self) -> SyntheticKnobs:
+        if self.max_batch_size is None:
+            extra = [
+                name
+                for name in ("max_wait_ms", "per_item_ms", "per_item2_ms", "interaction")
+                if getattr(self, name)
+            ]
+            if extra:
+                raise ValueError(
+                    f"{', '.join(extra)} only shape batches: set max_batch_size with them "
+                    "(max_batch_size: 1 serves each request alone)"
+                )
+            return self
+        if self.queue_servers is None:
+            raise ValueError(
+                "max_batch_size batches requests onto servers, but servers is null (no "
+                "queue): set servers (e.g. servers: 1) with it"
+            )
+        if self.stall_every_s is not None:
+            raise ValueError(
+                "stalls (stall_every_s) and batching (max_batch_size) are not modelled "
+                "together: unset one of them"
             )
         return self
 
@@ -142,6 +213,13 @@ class SyntheticTarget:
     FCFS whatever order the threads are woken in, and a late wake-up delays only its own
     request, never the ones behind it.
 
+    With ``max_batch_size`` set, a call joins a batch of :class:`BatchQueue` under the same
+    lock, at its arrival. While its batch is open it waits on the batch's Event, set by the
+    arrival that fills it, for up to the batch's T_close; then whoever takes the lock first
+    closes it (at T_close, however late the thread wakes: the schedule stays the model's). The
+    members then sleep to the batch's start ("queue") and done ("service"), as unbatched
+    requests do. ``batch_sizes`` counts the batches closed by size.
+
     ``now`` and ``sleep_until`` are the clock it reads and sleeps on (``perf_counter_ns``
     and :func:`optlab.load.timerslack.sleep_until` unless given): the seam through which a
     test drives the schedule with a fake clock and reads each call's begin and done exactly.
@@ -169,6 +247,24 @@ class SyntheticTarget:
         # The servers' free times, ns from t0; None: unlimited servers, nobody queues.
         self._free: list[int] | None = None if servers is None else [0] * servers
         self._lock = threading.Lock()
+        self._batches: BatchQueue | None = None
+        # Each open batch's waiters: an Event for threads, a Future in queue_app's event loop.
+        self._waiting: dict[int, threading.Event | asyncio.Future[None]] = {}
+        self.batch_sizes: collections.Counter[int] = collections.Counter()
+        if knobs.max_batch_size is not None:
+            assert servers is not None  # the knobs refuse batching without servers
+            costs = batch_costs_ns(knobs)
+
+            def batch_ns(n: int) -> int:
+                return round(costs[n] * self.batch_scale())
+
+            self._batches = BatchQueue(
+                servers,
+                knobs.max_batch_size,
+                round(knobs.max_wait_ms * 1e6),
+                batch_ns,
+                on_close=self._closed,
+            )
 
     @property
     def t0_ns(self) -> int:
@@ -177,7 +273,14 @@ class SyntheticTarget:
         return self._t0
 
     def __call__(self, request: Any) -> Any:
-        if self._free is None:
+        if self._batches is not None:
+            with stage("queue"):
+                batch = self._join_batch()
+                assert batch.start_ns is not None and batch.done_ns is not None
+                self._sleep_until(self._t0 + batch.start_ns)
+            with stage("service"):
+                self._sleep_until(self._t0 + batch.done_ns)
+        elif self._free is None:
             with stage("service"):
                 self._serve()
         else:
@@ -198,6 +301,55 @@ class SyntheticTarget:
         if self.knobs.distribution == "exponential":
             return round(self._rng.expovariate(1.0) * self._service_ns)
         return round(self._rng.lognormvariate(self._mu, self.knobs.sigma) * 1e6)
+
+    def batch_scale(self) -> float:
+        """One batch's time scale: 1 (fixed) or a seeded draw, lognormal of median 1 with
+        ``sigma`` or exponential of mean 1, from the generator the service times use."""
+        if self.knobs.distribution == "fixed":
+            return 1.0
+        if self.knobs.distribution == "exponential":
+            return self._rng.expovariate(1.0)
+        return self._rng.lognormvariate(0.0, self.knobs.sigma)
+
+    def _arrive(self) -> Batch:
+        """Joins (or opens) a batch at this arrival, under the lock; the batch, maybe open."""
+        batches = self._batches
+        assert batches is not None
+        with self._lock:
+            return batches.arrive(self._now() - self._t0)
+
+    def _close_due(self) -> None:
+        batches = self._batches
+        assert batches is not None
+        with self._lock:
+            batches.close_due(self._now() - self._t0)
+
+    def _closed(self, batch: Batch) -> None:
+        """BatchQueue's on_close (under the lock): wake the batch's waiters."""
+        self.batch_sizes[batch.size] += 1
+        waiting = self._waiting.pop(batch.index, None)
+        if isinstance(waiting, threading.Event):
+            waiting.set()
+        elif waiting is not None and not waiting.done():
+            waiting.set_result(None)
+
+    def _join_batch(self) -> Batch:
+        """This call's batch, once it has closed (its start and done are then set)."""
+        batches = self._batches
+        assert batches is not None
+        with self._lock:
+            batch = batches.arrive(self._now() - self._t0)
+            if batch.closed:
+                return batch
+            event = self._waiting.setdefault(batch.index, threading.Event())
+            assert isinstance(event, threading.Event)
+        while not batch.closed:
+            remaining = self._t0 + batch.close_ns - self._now()
+            if remaining > 0:
+                event.wait(remaining / 1e9)
+            else:
+                self._close_due()
+        return batch
 
     def _schedule(self) -> tuple[int, int]:
         """This arrival's (begin, done) in ns from t0 on the server that frees first."""
@@ -240,17 +392,48 @@ def queue_app(target: SyntheticTarget) -> Any:
     its servers at arrival (FCFS, as in process) and answered when its service ends; `GET
     /health` answers at once. The event loop sleeps to each request's finish, so one thread
     serves any number of waiting requests and the queue is the target's, not the server's.
-    A `Server-Timing` header gives the `queue` and `service` stages in ms."""
+    A `Server-Timing` header gives the `queue` and `service` stages in ms.
+
+    With batching, each open batch has a Future its members await, resolved when the batch
+    closes: by the arrival that fills it, or by a `loop.call_at` timer at its T_close."""
     import asyncio
 
     from aiohttp import web
 
+    def close_when_due(batch: Batch) -> None:
+        if batch.closed:
+            return
+        late = target._now() - (target.t0_ns + batch.close_ns)
+        if late < 0:  # woken early against the target's clock: wait out the rest
+            asyncio.get_running_loop().call_later(-late / 1e9, close_when_due, batch)
+        else:
+            target._close_due()
+
+    async def batched() -> tuple[int, int, int]:
+        loop = asyncio.get_running_loop()
+        batch = target._arrive()
+        arrival = batch.members[-1]
+        if not batch.closed:
+            future = target._waiting.get(batch.index)
+            if future is None:  # the batch just opened: its Future and its T_close timer
+                future = loop.create_future()
+                target._waiting[batch.index] = future
+                delay = (target.t0_ns + batch.close_ns - target._now()) / 1e9
+                loop.call_at(loop.time() + delay, close_when_due, batch)
+            assert not isinstance(future, threading.Event)
+            await future
+        assert batch.start_ns is not None and batch.done_ns is not None
+        return arrival, batch.start_ns, batch.done_ns
+
     async def call(request: web.Request) -> web.Response:
         await request.read()
-        arrival = target._now() - target.t0_ns
-        if target._free is None:  # no queue: every request served at once
+        if target._batches is not None:
+            arrival, begin, done = await batched()
+        elif target._free is None:  # no queue: every request served at once
+            arrival = target._now() - target.t0_ns
             begin, done = arrival, arrival + target.service_time()
         else:
+            arrival = target._now() - target.t0_ns
             begin, done = target._schedule()
         wait = (target.t0_ns + done - target._now()) / 1e9
         if wait > 0:
@@ -270,7 +453,9 @@ def queue_app(target: SyntheticTarget) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """`python -m optlab.reference.synthetic --port P [--servers C] [--distribution D]
-    [--service-ms MS] [--seed S]`: the synthetic queue as an HTTP service on 127.0.0.1."""
+    [--service-ms MS] [--seed S] [--max-batch-size N [--max-wait-ms MS] [--per-item-ms MS]
+    [--per-item2-ms MS] [--interaction]]`: the synthetic queue as an HTTP service on
+    127.0.0.1."""
     import argparse
 
     from aiohttp import web
@@ -283,6 +468,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--service-ms", type=float, default=10.0)
     parser.add_argument("--sigma", type=float, default=0.5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-batch-size", type=int, default=None)
+    parser.add_argument("--max-wait-ms", type=float, default=0.0)
+    parser.add_argument("--per-item-ms", type=float, default=0.0)
+    parser.add_argument("--per-item2-ms", type=float, default=0.0)
+    parser.add_argument("--interaction", action="store_true")
     args = parser.parse_args(argv)
     knobs = {
         "servers": args.servers,
@@ -290,6 +480,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         "service_ms": args.service_ms,
         "sigma": args.sigma,
         "seed": args.seed,
+        "max_batch_size": args.max_batch_size,
+        "max_wait_ms": args.max_wait_ms,
+        "per_item_ms": args.per_item_ms,
+        "per_item2_ms": args.per_item2_ms,
+        "interaction": args.interaction,
     }
     web.run_app(queue_app(build(knobs)), host=args.host, port=args.port, print=None)
 
