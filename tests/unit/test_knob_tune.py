@@ -1,0 +1,165 @@
+"""The knob sweep's decision (`knobs.search.decide`) and the tune's procedure (`knobs.tune`) on
+fake measurements: pure, exact truths."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from optlab.knobs.document import KnobSweepDocument
+from optlab.knobs.metric import METRICS
+from optlab.knobs.search import decide, promotable
+from optlab.knobs.tune import interaction_of, tune
+from optlab.metrics.selection import Arm
+
+BLOCKS = 4
+
+
+def _doc(truths: dict[Any, float], parent: Any, *, noise: float = 0.01, seed: int = 0,
+         tie_break: str = "nearest", cpu: Sequence[float | None] | None = None,
+         metric: str = "qps") -> dict[str, Any]:
+    """A sweep document from exact truths measured with `noise` (log-sd) per cell, the
+    parent first as the search puts it."""
+    rng = np.random.default_rng(seed)
+    values = [parent, *[v for v in truths if v != parent]]
+    arms = []
+    for v in values:
+        logs = list(math.log(truths[v]) + rng.normal(0, noise, BLOCKS))
+        arms.append(Arm(logs, [noise] * BLOCKS, [30.0] * BLOCKS))
+    doc = decide(
+        arms, values=values, experiments=[f"e{v}" for v in values], asked=list(truths),
+        parent_value=parent, knob="k", m=METRICS[metric], tie_break=tie_break,
+        cpu=list(cpu) if cpu is not None else [None] * len(values),
+    )
+    doc |= {"knob_sweep_id": 1, "status": "FINISHED", "blocks": BLOCKS,
+            "measured_s": float(len(values) * BLOCKS), "promoted": None,
+            "promoted_experiment": None}
+    KnobSweepDocument.model_validate(doc)  # the documented shape, whatever the case
+    return doc
+
+
+def test_a_clear_winner_is_named_with_its_sentence() -> None:
+    doc = _doc({1: 100.0, 2: 150.0, 4: 120.0}, parent=1)
+    assert doc["winner"] == 2 and doc["tie"] == []
+    row = next(r for r in doc["values"] if r["value"] == 2)
+    assert row["interval"][0] < 50.0 < row["interval"][1] and row["better"]
+    assert doc["sentence"].startswith("In 12 measurements across 3 values of k, 2 is 50.")
+    assert promotable(doc) == 2
+
+
+def test_lower_is_better_for_latency() -> None:
+    doc = _doc({1: 10.0, 2: 7.0, 4: 12.0}, parent=1, metric="p99")
+    assert doc["winner"] == 2
+    assert "better than the parent on p99" in doc["sentence"]
+
+
+def test_no_value_beats_the_parent_so_it_stays() -> None:
+    doc = _doc({1: 100.0, 2: 100.0, 4: 100.0}, parent=1, noise=0.02)
+    assert doc["winner"] is None and doc["chosen"] == 1
+    assert "no value beats the parent" in doc["sentence"]
+    assert promotable(doc) is None
+
+
+def test_the_tie_break_picks_the_nearest_or_the_cheapest() -> None:
+    # 8 and 16 tie, both far better than the parent 1.
+    truths = {1: 100.0, 8: 200.0, 16: 200.5}
+    nearest = _doc(truths, parent=1)
+    assert nearest["winner"] is None and set(nearest["tie"]) == {8, 16}
+    assert nearest["chosen"] == 8  # nearer 1 on the log scale
+    assert promotable(nearest) == 8  # beats the parent beyond noise: promoted
+    cheapest = _doc(truths, parent=1, tie_break="cheapest", cpu=[50.0, 90.0, 60.0])
+    assert cheapest["chosen"] == 16 and "cheapest" in cheapest["tie_break_note"]
+    # A tied arm without a CPU figure: nearest, and said so.
+    fallback = _doc(truths, parent=1, tie_break="cheapest", cpu=[50.0, None, 60.0])
+    assert fallback["chosen"] == 8 and "no CPU figure" in fallback["tie_break_note"]
+
+
+def test_string_values_are_near_by_their_place_in_the_list() -> None:
+    doc = _doc({"a": 100.0, "b": 150.0, "c": 150.2, "d": 150.1}, parent="a")
+    assert doc["winner"] is None and doc["chosen"] == "b"
+
+
+# -- tune ---------------------------------------------------------------------------------
+
+
+def _surface(interaction: bool):  # type: ignore[no-untyped-def]
+    """Capacity of (batch, servers): the best batch is 8 at any server count, or, with the
+    interaction, 8 at 1 server and 4 at 4."""
+
+    def capacity(c: dict[str, Any]) -> float:
+        b, s = c["batch"], c["servers"]
+        best = 8 if not interaction or s == 1 else 4
+        return s * 100.0 * math.exp(-((math.log2(b) - math.log2(best)) ** 2) / 4)
+
+    return capacity
+
+
+def _run_tune(interaction: bool, seed: int = 0):  # type: ignore[no-untyped-def]
+    capacity = _surface(interaction)
+    calls = []
+
+    def sweep(
+        config: dict[str, Any], knob: str, values: Sequence[Any], purpose: str
+    ) -> dict[str, Any]:
+        calls.append((purpose, knob, dict(config)))
+        truths = {v: capacity({**config, knob: v}) for v in values}
+        truths.setdefault(config[knob], capacity(config))
+        return _doc(truths, parent=config[knob], seed=seed + len(calls))
+
+    result = tune(
+        {"batch": 1, "servers": 1},
+        [("batch", (1, 2, 4, 8, 16)), ("servers", (1, 2, 4))],
+        sweep=sweep,
+        derive=lambda c, k, v: {**c, k: v},
+        value_of=lambda c, k: c[k],
+    )
+    return result, calls
+
+
+def test_tune_finds_the_optimum_and_flags_the_planted_interaction() -> None:
+    result, calls = _run_tune(interaction=True)
+    assert result.final == {"batch": 4, "servers": 4}
+    assert any(f.startswith("order-dependent gain: batch's best value moved from 8 to 4")
+               for f in result.flags)
+    assert [c[0] for c in calls][:3] == ["ofat", "ofat", "interaction check"]
+    assert result.interaction is not None and result.interaction["beyond_noise"]
+
+
+def test_tune_flags_nothing_on_an_additive_surface() -> None:
+    result, calls = _run_tune(interaction=False)
+    assert result.final == {"batch": 8, "servers": 4}
+    assert result.flags == []
+    assert result.interaction is not None
+    assert abs(result.interaction["contrast_pct"]) < 5 and not result.interaction["beyond_noise"]
+    assert "2x2" in [c[0] for c in calls]
+
+
+def test_the_budget_stops_the_tune_and_says_so() -> None:
+    capacity = _surface(False)
+
+    def sweep(
+        config: dict[str, Any], knob: str, values: Sequence[Any], purpose: str
+    ) -> dict[str, Any]:
+        truths = {v: capacity({**config, knob: v}) for v in values}
+        return _doc(truths, parent=config[knob])
+
+    result = tune(
+        {"batch": 1, "servers": 1},
+        [("batch", (1, 8)), ("servers", (1, 4))],
+        sweep=sweep, derive=lambda c, k, v: {**c, k: v}, value_of=lambda c, k: c[k],
+        budget_s=1.0,
+    )
+    assert len(result.steps) == 1 and result.stopped is not None and "servers" in result.stopped
+
+
+def test_interaction_contrast_is_the_difference_of_log_effects() -> None:
+    at_final = _doc({4: 100.0, 8: 80.0}, parent=4, noise=0.001)
+    at_other = _doc({4: 50.0, 8: 50.0}, parent=4, noise=0.001)
+    found = interaction_of(at_final, at_other, b0=8, b1=4)
+    assert found is not None
+    assert found["contrast_pct"] == pytest.approx((0.8 / 1.0 - 1) * 100, abs=0.5)
+    assert found["beyond_noise"]
