@@ -5,6 +5,12 @@ knob with no effect gives no winner, and an interrupted sweep resumes with its r
 from __future__ import annotations
 
 import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +22,8 @@ from optlab.knobs.search import KnobOptions, KnobOutcome, sweep_knob
 from optlab.run.progress import Progress
 from optlab.store import Store
 from tests.support.files import write
+from tests.support.paths import REPO
+from tests.support.schemas import problems
 
 Invoke = Callable[..., Result]
 
@@ -93,6 +101,7 @@ def test_a_planted_gain_is_named_promoted_and_compared_by_block(
     )
     assert result.exit_code == 0, result.output
     doc = _json(result)
+    assert problems("sweep-knob", doc) == []
     assert set(doc) >= {
         "schema_version",
         "experiment",
@@ -193,3 +202,102 @@ def test_an_interrupted_sweep_resumes_with_its_measured_cells(
         # Another question (other blocks) is a new sweep, not this one resumed.
         other = sweep_knob(path, store, KnobOptions(**{**options.__dict__, "blocks": 1}), _Quiet())
         assert other.knob_sweep_id != first.id
+
+
+def _spawn(folder: Path, db: Path, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    command = [sys.executable, "-m", "optlab", "--db", f"sqlite:///{db}", *args]
+    return subprocess.Popen(
+        command, env=env, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _cells(db: Path) -> int:
+    if not db.exists():
+        return 0
+    try:
+        with sqlite3.connect(db, timeout=5) as con:
+            return int(con.execute("select count(*) from knob_sweep_cells").fetchone()[0])
+    except sqlite3.OperationalError:
+        return 0
+
+
+def test_ctrl_c_exits_130_keeps_the_cells_and_the_same_command_resumes(
+    folder: Path, sqlite_url: str
+) -> None:
+    path = write(folder, "syn.yaml", PARENT)
+    db = folder / "optlab.db"
+    args = ("sweep-knob", "syn.yaml", "--knob", "service_ms", "--values", "1.5,3", "--blocks",
+            "2", "--seed", "9", "--json", *FAST)
+    proc = _spawn(folder, db, *args)
+    deadline = time.monotonic() + 120
+    while _cells(db) < 2:
+        assert time.monotonic() < deadline, "two cells were never measured"
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    with Store.open(sqlite_url) as store:
+        (record,) = store.list_knob_sweeps()
+        assert record.status == "KILLED" and len(record.cells) >= 2
+        kept = {(c.block, c.arm): c.run_id for c in record.cells}
+    again = _spawn(folder, db, *args)
+    out, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err
+    assert f"sweep-knob {record.id}: resuming (KILLED)" in err
+    doc = json.loads(out.strip().splitlines()[-1])
+    assert doc["knob_sweep_id"] == record.id and doc["winner"] == 1.5
+    with Store.open(sqlite_url) as store:
+        cells = {(c.block, c.arm): c.run_id for c in store.get_knob_sweep(record.id).cells}
+    assert len(cells) == 6 and all(cells[k] == v for k, v in kept.items())
+    assert path.is_file()
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("--knobs", "service_ms,servers", "--values", "service_ms=1,2"), "no --values servers"),
+        (("--knobs", "service_ms", "--values", "1,2"), "does not say which knob"),
+        (("--knobs", "service_ms", "--values", "service_ms=1,2", "--values", "servers=1,2"),
+         "which --knobs does not name"),
+        (("--knobs", "service_ms,service_ms", "--values", "service_ms=1,2"), "twice"),
+        (("--knobs", "service_mss", "--values", "service_mss=1,2"), "did you mean"),
+        (("--knobs", "service_ms", "--values", "service_ms=1"), "is one value"),
+    ],
+)
+def test_tune_refuses_bad_input_before_measuring(
+    folder: Path, invoke: Invoke, sqlite_url: str, args: tuple[str, ...], said: str
+) -> None:
+    path = write(folder, "syn.yaml", PARENT)
+    result = invoke("tune", str(path), *args, *FAST)
+    assert result.exit_code == 2, result.output
+    assert said in result.stderr
+    with Store.open(sqlite_url) as store:
+        assert store.list_runs() == []
+
+
+def test_tune_chains_the_winners_and_checks_the_interaction(
+    folder: Path, invoke: Invoke
+) -> None:
+    # QPS = servers / service_ms with 4 clients: the knobs' effects multiply (no interaction).
+    path = write(folder, "syn.yaml", PARENT)
+    result = invoke(
+        "tune", str(path), "--knobs", "service_ms,servers", "--values", "service_ms=1,2",
+        "--values", "servers=1,2", "--blocks", "1", "--seed", "1", "--json", *FAST,
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout.strip().splitlines()[-1])
+    assert problems("tune", doc) == []
+    assert [s["purpose"] for s in doc["steps"]] == [
+        "ofat", "ofat", "interaction check", "2x2", "2x2"
+    ]
+    assert [s["promoted"] for s in doc["steps"][:2]] == [1, 2]
+    assert doc["flags"] == []
+    assert doc["interaction"] is not None and not doc["interaction"]["beyond_noise"]
+    final = Path(doc["final"])
+    assert final.parent == folder and final.name == "02-servers-2.yaml"
+    table = invoke("table", str(final), "--format", "json")
+    rows = json.loads(table.stdout)["chain"]
+    assert [r["variable"] for r in rows] == [None, "service_ms", "servers"]
+    assert all(r["knob_sweep"] is not None for r in rows[1:])

@@ -1,0 +1,251 @@
+"""`optlab sweep-knob` and `optlab tune` against truth: false winners, power, the tuned optimum
+against Optuna TPE and a Model-Analyzer-style hill climb, interactions, and the reference
+classifier swept for real.
+
+Parts (each prints its figures and PASS/MISS; the exit status is 0 either way):
+
+``--aa`` REAL sweeps: the synthetic target (one server, exponential service with a 2 ms mean,
+4 closed-loop clients: QPS = 500/s whatever the seed) swept over its `seed` knob (1, 2; the
+parent's 0): three arms with one truth. Goal: no winner in >= 19 of 20 sweeps.
+
+``--power`` REAL sweeps: the same target swept over `service_ms` 1.852, 2 (the parent), 2.3:
+1.852 is planted 8% better (QPS = 1000/service_ms exactly when the server never idles, as 4
+clients keep it). Goal: 1.852 named in >= 18 of 20, and a named value never more than 2%
+below the best.
+
+Both run `optlab.knobs.search.sweep_knob` itself (a temporary folder and database per seed,
+--quick runs of 5 s, 4 blocks), so the runs, their validity rules, the windows' errors and the
+decision are the command's.
+
+``--tune`` SIMULATED knob sweeps on the synthetic batching model's 3-knob surface (see
+`surface()`), the truth of every config the discrete-event simulation's exact capacity
+(`optlab.reference.batching.batching_capacity`, cached in benchmarks/knob_surface.json).
+The measurement routine all three searchers share: a config's capacity measured by a sweep,
+as a noisy draw around its truth (log-normal, sigma SIGMA: the spread of a quick capacity sweep
+measured by benchmarks/sweep_accuracy.py) with a drift shared by the cells of a block, and
+SWEEP_S measured seconds per sweep. `tune` runs optlab's own procedure (`optlab.knobs.tune.tune`
+over `optlab.knobs.search.decide`); Optuna's TPE (Optuna in its own venv, OPTUNA_PYTHON, asked
+and told over a pipe) and a hill climb in the manner of Triton Model Analyzer's quick search
+(from the smallest config, step each knob up one value, one measurement each, move to the best
+neighbour whenever it measured any higher: its `COMPARISON_SCORE_THRESHOLD = 0`) get the same
+measured seconds as tune spent in that seed. Goals: tune >= 95% of the optimum in >= 18 of 20
+seeds and its median above both others'; the planted interaction flagged in >= 18 of 20, and
+nothing flagged on the additive surface in >= 19 of 20.
+
+``--classifier`` REAL: `optlab sweep-knob experiments/cpu/02-dynamic-batch.yaml --knob
+batching.max_batch_size --values 1,2,4,8,16 --quick` on the reference classifier, timed
+(goal <= 10 minutes on 2 cores), its chart written to knob-classifier.svg.
+
+Run: ``PYTHONPATH=src python benchmarks/knob_search.py [--aa] [--power] [--tune]
+[--classifier] [--seeds 20]`` (no part named: all).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from optlab.knobs.search import KnobOptions, sweep_knob
+from optlab.store import Store
+
+REPO = Path(__file__).resolve().parents[1]
+
+# -- real sweeps: A/A and power --------------------------------------------------------------
+
+TARGET = """\
+name: syn
+description: one server, exponential service (mean 2 ms), 4 closed-loop clients
+target: {{kind: builtin, name: synthetic}}
+knobs:
+  distribution: exponential
+  service_ms: 2.0
+  servers: 1
+  seed: {seed}
+workload:
+  load: {{mode: closed, concurrency: 4}}
+protocol: {{name: quick}}
+"""
+
+BLOCKS = 4
+RUN_S = 5.0
+WARMUP_S = 0.5
+
+
+class _Quiet:
+    def update(self, status: Any) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        pass
+
+
+def real_sweep(seed: int, knob: str, values: str) -> dict[str, Any]:
+    """One `sweep-knob` in a fresh folder and database; its document."""
+    with tempfile.TemporaryDirectory(prefix="knob-bench-") as tmp:
+        folder = Path(tmp)
+        path = folder / "syn.yaml"
+        path.write_text(TARGET.format(seed=1000 + seed), encoding="utf-8")
+        options = KnobOptions(
+            knob=knob,
+            values=values,
+            blocks=BLOCKS,
+            quick=True,
+            duration_s=RUN_S,
+            warmup_s=WARMUP_S,
+            seed=seed,
+        )
+        with Store.open(f"sqlite:///{folder / 'db.sqlite'}") as store:
+            return sweep_knob(path, store, options, _Quiet()).document
+
+
+def aa(seeds: int) -> None:
+    print(
+        f"\n== A/A: seed 1000+i (parent) vs 1, 2: one truth (500/s); {BLOCKS} blocks of "
+        f"{RUN_S:g} s runs =="
+    )
+    winners = 0
+    for seed in range(seeds):
+        doc = real_sweep(seed, "seed", "1,2")
+        winners += doc["winner"] is not None
+        effects = ", ".join(
+            f"{r['value']}: {r['effect_pct']:+.1f}%" for r in doc["values"] if not r["control"]
+        )
+        print(
+            f"  seed {seed:2d}: winner {doc['winner']}, tie {doc['tie']}; {effects}; "
+            f"{doc['measured_s']:.0f} s",
+            flush=True,
+        )
+    ok = seeds - winners >= math.ceil(seeds * 19 / 20)
+    print(
+        f"A/A: no winner in {seeds - winners}/{seeds} (goal >= 19/20): {'PASS' if ok else 'MISS'}"
+    )
+
+
+PLANTED = 2.0 / 1.08  # 8% more QPS than the parent's 2 ms
+
+
+def power(seeds: int) -> None:
+    values = f"{PLANTED:.4f},2,2.3"
+    print(f"\n== power: service_ms {values} (parent 2; {PLANTED:.4f} is +8% QPS) ==")
+    named = wrong = 0
+    for seed in range(seeds):
+        doc = real_sweep(seed, "service_ms", values)
+        winner = doc["winner"]
+        named += winner is not None and abs(winner - PLANTED) < 1e-6
+        # The truth: QPS = 1000 / service_ms; the best is the planted value.
+        if winner is not None and (2.0 / 1.08) / winner < 0.98:
+            wrong += 1
+        row = next(r for r in doc["values"] if r["value"] == winner) if winner else None
+        said = f"{row['effect_pct']:+.1f}% {row['interval']}" if row else doc["sentence"]
+        print(f"  seed {seed:2d}: winner {winner}; {said}; {doc['measured_s']:.0f} s", flush=True)
+    ok = named >= math.ceil(seeds * 18 / 20) and wrong == 0
+    print(
+        f"power: planted value named in {named}/{seeds} (goal >= 18/20), a named value more "
+        f"than 2% below the best in {wrong}: {'PASS' if ok else 'MISS'}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=20)
+    for part in ("aa", "power", "tune", "classifier"):
+        parser.add_argument(f"--{part}", action="store_true")
+    args = parser.parse_args()
+    parts = [p for p in ("aa", "power", "tune", "classifier") if getattr(args, p)] or [
+        "aa",
+        "power",
+        "tune",
+        "classifier",
+    ]
+    print(f"knob_search on {platform.node()} ({os.cpu_count()} CPUs), parts {parts}")
+    started = time.monotonic()
+    if "aa" in parts:
+        aa(args.seeds)
+    if "power" in parts:
+        power(args.seeds)
+    if "tune" in parts:
+        from knob_tune import run_tune_benchmark
+
+        run_tune_benchmark(args.seeds)
+    if "classifier" in parts:
+        classifier()
+    print(f"\ntotal {time.monotonic() - started:.0f} s")
+
+
+def classifier() -> None:
+    import subprocess
+    import sys
+
+    print("\n== the reference classifier: sweep-knob batching.max_batch_size 1,2,4,8,16 --quick ==")
+    with tempfile.TemporaryDirectory(prefix="knob-clf-") as tmp:
+        folder = Path(tmp) / "cpu"
+        import shutil
+
+        shutil.copytree(REPO / "experiments" / "cpu", folder)
+        db = f"sqlite:///{Path(tmp) / 'db.sqlite'}"
+        env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+        cmd = [sys.executable, "-m", "optlab", "--db", db]
+        t0 = time.monotonic()
+        subprocess.run(
+            [*cmd, "run", str(folder / "02-dynamic-batch.yaml"), "--quick", "--chain"],
+            check=False,
+            env=env,
+            capture_output=True,
+        )
+        chain_s = time.monotonic() - t0
+        t0 = time.monotonic()
+        done = subprocess.run(
+            [
+                *cmd,
+                "sweep-knob",
+                str(folder / "02-dynamic-batch.yaml"),
+                "--knob",
+                "batching.max_batch_size",
+                "--values",
+                "1,2,4,8,16",
+                "--quick",
+                "--json",
+            ],
+            check=False,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        took = time.monotonic() - t0
+        print(
+            done.stderr.strip().splitlines()[-12:]
+            and "\n".join(
+                line
+                for line in done.stderr.strip().splitlines()
+                if not line.startswith("[")
+                and not line.startswith("run ")
+                and " block " not in line
+            )
+        )
+        import json
+
+        doc = json.loads(done.stdout.strip().splitlines()[-1])
+        svg = subprocess.run(
+            [*cmd, "knob-sweeps", "--show", str(doc["knob_sweep_id"]), "--format", "svg"],
+            check=False,
+            env=env,
+            capture_output=True,
+            text=True,
+        ).stdout
+        out = REPO / "benchmarks" / "knob-classifier.svg"
+        out.write_text(svg, encoding="utf-8")
+        print(
+            f"exit {done.returncode}; the parent's chain measured first in {chain_s:.0f} s; "
+            f"sweep-knob took {took:.0f} s wall ({doc['measured_s']:.0f} s measured) "
+            f"(goal <= 600 s: {'PASS' if took <= 600 else 'MISS'}); chart: {out}"
+        )
+
+
+if __name__ == "__main__":
+    main()
