@@ -92,15 +92,43 @@ def render_knob(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+BAR_WIDTH = 20
+
+
+def _bar(row: dict[str, Any], scale: float) -> str:
+    """The knob-response chart as text: the change against the parent as a bar, left of the
+    parent's line when negative; `·` where the interval reaches beyond the bar."""
+    effect: float | None = row["effect_pct"]
+    if row["control"] or effect is None or scale <= 0:
+        return "|" if row["control"] else ""
+    cells = round(abs(effect) / scale * BAR_WIDTH)
+    reach = cells
+    if row["interval"] is not None:
+        far = max(abs(row["interval"][0]), abs(row["interval"][1]))
+        reach = min(BAR_WIDTH, round(far / scale * BAR_WIDTH))
+    bar = "█" * cells + "·" * max(0, reach - cells)
+    return (bar[::-1] + "|") if effect < 0 else ("|" + bar)
+
+
 def render_knob_markdown(doc: dict[str, Any]) -> str:
+    """A PR comment: the values with their figures, changes and intervals, the response as
+    text bars (the HTML report draws it), and the sentence."""
+    ends = [
+        abs(x)
+        for r in doc["values"]
+        for x in ([*(r["interval"] or []), r["effect_pct"] or 0.0] if not r["control"] else [])
+    ]
+    scale = max(ends, default=0.0)
     lines = [
         f"**{html.escape(_header(doc))}**",
         "",
-        f"| {doc['knob']} | {doc['metric']} | vs parent [95%] | blocks | |",
-        "|---|---:|---|---:|---|",
+        f"| {doc['knob']} | {doc['metric']} | vs parent [95%] | blocks | | response |",
+        "|---|---:|---|---:|---|---|",
     ]
-    for r in _rows(doc):
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |")
+    for row, cells in zip(doc["values"], _rows(doc), strict=True):
+        bar = _bar(row, scale)
+        shown = (*cells, f"`{bar}`" if bar else "")
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in shown) + " |")
     lines += ["", doc["sentence"]]
     return "\n".join(lines)
 
