@@ -20,7 +20,7 @@ def test_text_and_markdown_say_the_winner_and_each_interval() -> None:
     # The bar grows to the right for a gain and to the left for a loss, scaled to the largest.
     gain_bar = by_value["2"].rsplit("`", 2)[1]
     loss_bar = by_value["4"].rsplit("`", 2)[1]
-    assert gain_bar.startswith("\\\\|█") and loss_bar.endswith("█\\\\|")
+    assert gain_bar.startswith("\\|█") and loss_bar.endswith("█\\|")
     assert gain_bar.count("█") > loss_bar.count("█") > 0
 
 
