@@ -40,7 +40,7 @@ from optlab.store import (
     upgrade,
 )
 from optlab.store.database import make_engine
-from optlab.store.models import SqlExperiment, SqlRun, SqlStageStats, metadata
+from optlab.store.models import SqlExperiment, SqlKnobSweep, SqlRun, SqlStageStats, metadata
 from optlab.store.schema import head_revision
 from tests.support import storebuild
 from tests.support.legacy import old_experiment
@@ -1096,3 +1096,25 @@ def test_a_sweep_of_an_unknown_experiment_or_id_is_refused(store: Store) -> None
             environment_id=None,
             code_identity={},
         )
+
+
+def test_a_knob_sweep_whose_process_is_gone_is_crashed_and_keeps_its_cells(store: Store) -> None:
+    save_baseline(store)
+    run_id = start_run(store)
+    ours = store.create_knob_sweep(experiment="baseline", knob="threads", metric="qps", spec={})
+    gone = store.create_knob_sweep(experiment="baseline", knob="threads", metric="qps", spec={})
+    store.set_knob_cell(gone, block=0, arm=1, position=0, run_id=run_id, sweep_id=None,
+                        measured_s=5.0)
+    with store.session_scope() as session:  # another process of this host, now dead
+        session.execute(update(SqlKnobSweep).where(SqlKnobSweep.id == gone).values(pid=2**22 + 7))
+    alive = {os.getpid()}
+    assert store.mark_knob_sweeps_crashed(lambda pid, started: pid in alive) == [gone]
+    record = store.get_knob_sweep(gone)
+    assert record.status == "CRASHED" and "is gone" in (record.error_message or "")
+    assert [(c.block, c.arm, c.run_id) for c in record.cells] == [(0, 1, run_id)]
+    assert store.get_knob_sweep(ours).status == "RUNNING"
+    # Measured again, a cell points at the new run; the sweep's cells stay one per arm.
+    again = start_run(store)
+    store.set_knob_cell(gone, block=0, arm=1, position=2, run_id=again, sweep_id=None,
+                        measured_s=6.0)
+    assert [(c.run_id, c.position) for c in store.get_knob_sweep(gone).cells] == [(again, 2)]

@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from optlab.cli.common import EXPERIMENT_PATH, open_store, store_url
 from optlab.cli.runs import LiveProgress, PlainProgress, echo_or_reader_gone
+
+if TYPE_CHECKING:
+    from optlab.knobs.search import KnobOptions
 
 METRIC_HELP = (
     "What the values are compared by: qps, p50, p99, ttft_p50, ttft_p99, tpot_p50, tpot_p99, "
@@ -19,44 +25,77 @@ METRIC_HELP = (
 )
 
 
+_MEASURING = (
+    click.option("--metric", metavar="NAME", help=METRIC_HELP),
+    click.option(
+        "--slo",
+        "slo_text",
+        metavar="pNN=TIME",
+        help="Compare capacities under this SLO (each cell is an `optlab sweep`), e.g. p99=60ms.",
+    ),
+    click.option(
+        "--mode",
+        type=click.Choice(["open", "closed"]),
+        default="open",
+        show_default=True,
+        help="The capacity sweeps' loop (with --slo).",
+    ),
+    click.option(
+        "--blocks",
+        type=int,
+        default=3,
+        show_default=True,
+        help="How many times each arm is measured, one block of every arm at a time.",
+    ),
+    click.option("--quick", is_flag=True, help="Seconds-long PROVISIONAL runs (demos, tests)."),
+    click.option("--duration", type=float, metavar="S", help="Measured seconds of each run."),
+    click.option("--warmup", type=float, metavar="S", help="Fixed warmup, not until-stable."),
+    click.option("--seed", type=int, help="The blocks' random order (default: drawn)."),
+    click.option(
+        "--tie-break",
+        type=click.Choice(["nearest", "cheapest"]),
+        default="nearest",
+        show_default=True,
+        help="Which tied value is chosen: the one nearest the parent's, or the one using "
+        "least CPU.",
+    ),
+)
+
+
+def _measuring_options(command: Callable[..., None]) -> Callable[..., None]:
+    """The options every knob sweep is asked with (sweep-knob's, and tune's for each sweep)."""
+    for option in reversed(_MEASURING):
+        command = option(command)
+    return command
+
+
+def _knob_options(knob: str, values: str, measuring: dict[str, Any]) -> KnobOptions:
+    from optlab.config.slo import parse_slo
+    from optlab.knobs.search import KnobOptions
+
+    slo_text = measuring["slo_text"]
+    return KnobOptions(
+        knob=knob,
+        values=values,
+        metric=measuring["metric"],
+        slo=None if slo_text is None else parse_slo(slo_text),
+        blocks=measuring["blocks"],
+        quick=measuring["quick"],
+        duration_s=measuring["duration"],
+        warmup_s=measuring["warmup"],
+        seed=measuring["seed"],
+        tie_break=measuring["tie_break"],
+        mode=measuring["mode"],
+    )
+
+
 @click.command("sweep-knob")
 @click.argument("experiment", type=EXPERIMENT_PATH)
 @click.option("--knob", required=True, metavar="KEY", help="One knob: NAME or NAME.FIELD.")
 @click.option(
     "--values", "values_text", required=True, metavar="V1,V2,...", help="Two or more values."
 )
-@click.option("--metric", metavar="NAME", help=METRIC_HELP)
-@click.option(
-    "--slo",
-    "slo_text",
-    metavar="pNN=TIME",
-    help="Compare capacities under this SLO (each cell is an `optlab sweep`), e.g. p99=60ms.",
-)
-@click.option(
-    "--mode",
-    type=click.Choice(["open", "closed"]),
-    default="open",
-    show_default=True,
-    help="The capacity sweeps' loop (with --slo).",
-)
-@click.option(
-    "--blocks",
-    type=int,
-    default=3,
-    show_default=True,
-    help="How many times each arm is measured, one block of every arm at a time.",
-)
-@click.option("--quick", is_flag=True, help="Seconds-long PROVISIONAL runs (demos, tests).")
-@click.option("--duration", type=float, metavar="S", help="Measured seconds of each run.")
-@click.option("--warmup", type=float, metavar="S", help="Fixed warmup instead of until-stable.")
-@click.option("--seed", type=int, help="The blocks' random order (default: drawn).")
-@click.option(
-    "--tie-break",
-    type=click.Choice(["nearest", "cheapest"]),
-    default="nearest",
-    show_default=True,
-    help="Which tied value is chosen: the one nearest the parent's, or the one using least CPU.",
-)
+@_measuring_options
 @click.option(
     "--promote",
     is_flag=True,
@@ -67,20 +106,13 @@ METRIC_HELP = (
 @click.pass_context
 def sweep_knob(
     ctx: click.Context,
+    /,
     experiment: str,
     knob: str,
     values_text: str,
-    metric: str | None,
-    slo_text: str | None,
-    mode: str,
-    blocks: int,
-    quick: bool,
-    duration: float | None,
-    warmup: float | None,
-    seed: int | None,
-    tie_break: str,
     promote: bool,
     as_json: bool,
+    **measuring: Any,
 ) -> None:
     """Measure sibling steps of EXPERIMENT that each change only KEY to one of the values,
     in randomised interleaved blocks with EXPERIMENT as the control in every block; report
@@ -90,26 +122,11 @@ def sweep_knob(
     Asked again after Ctrl-C, the same question resumes the stored sweep. Exit codes: 0
     swept; 2 bad input or refused (before anything is measured); 1 FAILED; 130 interrupted.
     """
-    from optlab.config.slo import parse_slo
-    from optlab.knobs.search import KnobOptions
     from optlab.knobs.search import sweep_knob as run_knob_sweep
     from optlab.reports.knob import render_knob
     from optlab.run.progress import GuardedProgress
 
-    options = KnobOptions(
-        knob=knob,
-        values=values_text,
-        metric=metric,
-        slo=None if slo_text is None else parse_slo(slo_text),
-        blocks=blocks,
-        quick=quick,
-        duration_s=duration,
-        warmup_s=warmup,
-        seed=seed,
-        tie_break=tie_break,
-        promote=promote,
-        mode=mode,
-    )
+    options = replace(_knob_options(knob, values_text, measuring), promote=promote)
     store = open_store(ctx, url=store_url(ctx, experiment))
     live = sys.stderr.isatty() and not as_json
     shown: PlainProgress | LiveProgress = LiveProgress() if live else PlainProgress()
@@ -194,51 +211,27 @@ def knob_sweeps(
     help="One per knob: the values to sweep it over.",
 )
 @click.option("--budget-s", type=float, metavar="S", help="Most measured seconds to spend.")
-@click.option("--metric", metavar="NAME", help=METRIC_HELP)
-@click.option("--slo", "slo_text", metavar="pNN=TIME", help="Compare capacities under this SLO.")
-@click.option("--blocks", type=int, default=3, show_default=True, help="Blocks per knob sweep.")
-@click.option("--quick", is_flag=True, help="Seconds-long PROVISIONAL runs (demos, tests).")
-@click.option("--duration", type=float, metavar="S", help="Measured seconds of each run.")
-@click.option("--warmup", type=float, metavar="S", help="Fixed warmup instead of until-stable.")
-@click.option("--seed", type=int, help="The blocks' random order (default: drawn).")
+@_measuring_options
 @click.option("--json", "as_json", is_flag=True, help="Last stdout line: the tune's JSON.")
 @click.pass_context
 def tune(
     ctx: click.Context,
+    /,
     experiment: str,
     knobs_text: str,
     values_texts: tuple[str, ...],
     budget_s: float | None,
-    metric: str | None,
-    slo_text: str | None,
-    blocks: int,
-    quick: bool,
-    duration: float | None,
-    warmup: float | None,
-    seed: int | None,
     as_json: bool,
+    **measuring: Any,
 ) -> None:
     """Tune EXPERIMENT one knob at a time: sweep each knob in the order given (`optlab
     sweep-knob`), promote its winner, then check for interactions: the first knob swept again
     at the final config ("order-dependent gain" when its best value moved) and a 2x2 of the
     two knobs that gained most. Exit codes as sweep-knob's."""
-    from optlab.config.slo import parse_slo
-    from optlab.knobs.search import KnobOptions
     from optlab.knobs.tune_run import TuneOptions, run_tune, tune_document
     from optlab.run.progress import GuardedProgress
 
-    sweep_options = KnobOptions(
-        knob="",
-        values="",
-        metric=metric,
-        slo=None if slo_text is None else parse_slo(slo_text),
-        blocks=blocks,
-        quick=quick,
-        duration_s=duration,
-        warmup_s=warmup,
-        seed=seed,
-    )
-    options = TuneOptions(knobs_text, values_texts, budget_s, sweep_options)
+    options = TuneOptions(knobs_text, values_texts, budget_s, _knob_options("", "", measuring))
     store = open_store(ctx, url=store_url(ctx, experiment))
     live = sys.stderr.isatty() and not as_json
     shown: PlainProgress | LiveProgress = LiveProgress() if live else PlainProgress()

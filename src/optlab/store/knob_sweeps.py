@@ -29,6 +29,7 @@ from optlab.store.models import (
 )
 from optlab.store.records import KnobCellRecord, KnobSweepRecord, RunStatus
 from optlab.store.runs import experiment_row
+from optlab.store.sweeps import crash_orphans
 
 __all__ = ["KnobSweepsMixin"]
 
@@ -183,16 +184,5 @@ class KnobSweepsMixin:
     def mark_knob_sweeps_crashed(self, pid_alive: Callable[[int, datetime], bool]) -> list[int]:
         """RUNNING knob sweeps of this host whose process is gone become CRASHED (their cells
         stay, and asking the same question again resumes them)."""
-        host = socket.gethostname()
-        query = select(SqlKnobSweep).where(SqlKnobSweep.status == RunStatus.RUNNING.value)
         with self.session_scope() as session:
-            crashed = []
-            for sweep in session.scalars(query):
-                if sweep.hostname != host or sweep.pid == os.getpid():
-                    continue
-                if pid_alive(sweep.pid, sweep.started_at):
-                    continue
-                sweep.status = RunStatus.CRASHED.value
-                sweep.finished_at = utcnow()
-                crashed.append(sweep.id)
-            return crashed
+            return crash_orphans(session, SqlKnobSweep, pid_alive)

@@ -11,7 +11,7 @@ import socket
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -20,6 +20,7 @@ from optlab.errors import NotFoundError
 from optlab.store.models import (
     SqlConfig,
     SqlExperiment,
+    SqlKnobSweep,
     SqlSweep,
     SqlSweepLevel,
     new_uid,
@@ -29,7 +30,29 @@ from optlab.store.records import RunStatus, SweepLevelRecord, SweepRecord
 from optlab.store.runs import experiment_row
 from optlab.store.sweep_result import SweepResult
 
-__all__ = ["SweepsMixin"]
+__all__ = ["SweepsMixin", "crash_orphans"]
+
+
+_Owned = TypeVar("_Owned", SqlSweep, SqlKnobSweep)
+
+
+def crash_orphans(
+    session: Session,
+    table: type[_Owned],
+    pid_alive: Callable[[int, datetime], bool],
+) -> list[int]:
+    """RUNNING records of `table` (sweeps, knob sweeps) started on this host by a process that
+    is gone: CRASHED now, saying which; their ids."""
+    host = socket.gethostname()
+    crashed = []
+    for row in session.scalars(select(table).where(table.status == RunStatus.RUNNING.value)):
+        if row.hostname != host or row.pid == os.getpid() or pid_alive(row.pid, row.started_at):
+            continue
+        row.status = RunStatus.CRASHED.value
+        row.finished_at = utcnow()
+        row.error_message = f"pid {row.pid} on {host} is gone"
+        crashed.append(row.id)
+    return crashed
 
 
 def _record(session: Session, row: SqlSweep, experiment: str, config_hash: str) -> SweepRecord:
@@ -190,17 +213,5 @@ class SweepsMixin:
     def mark_sweeps_crashed(self, pid_alive: Callable[[int, datetime], bool]) -> list[int]:
         """RUNNING sweeps of this host whose process is gone become CRASHED (their finished
         levels stay, and a later sweep reuses them)."""
-        host = socket.gethostname()
-        query = select(SqlSweep).where(SqlSweep.status == RunStatus.RUNNING.value)
         with self.session_scope() as session:
-            crashed = []
-            for sweep in session.scalars(query):
-                if sweep.hostname != host or sweep.pid == os.getpid():
-                    continue
-                if pid_alive(sweep.pid, sweep.started_at):
-                    continue
-                sweep.status = RunStatus.CRASHED.value
-                sweep.finished_at = utcnow()
-                sweep.error_message = f"pid {sweep.pid} on {host} is gone"
-                crashed.append(sweep.id)
-            return crashed
+            return crash_orphans(session, SqlSweep, pid_alive)
