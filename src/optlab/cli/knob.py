@@ -53,11 +53,11 @@ _MEASURING = (
     click.option("--seed", type=int, help="The blocks' random order (default: drawn)."),
     click.option(
         "--tie-break",
-        type=click.Choice(["nearest", "cheapest"]),
-        default="nearest",
-        show_default=True,
-        help="Which tied value is chosen: the one nearest the parent's, or the one using "
-        "least CPU.",
+        type=click.Choice(["nearest", "cheapest", "best"]),
+        default=None,
+        help="Which tied value is chosen: the one nearest the parent's (sweep-knob's default), "
+        "the one using least CPU, or the one with the best mean (tune's default: it seeks "
+        "the optimum, and promotes only a value better than the parent beyond noise).",
     ),
 )
 
@@ -69,7 +69,9 @@ def _measuring_options(command: Callable[..., None]) -> Callable[..., None]:
     return command
 
 
-def _knob_options(knob: str, values: str, measuring: dict[str, Any]) -> KnobOptions:
+def _knob_options(
+    knob: str, values: str, measuring: dict[str, Any], default_tie_break: str = "nearest"
+) -> KnobOptions:
     from optlab.config.slo import parse_slo
     from optlab.knobs.search import KnobOptions
 
@@ -84,7 +86,7 @@ def _knob_options(knob: str, values: str, measuring: dict[str, Any]) -> KnobOpti
         duration_s=measuring["duration"],
         warmup_s=measuring["warmup"],
         seed=measuring["seed"],
-        tie_break=measuring["tie_break"],
+        tie_break=measuring["tie_break"] or default_tie_break,
         mode=measuring["mode"],
     )
 
@@ -231,7 +233,9 @@ def tune(
     from optlab.knobs.tune_run import TuneOptions, run_tune, tune_document
     from optlab.run.progress import GuardedProgress
 
-    options = TuneOptions(knobs_text, values_texts, budget_s, _knob_options("", "", measuring))
+    options = TuneOptions(
+        knobs_text, values_texts, budget_s, _knob_options("", "", measuring, "best")
+    )
     store = open_store(ctx, url=store_url(ctx, experiment))
     live = sys.stderr.isatty() and not as_json
     shown: PlainProgress | LiveProgress = LiveProgress() if live else PlainProgress()

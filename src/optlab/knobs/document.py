@@ -68,7 +68,7 @@ class KnobSweepDocument(_Closed):
     tie: list[Value] = Field(description="without a winner: the values not told apart")
     chosen: Value | None = Field(description="the winner, or the tie-break's pick from the tie")
     chosen_experiment: str | None
-    tie_break: Literal["nearest", "cheapest"]
+    tie_break: Literal["nearest", "cheapest", "best"]
     tie_break_note: str | None
     alpha: float
     values: list[KnobValue]

@@ -65,7 +65,7 @@ __all__ = [
 ]
 
 KNOB_SCHEMA_VERSION = 1
-TIE_BREAKS = ("nearest", "cheapest")
+TIE_BREAKS = ("nearest", "cheapest", "best")
 MAX_BLOCKS = 50
 SESSION_PREFIX = "knob-"
 
@@ -114,7 +114,7 @@ def _check(options: KnobOptions) -> None:
         raise OptlabError(
             f"--tie-break {options.tie_break!r} is not one of {', '.join(TIE_BREAKS)}",
             hint="nearest: the tied value nearest the parent's; cheapest: the one using the "
-            "least CPU",
+            "least CPU; best: the one with the best mean",
         )
     if options.metric == CAPACITY and options.slo is None:
         raise OptlabError(
@@ -422,6 +422,8 @@ def _tie_break(
 ) -> tuple[int | None, str]:
     if not tie:
         return None, "no arm has a figure"
+    if rule == "best":
+        return tie[0], "the best mean of the tie (tie-break best)"
     if 0 in tie:
         return 0, "the parent is in the tie: it stays"
     if rule == "cheapest" and all(cpu[i] is not None for i in tie):

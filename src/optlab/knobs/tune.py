@@ -145,9 +145,7 @@ def tune(
             current = derive(current, first_knob, step.promoted)
             # The 2x2 compares the values tune ended with: the first knob's gain is now from
             # where it started to where the check moved it.
-            gains = [
-                (g[0], g[1], g[2], step.promoted) if g[1] == first_knob else g for g in gains
-            ]
+            gains = [(g[0], g[1], g[2], step.promoted) if g[1] == first_knob else g for g in gains]
     if len(gains) >= 2 and left():
         (_, knob_a, a0, a1), (_, knob_b, b0, b1) = sorted(gains, key=lambda g: -abs(g[0]))[:2]
         if value_key(value_of(current, knob_a)) == value_key(a1) and value_key(
