@@ -37,7 +37,8 @@ batching.max_batch_size --values 1,2,4,8,16 --quick` on the reference classifier
 (goal <= 10 minutes on 2 cores), its chart written to knob-classifier.svg.
 
 Run: ``PYTHONPATH=src python benchmarks/knob_search.py [--aa] [--power] [--tune]
-[--classifier] [--seeds 20]`` (no part named: all).
+[--classifier] [--seeds 20]`` (no part named: all); ``--smoke``: one tune seed on the planted
+surface (tests/e2e/test_benchmarks_smoke.py).
 """
 
 from __future__ import annotations
@@ -154,9 +155,17 @@ def power(seeds: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument(
+        "--smoke", action="store_true", help="One tune seed on the planted surface (seconds)."
+    )
     for part in ("aa", "power", "tune", "classifier"):
         parser.add_argument(f"--{part}", action="store_true")
     args = parser.parse_args()
+    if args.smoke:
+        from knob_tune import run_tune_benchmark
+
+        run_tune_benchmark(1, smoke=True)
+        return
     parts = [p for p in ("aa", "power", "tune", "classifier") if getattr(args, p)] or [
         "aa",
         "power",

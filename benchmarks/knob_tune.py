@@ -362,7 +362,7 @@ class Bench:
         return best
 
 
-def run_tune_benchmark(seeds: int) -> None:
+def run_tune_benchmark(seeds: int, smoke: bool = False) -> None:
     space = ", ".join(f"{k} {list(v)}" for k, v in SPACE)
     print(
         f"\n== tune on the batching surface (P99 <= {SLO_MS:g} ms; {space}; "
@@ -373,8 +373,8 @@ def run_tune_benchmark(seeds: int) -> None:
             f"  Optuna skipped: no {OPTUNA_PYTHON} (python -m venv /tmp/optuna-venv && "
             "/tmp/optuna-venv/bin/pip install optuna)"
         )
-    for trend in (False, True):
-        for interaction in (True, False):
+    for trend in (False,) if smoke else (False, True):
+        for interaction in (True,) if smoke else (True, False):
             _surface_run(seeds, interaction, trend)
 
 

@@ -51,6 +51,12 @@ EXPECTED: dict[str, list[str]] = {
         r"^A/A within noise \d+/\d+ = [\d.]+% \(goal >= 95%\): " + VERDICT,
         r"^10% slower service detected .*: " + VERDICT,
     ],
+    "knob_search.py": [
+        r"^  seed  0: tune [\d.]+ \(.*; TPE (nan|[\d.]+); hill climb [\d.]+$",
+        r"^tune >= 95% of the optimum in \d+/1 .*" + VERDICT,
+        r"^at equal measured seconds .*" + VERDICT,
+        r"^planted interaction flagged in \d+/1 .*" + VERDICT,
+    ],
     "table_scale.py": [
         r"^reference: the head's run list +[\d.]+ ms",
         r"^build the table \(10 steps\) +[\d.]+ ms",

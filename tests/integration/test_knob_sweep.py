@@ -301,3 +301,22 @@ def test_tune_chains_the_winners_and_checks_the_interaction(
     rows = json.loads(table.stdout)["chain"]
     assert [r["variable"] for r in rows] == [None, "service_ms", "servers"]
     assert all(r["knob_sweep"] is not None for r in rows[1:])
+
+
+def test_a_folder_it_cannot_write_is_refused_with_the_fix(
+    folder: Path, invoke: Invoke, sqlite_url: str
+) -> None:
+    if os.geteuid() == 0:
+        pytest.skip("root is exempt from file permissions")
+    shelf = folder / "read-only"
+    shelf.mkdir()
+    path = write(shelf, "syn.yaml", PARENT)
+    shelf.chmod(0o555)
+    try:
+        result = invoke("sweep-knob", str(path), "--knob", "service_ms", "--values", "1,3", *FAST)
+    finally:
+        shelf.chmod(0o755)
+    assert result.exit_code == 2, result.output
+    assert "cannot write the sibling steps" in result.stderr
+    with Store.open(sqlite_url) as store:
+        assert store.list_runs() == []

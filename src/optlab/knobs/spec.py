@@ -197,7 +197,14 @@ def write_siblings(
     when it refuses."""
     knobs = parent.config.get("knobs", {})
     folder = parent_path.resolve().parent / KNOB_FOLDER / f"{parent_name}.{request.key}"
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OptlabError(
+            f"cannot write the sibling steps to {folder}: {exc.strerror or exc}",
+            hint=f"make {folder.parent.parent} writable, or copy the experiments somewhere "
+            "that is and sweep from there",
+        ) from exc
     current = current_value(knobs, request.path)
     written: list[Path] = []
     siblings: list[Sibling] = []
@@ -220,7 +227,13 @@ def write_siblings(
             if not path.exists() or path.read_text(encoding="utf-8") != text:
                 if not path.exists():
                     written.append(path)
-                path.write_text(text, encoding="utf-8")
+                try:
+                    path.write_text(text, encoding="utf-8")
+                except OSError as exc:
+                    raise OptlabError(
+                        f"cannot write {path}: {exc.strerror or exc}",
+                        hint=f"free space or permissions in {folder}",
+                    ) from exc
             try:
                 plan = plan_file(load_experiment(path), parent)
             except ConfigError as exc:
