@@ -144,9 +144,14 @@ def render_knob_list(docs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+_UNITS = {"qps": "/s", "capacity": "/s", "tok_s": " tok/s"}
+_UNITS |= {m: " ms" for m in ("p50", "p99", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")}
+
+
 def knob_chart_svg(doc: dict[str, Any], width: int = 560, height: int = 260) -> str:
-    """The knob-response chart: each value's change against the parent (%) with its interval
-    as a bar, the parent's zero line, the winner (or chosen value) filled."""
+    """The knob-response chart: each value's change against the parent (%) with its 95%
+    interval as a bar and its figure beside it, the parent's zero line; the winner (or the
+    tie-break's pick) green, other values better beyond noise blue, worse beyond noise red."""
     rows = doc["values"]
     pad_l, pad_r, pad_t, pad_b = 56, 16, 28, 44
     lows = [r["interval"][0] if r["interval"] else (r["effect_pct"] or 0.0) for r in rows]
@@ -171,15 +176,21 @@ def knob_chart_svg(doc: dict[str, Any], width: int = 560, height: int = 260) -> 
         f'<line x1="{pad_l}" x2="{width - pad_r}" y1="{y(0):.1f}" y2="{y(0):.1f}" '
         'stroke="#888" stroke-dasharray="4 3"/>',
     ]
-    for tick in (bottom, 0.0, top):
+    ticks = [0.0]
+    for tick in (top, bottom):  # the ends, where they do not crowd the zero line
+        if abs(y(tick) - y(0.0)) >= 14:
+            ticks.append(tick)
+    for tick in ticks:
         parts.append(
             f'<text x="{pad_l - 6}" y="{y(tick) + 4:.1f}" font-size="10" text-anchor="end" '
             f'font-family="sans-serif">{tick:+.0f}%</text>'
         )
+    unit = _UNITS.get(doc["metric"], "")
     for i, r in enumerate(rows):
         cx = pad_l + step * (i + 0.5)
         chosen = pick is not None and canonical_json(r["value"]) == canonical_json(pick)
-        colour = "#2a7" if chosen else ("#36c" if r["better"] else "#999")
+        worse = r["significant"] and not r["better"] and not r["control"]
+        colour = "#2a7" if chosen else "#36c" if r["better"] else "#c33" if worse else "#999"
         if r["interval"]:
             parts.append(
                 f'<line x1="{cx:.1f}" x2="{cx:.1f}" y1="{y(r["interval"][1]):.1f}" '
@@ -188,10 +199,19 @@ def knob_chart_svg(doc: dict[str, Any], width: int = 560, height: int = 260) -> 
         effect = r["effect_pct"]
         if effect is not None:
             parts.append(f'<circle cx="{cx:.1f}" cy="{y(effect):.1f}" r="5" fill="{colour}"/>')
+            # The figure itself beside its point: value -> metric, as the table says it.
+            parts.append(
+                f'<text x="{cx + 8:.1f}" y="{y(effect) - 6:.1f}" font-size="10" '
+                f'font-family="sans-serif" fill="#333">{_figure(r["estimate"])}{unit}</text>'
+            )
         parts.append(
             f'<text x="{cx:.1f}" y="{height - pad_b + 16}" font-size="11" text-anchor="middle" '
             f'font-family="sans-serif">{html.escape(_value(r["value"]))}'
             f"{' (parent)' if r['control'] else ''}</text>"
         )
+    parts.append(
+        f'<text x="{pad_l + plot_w / 2:.1f}" y="{height - 8}" font-size="11" '
+        f'text-anchor="middle" font-family="sans-serif">{html.escape(doc["knob"])}</text>'
+    )
     parts.append("</svg>")
     return "".join(parts)
