@@ -75,7 +75,11 @@ class SyntheticKnobs(StrictModel):
     stall_every_s: float | None = Field(None, gt=0, description="a stall every this many s")
     stall_ms: float = Field(0.0, ge=0, description="how long each stall freezes the server")
     error_rate: float = Field(0.0, ge=0, le=1, description="fraction raising RuntimeError")
-    seed: int = 0
+    seed: int | None = Field(
+        0,
+        description="the service-time draws' seed: a run replays the same draws; null: fresh "
+        "draws every run (one truth, a distribution, and sampling noise between runs)",
+    )
     max_batch_size: int | None = Field(
         None,
         ge=1,
@@ -241,7 +245,8 @@ class SyntheticTarget:
         self._stall_ns = round(knobs.stall_ms * 1e6)
         # random.Random's methods are atomic under the GIL (lognormvariate does not use
         # gauss()'s cached state), so one generator serves every thread.
-        self._rng = random.Random(knobs.seed)
+        # seed None: random.Random() seeds itself from the OS, so every run draws anew.
+        self._rng = random.Random(knobs.seed) if knobs.seed is not None else random.Random()
         self._mu = math.log(knobs.service_ms) if knobs.service_ms > 0 else -math.inf
         servers = knobs.queue_servers
         # The servers' free times, ns from t0; None: unlimited servers, nobody queues.
