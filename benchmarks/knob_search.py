@@ -28,7 +28,7 @@ The measurement routine all three searchers share: a config's capacity measured 
 as a noisy draw around its truth (log-normal, sigma SIGMA: the spread of a quick capacity sweep
 measured by benchmarks/sweep_accuracy.py) with a drift shared by the cells of a block, and
 SWEEP_S measured seconds per sweep. `tune` runs optlab's own procedure (`optlab.knobs.tune.tune`
-over `optlab.knobs.search.decide`); Optuna's TPE (Optuna in its own venv, OPTUNA_PYTHON, asked
+over `optlab.knobs.decision.decide`); Optuna's TPE (Optuna in its own venv, OPTUNA_PYTHON, asked
 and told over a pipe) and a hill climb in the manner of Triton Model Analyzer's quick search
 (from the smallest config, step each knob up one value, one measurement each, move to the best
 neighbour whenever it measured any higher: its `COMPARISON_SCORE_THRESHOLD = 0`) get the same

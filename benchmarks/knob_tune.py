@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 
 from optlab.config.slo import Slo
+from optlab.knobs.decision import decide
 from optlab.knobs.metric import METRICS
-from optlab.knobs.search import decide
 from optlab.knobs.tune import tune
 from optlab.metrics.selection import Arm
 from optlab.reference.batching import batching_capacity, simulate_batching

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from optlab.knobs.decision import decide, promotable
 from optlab.knobs.document import KnobSweepDocument
 from optlab.knobs.metric import METRICS
-from optlab.knobs.search import decide, promotable
 from optlab.knobs.tune import interaction_of, tune
 from optlab.metrics.selection import Arm
 

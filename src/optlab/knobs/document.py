@@ -1,7 +1,7 @@
 """The `optlab sweep-knob --json` and `optlab tune --json` documents as pydantic models
 (docs/sweep-knob-json.md).
 
-`knobs.search.decide` and `knobs.tune_run.tune_document` build the documents; each is
+`knobs.decision.decide` and `knobs.tune_run.tune_document` build the documents; each is
 validated against these models before it is stored or printed, the JSON Schemas in
 docs/schemas/ are generated from them, and the tests check real output against those.
 """

@@ -3,7 +3,7 @@ the interactions that one-factor-at-a-time cannot see.
 
 1. Each knob in the order given is swept at the current config (`optlab sweep-knob`), and the
    value it promotes (the winner, or the tie-break's choice where that beats the parent beyond
-   noise: `knobs.search.promotable`) becomes the current config: each step of the chain
+   noise: `knobs.decision.promotable`) becomes the current config: each step of the chain
    changes one knob, and every step's gain is a measured, paired comparison (Frey, Engelhardt
    & Greitzer, "An evaluation of adaptive one-factor-at-a-time experimentation", Research in
    Engineering Design 14, 2003: under controlled noise aOFAT keeps most of the available
@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from optlab.knobs.search import promotable
+from optlab.knobs.decision import promotable
 from optlab.knobs.spec import value_key
 from optlab.metrics.stats import beyond_noise, ratio_interval
 
