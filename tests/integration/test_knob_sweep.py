@@ -21,6 +21,7 @@ from click.testing import Result
 from optlab.knobs.search import KnobOptions, KnobOutcome, sweep_knob
 from optlab.run.progress import Progress
 from optlab.store import Store
+from tests.support.capabilities import not_root
 from tests.support.files import write
 from tests.support.paths import REPO
 from tests.support.schemas import problems
@@ -303,11 +304,10 @@ def test_tune_chains_the_winners_and_checks_the_interaction(
     assert all(r["knob_sweep"] is not None for r in rows[1:])
 
 
+@not_root
 def test_a_folder_it_cannot_write_is_refused_with_the_fix(
     folder: Path, invoke: Invoke, sqlite_url: str
 ) -> None:
-    if os.geteuid() == 0:
-        pytest.skip("root is exempt from file permissions")
     shelf = folder / "read-only"
     shelf.mkdir()
     path = write(shelf, "syn.yaml", PARENT)

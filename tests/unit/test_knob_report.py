@@ -5,7 +5,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 from optlab.reports.knob import knob_chart_svg, render_knob, render_knob_markdown
-from tests.unit.test_knob_tune import _doc
+from tests.support.knobs import knob_doc as _doc
 
 
 def test_text_and_markdown_say_the_winner_and_each_interval() -> None:

@@ -7,43 +7,15 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import pytest
 
-from optlab.knobs.decision import decide, promotable
-from optlab.knobs.document import KnobSweepDocument
-from optlab.knobs.metric import METRICS
+from optlab.knobs.decision import promotable
 from optlab.knobs.tune import interaction_of, tune
-from optlab.metrics.selection import Arm
-
-BLOCKS = 4
-
-
-def _doc(truths: dict[Any, float], parent: Any, *, noise: float = 0.01, seed: int = 0,
-         tie_break: str = "nearest", cpu: Sequence[float | None] | None = None,
-         metric: str = "qps") -> dict[str, Any]:
-    """A sweep document from exact truths measured with `noise` (log-sd) per cell, the
-    parent first as the search puts it."""
-    rng = np.random.default_rng(seed)
-    values = [parent, *[v for v in truths if v != parent]]
-    arms = []
-    for v in values:
-        logs = list(math.log(truths[v]) + rng.normal(0, noise, BLOCKS))
-        arms.append(Arm(logs, [noise] * BLOCKS, [30.0] * BLOCKS))
-    doc = decide(
-        arms, values=values, experiments=[f"e{v}" for v in values], asked=list(truths),
-        parent_value=parent, knob="k", m=METRICS[metric], tie_break=tie_break,
-        cpu=list(cpu) if cpu is not None else [None] * len(values),
-    )
-    doc |= {"knob_sweep_id": 1, "status": "FINISHED", "blocks": BLOCKS,
-            "measured_s": float(len(values) * BLOCKS), "promoted": None,
-            "promoted_experiment": None}
-    KnobSweepDocument.model_validate(doc)  # the documented shape, whatever the case
-    return doc
+from tests.support.knobs import knob_doc
 
 
 def test_a_clear_winner_is_named_with_its_sentence() -> None:
-    doc = _doc({1: 100.0, 2: 150.0, 4: 120.0}, parent=1)
+    doc = knob_doc({1: 100.0, 2: 150.0, 4: 120.0}, parent=1)
     assert doc["winner"] == 2 and doc["tie"] == []
     row = next(r for r in doc["values"] if r["value"] == 2)
     assert row["interval"][0] < 50.0 < row["interval"][1] and row["better"]
@@ -52,13 +24,13 @@ def test_a_clear_winner_is_named_with_its_sentence() -> None:
 
 
 def test_lower_is_better_for_latency() -> None:
-    doc = _doc({1: 10.0, 2: 7.0, 4: 12.0}, parent=1, metric="p99")
+    doc = knob_doc({1: 10.0, 2: 7.0, 4: 12.0}, parent=1, metric="p99")
     assert doc["winner"] == 2
     assert "better than the parent on p99" in doc["sentence"]
 
 
 def test_no_value_beats_the_parent_so_it_stays() -> None:
-    doc = _doc({1: 100.0, 2: 100.0, 4: 100.0}, parent=1, noise=0.02)
+    doc = knob_doc({1: 100.0, 2: 100.0, 4: 100.0}, parent=1, noise=0.02)
     assert doc["winner"] is None and doc["chosen"] == 1
     assert "no value beats the parent" in doc["sentence"]
     assert promotable(doc) is None
@@ -67,19 +39,19 @@ def test_no_value_beats_the_parent_so_it_stays() -> None:
 def test_the_tie_break_picks_the_nearest_or_the_cheapest() -> None:
     # 8 and 16 tie, both far better than the parent 1.
     truths = {1: 100.0, 8: 200.0, 16: 200.5}
-    nearest = _doc(truths, parent=1)
+    nearest = knob_doc(truths, parent=1)
     assert nearest["winner"] is None and set(nearest["tie"]) == {8, 16}
     assert nearest["chosen"] == 8  # nearer 1 on the log scale
     assert promotable(nearest) == 8  # beats the parent beyond noise: promoted
-    cheapest = _doc(truths, parent=1, tie_break="cheapest", cpu=[50.0, 90.0, 60.0])
+    cheapest = knob_doc(truths, parent=1, tie_break="cheapest", cpu=[50.0, 90.0, 60.0])
     assert cheapest["chosen"] == 16 and "cheapest" in cheapest["tie_break_note"]
     # A tied arm without a CPU figure: nearest, and said so.
-    fallback = _doc(truths, parent=1, tie_break="cheapest", cpu=[50.0, None, 60.0])
+    fallback = knob_doc(truths, parent=1, tie_break="cheapest", cpu=[50.0, None, 60.0])
     assert fallback["chosen"] == 8 and "no CPU figure" in fallback["tie_break_note"]
 
 
 def test_string_values_are_near_by_their_place_in_the_list() -> None:
-    doc = _doc({"a": 100.0, "b": 150.0, "c": 150.2, "d": 150.1}, parent="a")
+    doc = knob_doc({"a": 100.0, "b": 150.0, "c": 150.2, "d": 150.1}, parent="a")
     assert doc["winner"] is None and doc["chosen"] == "b"
 
 
@@ -108,7 +80,7 @@ def _run_tune(interaction: bool, seed: int = 0):  # type: ignore[no-untyped-def]
         calls.append((purpose, knob, dict(config)))
         truths = {v: capacity({**config, knob: v}) for v in values}
         truths.setdefault(config[knob], capacity(config))
-        return _doc(truths, parent=config[knob], seed=seed + len(calls))
+        return knob_doc(truths, parent=config[knob], seed=seed + len(calls))
 
     result = tune(
         {"batch": 1, "servers": 1},
@@ -145,7 +117,7 @@ def test_the_budget_stops_the_tune_and_says_so() -> None:
         config: dict[str, Any], knob: str, values: Sequence[Any], purpose: str
     ) -> dict[str, Any]:
         truths = {v: capacity({**config, knob: v}) for v in values}
-        return _doc(truths, parent=config[knob])
+        return knob_doc(truths, parent=config[knob])
 
     result = tune(
         {"batch": 1, "servers": 1},
@@ -157,8 +129,8 @@ def test_the_budget_stops_the_tune_and_says_so() -> None:
 
 
 def test_interaction_contrast_is_the_difference_of_log_effects() -> None:
-    at_final = _doc({4: 100.0, 8: 80.0}, parent=4, noise=0.001)
-    at_other = _doc({4: 50.0, 8: 50.0}, parent=4, noise=0.001)
+    at_final = knob_doc({4: 100.0, 8: 80.0}, parent=4, noise=0.001)
+    at_other = knob_doc({4: 50.0, 8: 50.0}, parent=4, noise=0.001)
     found = interaction_of(at_final, at_other, b0=8, b1=4)
     assert found is not None
     assert found["contrast_pct"] == pytest.approx((0.8 / 1.0 - 1) * 100, abs=0.5)
