@@ -163,6 +163,9 @@ def main() -> None:
     parser.add_argument(
         "--smoke", action="store_true", help="One tune seed on the planted surface (seconds)."
     )
+    parser.add_argument(
+        "--tune-blocks", type=int, default=3, help="Blocks of tune's knob sweeps (--tune)."
+    )
     for part in ("aa", "power", "tune", "classifier"):
         parser.add_argument(f"--{part}", action="store_true")
     args = parser.parse_args()
@@ -184,9 +187,10 @@ def main() -> None:
     if "power" in parts:
         power(args.seeds)
     if "tune" in parts:
-        from knob_tune import run_tune_benchmark
+        import knob_tune
 
-        run_tune_benchmark(args.seeds)
+        knob_tune.BLOCKS = args.tune_blocks
+        knob_tune.run_tune_benchmark(args.seeds)
     if "classifier" in parts:
         classifier()
     print(f"\ntotal {time.monotonic() - started:.0f} s")
