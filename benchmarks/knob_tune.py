@@ -278,7 +278,7 @@ class Bench:
                 logs[arm][block], ses[arm][block], dfs[arm][block] = log, se, df
                 seconds += s
         doc = decide(
-            [Arm(logs[i], ses[i], dfs[i]) for i in range(len(arms_cfg))],
+            [Arm(logs[i], ses[i], dfs[i], averages_out=False) for i in range(len(arms_cfg))],
             values=[parent, *others],
             experiments=[key(c) for c in arms_cfg],
             asked=list(values),

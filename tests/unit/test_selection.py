@@ -121,3 +121,17 @@ def test_effect_interval_is_the_paired_t_interval_on_logs() -> None:
     assert e.low_pct == pytest.approx(math.expm1(d.mean() - half) * 100)
     assert e.high_pct == pytest.approx(math.expm1(d.mean() + half) * 100)
     assert e.significant
+
+
+def test_an_error_the_blocks_share_is_not_divided_down_by_them() -> None:
+    # Four blocks, each arm's error 3% a block, the arms 6% apart with no spread between
+    # blocks: averaged out, 6% is sure; an error every block repeats (a capacity sweep's
+    # resolution) leaves it a tie.
+    logs_a, logs_b = [0.0] * 4, [0.06] * 4
+    shared = [Arm(logs_a, [0.03] * 4, [1e6] * 4, averages_out=False),
+              Arm(logs_b, [0.03] * 4, [1e6] * 4, averages_out=False)]
+    own = [Arm(logs_a, [0.03] * 4, [1e6] * 4), Arm(logs_b, [0.03] * 4, [1e6] * 4)]
+    assert select_best(own, higher_is_better=True).winner == 1
+    assert select_best(shared, higher_is_better=True).winner is None
+    test = select_best(shared, higher_is_better=True).tests[0]
+    assert test.se == pytest.approx(math.hypot(0.03, 0.03))

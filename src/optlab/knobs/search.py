@@ -347,7 +347,7 @@ class _KnobSweep:
                         )
                         if used is not None:
                             cpus.append(used)
-            arms.append(Arm(logs, ses, dfs))
+            arms.append(Arm(logs, ses, dfs, averages_out=self.metric.name != CAPACITY))
             cpu.append(sum(cpus) / len(cpus) if cpus else None)
         return arms, cpu
 

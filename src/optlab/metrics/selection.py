@@ -16,11 +16,15 @@ comparison's standard error is the larger of the between-block one (the paired d
 spread, ``k - 1`` degrees of freedom; from 2 blocks) and the within-run one (each run's
 batch-means error of its own windows, the delta method on the log; Welch-Satterthwaite
 degrees of freedom): the same "never narrower than the within-run interval" rule as
-`compare`. Its p-value is two-sided although the question is one-sided, because the best arm
-was chosen by the same data: for two arms this makes "the best beats the other" a test at
-exactly ``alpha``; for more, the top two of several equal arms are closer together than two
-arms alone, so the false-winner rate stays below ``alpha`` (Hsu, *Multiple Comparisons*,
-1996, ch. 4, on comparing with the best). The m = k comparisons are Holm-adjusted
+`compare`. A capacity cell's error (its sweep's interval) is partly the search's own resolution,
+which repeats in every block of the arm: it is not divided down by the blocks (on the
+benchmark's "additive" batching surface, dividing it let quick-sweep biases of a few % pass for
+interactions in 4 of 20 tunes). Its p-value is two-sided although the question is
+one-sided, because the best arm was chosen by the same data: for two arms this makes "the
+best beats the other" a test at exactly ``alpha``; for more, the top two of several equal
+arms are closer together than two arms alone, so the false-winner rate stays below
+``alpha`` (Hsu, *Multiple Comparisons*, 1996, ch. 4, on comparing with the best). The m = k
+comparisons are Holm-adjusted
 (Holm 1979: the i-th smallest p-value times m - i + 1, made monotone), and a winner is named
 only when every adjusted p-value is below ``alpha`` and its margin over the runner-up is at
 least :data:`optlab.metrics.stats.MIN_EFFECT_PCT`. An arm with no valid measurement at
@@ -61,6 +65,9 @@ class Arm:
     logs: Sequence[float]
     within_se: Sequence[float]
     within_df: Sequence[float]
+    # False: each block's error is partly the method's own (a capacity sweep's bracket and
+    # model), shared by every block of the arm, so averaging blocks does not shrink it.
+    averages_out: bool = True
 
 
 @dataclass(frozen=True)
@@ -146,11 +153,15 @@ def _difference(a_arm: Arm, b_arm: Arm, sign: float) -> _Difference | None:
         if not np.all(np.isfinite(se)):
             parts = []
             break
-        # The mean of k block differences: each run's error once, over k.
-        parts += [
-            (float(s) / k, float(d) if math.isfinite(d) else _LARGE_DF)
-            for s, d in zip(se, df, strict=True)
-        ]
+        # The mean of k block differences: each run's error once, over k; an error the blocks
+        # share stays what one block's is (their root mean square).
+        if arm.averages_out:
+            parts += [
+                (float(s) / k, float(d) if math.isfinite(d) else _LARGE_DF)
+                for s, d in zip(se, df, strict=True)
+            ]
+        else:
+            parts.append((float(np.sqrt(np.mean(se**2))), float(np.min(df))))
     if parts:
         errors.append((math.sqrt(sum(s**2 for s, _ in parts)), _welch_df(parts), "within-run"))
     if k >= 2:
