@@ -135,3 +135,16 @@ def test_interaction_contrast_is_the_difference_of_log_effects() -> None:
     assert found is not None
     assert found["contrast_pct"] == pytest.approx((0.8 / 1.0 - 1) * 100, abs=0.5)
     assert found["beyond_noise"]
+
+
+def test_only_a_flipped_preference_is_order_dependent() -> None:
+    from optlab.knobs.tune import _preference_flips
+
+    # The sweeps' parent is b1 = 4; b0 = 8 is worse at the final config.
+    at_final = knob_doc({4: 100.0, 8: 80.0}, parent=4, noise=0.001)
+    flips = knob_doc({4: 50.0, 8: 60.0}, parent=4, noise=0.001)  # 8 better at a0: flipped
+    smaller = knob_doc({4: 50.0, 8: 45.0}, parent=4, noise=0.001)  # 8 worse there too
+    assert _preference_flips(at_final, flips, b0=8)
+    assert not _preference_flips(at_final, smaller, b0=8)
+    found = interaction_of(at_final, smaller, b0=8, b1=4)
+    assert found is not None and found["beyond_noise"]  # a real size difference, not a flip

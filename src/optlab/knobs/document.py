@@ -102,9 +102,10 @@ class TuneDocument(_Closed):
     experiment: str
     final: str = Field(description="the experiment file of the tuned config")
     steps: list[TuneStepEntry]
-    flags: list[str] = Field(description='"order-dependent gain: ...", "interaction: ..."')
+    flags: list[str] = Field(description='"order-dependent gain: ..." (the re-sweep, the 2x2)')
     interaction: dict[str, Any] | None = Field(
-        description="the 2x2 of the two biggest gains: contrast_pct, interval, beyond_noise"
+        description="the 2x2 of the two biggest gains: contrast_pct, interval, beyond_noise, "
+        "flips (B's preferred value differs between A's two values: flagged)"
     )
     measured_s: float = Field(ge=0)
     stopped: str | None

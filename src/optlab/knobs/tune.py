@@ -15,8 +15,12 @@ the interactions that one-factor-at-a-time cannot see.
 3. Then, budget left, a 2x2 of the two knobs that gained most (A: a0 -> a1, B: b0 -> b1): B's
    effect (b1 against b0) is measured at the final config (A = a1) and at the final config with
    A = a0, each as a paired knob sweep; the interaction is the difference of the two log
-   effects, with the errors of both. Beyond noise (its interval excludes 0 and it is at least
-   the 1% floor), "interaction" is flagged with its size.
+   effects, with the errors of both (`interaction`, reported whatever it is). "Order-dependent
+   gain" is flagged where B's preferred value itself flips: b1 better beyond noise at A = a1,
+   b0 better beyond noise at A = a0. A gain that only differs in size between a0 and a1 does
+   not move an optimum, and a capacity measured by quick sweeps carries biases of several %
+   between configs (benchmarks/README.md), which a size difference cannot be told from: on the
+   benchmark's additive surface, flagging any contrast beyond noise flagged 2 of 20 tunes.
 
 The loop is generic over what a config is (an experiment file for the command, a mapping of
 knob values for benchmarks/knob_search.py), so the command and the benchmark run one procedure.
@@ -92,6 +96,20 @@ def interaction_of(
     }
 
 
+def _preference_flips(at_final: dict[str, Any], at_other: dict[str, Any], b0: Any) -> bool:
+    """B's preferred value differs between the two values of A, each beyond noise: going back
+    to b0 is worse at the final config and better at the other (the sweeps' parent is b1)."""
+    rows = [
+        next((r for r in doc["values"] if value_key(r["value"]) == value_key(b0)), None)
+        for doc in (at_final, at_other)
+    ]
+    if rows[0] is None or rows[1] is None:
+        return False
+    worse_here = rows[0]["significant"] and not rows[0]["better"]
+    better_there = rows[1]["significant"] and rows[1]["better"]
+    return bool(worse_here and better_there)
+
+
 def tune(
     start: C,
     knobs: Sequence[tuple[str, Sequence[Any]]],
@@ -159,11 +177,14 @@ def tune(
                 if found is not None:
                     found |= {"knobs": [knob_a, knob_b], "a": [a0, a1], "b": [b0, b1]}
                     result.interaction = found
-                    if found["beyond_noise"]:
+                    flip = _preference_flips(at_final.document, at_other.document, b0)
+                    found["flips"] = flip
+                    if flip:
                         result.flags.append(
-                            f"interaction: {knob_b}'s effect ({b0} -> {b1}) differs by "
+                            f"order-dependent gain: {knob_b} prefers {b1} at {knob_a} = {a1} "
+                            f"but {b0} at {knob_a} = {a0} (its effect differs by "
                             f"{found['contrast_pct']:+.1f}% [{found['interval'][0]:+.1f}, "
-                            f"{found['interval'][1]:+.1f}] between {knob_a} = {a0} and {a1}"
+                            f"{found['interval'][1]:+.1f}])"
                         )
     result.final = current
     return result
