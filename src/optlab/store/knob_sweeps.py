@@ -169,7 +169,7 @@ class KnobSweepsMixin:
             if found is None:
                 raise NotFoundError(
                     f"knob sweep {knob_sweep_id} does not exist",
-                    hint="list them with `optlab sweep-knob --list`",
+                    hint="list them with `optlab knob-sweeps`",
                 )
             return _record(session, *found)
 
