@@ -367,7 +367,7 @@ def run_tune_benchmark(seeds: int, smoke: bool = False) -> None:
     space = ", ".join(f"{k} {list(v)}" for k, v in SPACE)
     print(
         f"\n== tune on the batching surface (P99 <= {SLO_MS:g} ms; {space}; "
-        f"{BLOCKS} blocks; machine drift {DRIFT:.0%}) =="
+        f"{BLOCKS} blocks; machine drift {DRIFT:.1%}) =="
     )
     if not OPTUNA_PYTHON.is_file():
         print(
