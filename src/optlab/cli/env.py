@@ -78,12 +78,37 @@ def _rows(fp: dict[str, Any]) -> list[tuple[str, str]]:
     if code.get("target"):
         rows.append(("target code", json.dumps(code["target"], sort_keys=True)))
     rows += service_rows(fp.get("service"))
+    rows += hosts_rows(fp.get("hosts"))
     if not fp.get("service"):
         # A service optlab does not start (http) is out of sight: say so. (A command target's
         # service always has its section here; in-process targets have no service.)
         unseen = describe_service(None, (code.get("target") or {}).get("kind"))
         if unseen is not None:
             rows.append(("service environment", unseen))
+    return rows
+
+
+def hosts_rows(hosts: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The node set a load is sent from (workload.load.hosts), one row per node."""
+    if not hosts:
+        return []
+    rows = [
+        (
+            "load from",
+            f"{len(hosts['nodes'])} Ray nodes (Ray {hosts['ray']}), "
+            f"{hosts['workers_per_node']} workers each",
+        )
+    ]
+    for i, node in enumerate(hosts["nodes"]):
+        cpu = node.get("cpu", {})
+        packages = node.get("software", {}).get("packages", {})
+        rows.append(
+            (
+                f"  node {i + 1}",
+                f"{node.get('host')} {node.get('ip')}: {cpu.get('model')}, "
+                f"{cpu.get('logical_cores')} cores, optlab {packages.get('optlab')}",
+            )
+        )
     return rows
 
 
@@ -99,12 +124,15 @@ def env(experiment: str | None, as_json: bool) -> None:
     """
     from optlab.env.collect import collect_fingerprint
     from optlab.env.compare import material_hash
-    from optlab.run.fingerprint import code_section, service_section
+    from optlab.run.fingerprint import baseline_hosts, code_section, service_section
 
     fp = collect_fingerprint(data_dir=Path.cwd(), repo_dir=Path.cwd())
     service, _ = service_section(Path(experiment) if experiment else None)
     if service is not None:
         fp["service"] = service
+    hosts = baseline_hosts(Path(experiment) if experiment else None)
+    if hosts is not None:
+        fp["hosts"] = hosts
     # The hash `optlab run` stores for this experiment's runs: the code part is not in it.
     fp["material_hash"] = material_hash(fp)
     fp["code"] = code_section(Path(experiment) if experiment else None)

@@ -140,7 +140,7 @@ def check_load(workload: Workload, source: SourceFile, *, threaded: bool, kind: 
     peak = mode.peak_rate(load)
     if peak is not None:
         rate, rate_field = peak
-        _check_rate(rate, rate_field, load.processes, source, threaded=threaded, kind=kind)
+        _check_rate(rate, rate_field, load.generators, source, threaded=threaded, kind=kind)
 
 
 def _check_rate(

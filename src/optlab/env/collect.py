@@ -277,6 +277,21 @@ def collect_fingerprint(
     return fp
 
 
+def host_fingerprint() -> dict[str, Any]:
+    """What a load-generating host is, for `workload.load.hosts` (docs/hosts.md): its CPU,
+    memory, OS, Python and packages; its name (the node set is part of the environment).
+    No GPU, disk or repository: a host that only sends load is judged by what sends it."""
+    hardware = _hardware([], None, Path.cwd())
+    software = _software({})
+    del software["nvidia"], software["python"]["executable"]
+    return {
+        "host": socket.gethostname(),
+        "cpu": hardware["cpu"],
+        "memory": hardware["memory"],
+        "software": software,
+    }
+
+
 def _hardware(gpus: list[dict[str, Any]], gpu_error: str | None, disk: Path) -> dict[str, Any]:
     logical = os.cpu_count()
     return {

@@ -33,6 +33,9 @@ _IMMATERIAL_PREFIXES: frozenset[str] = frozenset(
         # hostname is the same machine type.
         "hardware.gpus.*.uuid",
         "software.python.executable",
+        # A load node's address may change with each start (a pod's IP); its host name, its
+        # hardware and software stay material: the node set is part of the environment.
+        "hosts.nodes.*.ip",
         # A command target's service (optlab.targets.service_env): where its interpreter or
         # program lives, and why it could not be asked, are diagnostics; its version, packages,
         # size and sha256 are what run, and stay material. A declared code_version is compared

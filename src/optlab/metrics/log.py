@@ -10,6 +10,7 @@ number of requests.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from array import array
 
@@ -19,7 +20,15 @@ import numpy.typing as npt
 from optlab.metrics.histogram import LatencyHistogram
 from optlab.metrics.llm import LlmTally, StreamTiming, fold_streams
 from optlab.metrics.stages import SEND_LAG, START_LAG, TOTAL, RequestTiming
-from optlab.metrics.windows import NS, ErrorStat, Int64Array, OpenWindow, PhaseLog, Window
+from optlab.metrics.windows import (
+    NS,
+    ErrorStat,
+    Int64Array,
+    OpenWindow,
+    PhaseLog,
+    SourceTally,
+    Window,
+)
 
 __all__ = ["SEND_LAG", "START_LAG", "TOTAL", "Collector", "InboxLog", "Window", "WorkerLog"]
 
@@ -55,6 +64,25 @@ class _Buffers:
 
     def __len__(self) -> int:
         return len(self.end) + len(self.errors)
+
+    def shift(self, delta_ns: int) -> None:
+        """Move every instant by `delta_ns` (another host's clock into this one's); the
+        durations (latency, lags) stay as they were measured."""
+        if not delta_ns:
+            return
+        if self.end:
+            self.end = array("q", (np.frombuffer(self.end, dtype=np.int64) + delta_ns).tobytes())
+        self.errors = [(end + delta_ns, kind, text) for end, kind, text in self.errors]
+        self.streams = [
+            dataclasses.replace(
+                s,
+                intended_ns=s.intended_ns + delta_ns,
+                sent_ns=s.sent_ns + delta_ns,
+                events=tuple((t + delta_ns, n) for t, n in s.events),
+                end_ns=s.end_ns + delta_ns,
+            )
+            for s in self.streams
+        ]
 
 
 def _merge(taken: list[_Buffers]) -> _Buffers:
@@ -180,6 +208,7 @@ class Collector:
         self._window_ns = int(round(window_s * NS))
         self._grace_ns = int(round(close_grace_s * NS))
         self._logs: list[WorkerLog] = []
+        self._sources: dict[int, str] = {}  # id(log) -> the source it records for
         self._logs_lock = threading.Lock()
         # Serialises drain() against queries and set_phase(); never taken by WorkerLog.record.
         self._lock = threading.RLock()
@@ -191,11 +220,15 @@ class Collector:
         self.late = 0  # samples whose window had already been emitted
         self.trimmed = 0  # samples in a sub-half-window sliver at the end of a phase
 
-    def new_log(self, log: WorkerLog | None = None) -> WorkerLog:
-        """A new log for a generator thread, or `log` (an InboxLog) registered as it is."""
+    def new_log(self, log: WorkerLog | None = None, *, source: str | None = None) -> WorkerLog:
+        """A new log for a generator thread, or `log` (an InboxLog) registered as it is.
+        With `source` (a node's name), its samples are also tallied apart
+        (`source_tallies`)."""
         log = WorkerLog() if log is None else log
         with self._logs_lock:
             self._logs.append(log)
+            if source is not None:
+                self._sources[id(log)] = source
         return log
 
     def set_phase(self, phase: str, start_ns: int) -> None:
@@ -222,11 +255,16 @@ class Collector:
         """Swap every log's buffers and fold the samples in. Safe alongside ``record()``."""
         with self._logs_lock:
             logs = list(self._logs)
+            sources = dict(self._sources)
         taken = [log._swap() for log in logs]
         with self._lock:
             # One numpy pass over every log's samples: each pass costs fixed work under the GIL,
             # and many small passes made the generator's threads late right after each drain.
             self._fold(_merge(taken))
+            for log, buf in zip(logs, taken, strict=True):
+                source = sources.get(id(log))
+                if source is not None and len(buf):
+                    self._fold_source(source, buf)
             if self._horizon_ns is not None:
                 self._advance(self._horizon_ns - self._grace_ns, final=False)
 
@@ -274,6 +312,26 @@ class Collector:
             self._fold_stages(which, buf.stage_rows, buf.stage_dicts)
         if buf.streams:
             self._fold_streams(which, end, end - total, buf.stream_rows, buf.streams)
+
+    def _fold_source(self, source: str, buf: _Buffers) -> None:
+        """A source's samples into its own tally of each phase (beside the merged fold)."""
+        if buf.end:
+            end = np.frombuffer(buf.end, dtype=np.int64)
+            total = np.frombuffer(buf.total, dtype=np.int64)
+            send_lag = np.frombuffer(buf.send_lag, dtype=np.int64)
+            which = self._phase_index(end)
+            for index, phase in enumerate(self._phases):
+                mask = which == index
+                if mask.any():
+                    tally = phase.sources.setdefault(source, SourceTally())
+                    tally.ok += int(np.count_nonzero(mask))
+                    tally.total.record_array(total[mask])
+                    tally.send_lag.record_array(send_lag[mask])
+        if buf.errors:
+            ends = np.fromiter((e[0] for e in buf.errors), dtype=np.int64)
+            for index in self._phase_index(ends).tolist():
+                if index >= 0:
+                    self._phases[index].sources.setdefault(source, SourceTally()).errors += 1
 
     def _fold_streams(
         self,
@@ -405,6 +463,14 @@ class Collector:
             if entry is None:
                 return {}
             return {name: hist.copy() for name, hist in entry.histograms.items()}
+
+    def source_tallies(self, phase: str) -> dict[str, SourceTally]:
+        """Copies of each named source's tally of the phase (load from several hosts)."""
+        with self._lock:
+            entry = self._phase(phase)
+            if entry is None:
+                return {}
+            return {name: tally.copy() for name, tally in entry.sources.items()}
 
     def llm_tally(self, phase: str) -> LlmTally | None:
         """A copy of the phase's streamed-response counts; None when it streamed none."""

@@ -16,7 +16,7 @@ import numpy.typing as npt
 from optlab.metrics.histogram import LatencyHistogram
 from optlab.metrics.llm import LlmTally
 
-__all__ = ["ErrorStat", "Int64Array", "OpenWindow", "PhaseLog", "Window"]
+__all__ = ["ErrorStat", "Int64Array", "OpenWindow", "PhaseLog", "SourceTally", "Window"]
 
 NS = 1_000_000_000
 _NS_PER_MS = 1e6
@@ -51,6 +51,20 @@ class Window:
 
 
 @dataclass
+class SourceTally:
+    """What one source of samples (a load-generating node) sent in a phase: its own latency
+    and send-lag histograms beside the phase's merged ones, so each node can be judged alone."""
+
+    ok: int = 0
+    errors: int = 0
+    total: LatencyHistogram = field(default_factory=LatencyHistogram)
+    send_lag: LatencyHistogram = field(default_factory=LatencyHistogram)
+
+    def copy(self) -> SourceTally:
+        return SourceTally(self.ok, self.errors, self.total.copy(), self.send_lag.copy())
+
+
+@dataclass
 class OpenWindow:
     totals: list[Int64Array] = field(default_factory=list)
     send_lags: list[Int64Array] = field(default_factory=list)
@@ -79,6 +93,7 @@ class PhaseLog:
     next_window: int = 0  # index of the first window not yet emitted
     windows: list[Window] = field(default_factory=list)
     llm: LlmTally = field(default_factory=LlmTally)  # a streaming target's counts
+    sources: dict[str, SourceTally] = field(default_factory=dict)  # per node, where named
 
     def histogram(self, series: str) -> LatencyHistogram:
         hist = self.histograms.get(series)

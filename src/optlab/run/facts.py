@@ -12,7 +12,7 @@ from typing import Any
 
 from optlab.store.reasons import Reason, ReasonCode, reasons_of
 
-__all__ = ["LoadFacts", "RunFacts", "Verdict", "mean_of"]
+__all__ = ["HostFacts", "LoadFacts", "RunFacts", "Verdict", "mean_of"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,23 @@ class LoadFacts:
     other_cpu_pct: tuple[float | None, float | None] = (None, None)
     neighbours: tuple[dict[str, Any], ...] = ()
     concurrent_runs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """One node of a load sent from several hosts (docs/hosts.md), over the measured phase:
+    its share of the schedule, what it sent, its own send lag (and that P99's lower 99%
+    bound), and whether it was lost."""
+
+    node: str
+    host: str
+    share: float
+    completed: int
+    errors: int
+    send_lag_p99_ms: float | None
+    send_lag_p99_low_ms: float | None
+    lost: str | None = None
+    lost_at_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +128,8 @@ class RunFacts:
     total_mean_ms: float | None = None
     total_max_ms: float | None = None
     timeout_ms: float | None = None
+    # Load sent from several hosts: each node, judged alone as well as in the merge.
+    hosts: tuple[HostFacts, ...] = ()
 
 
 def mean_of(halves: tuple[float | None, float | None]) -> float | None:

@@ -9,7 +9,7 @@ from typing import Any
 from optlab._version import __version__
 from optlab.chain.catalog import Catalog, file_chain
 from optlab.config.loading import ExperimentFile, load_experiment, search_paths
-from optlab.config.models import BaselineFile
+from optlab.config.models import BaselineFile, Workload
 from optlab.errors import OptlabError
 from optlab.targets.identity import code_identity
 from optlab.targets.service_env import service_environment
@@ -61,3 +61,30 @@ def service_section(experiment: Path | None) -> tuple[dict[str, Any] | None, str
     assert isinstance(loaded.spec, BaselineFile)
     target = loaded.spec.target.model_dump(mode="json")
     return service_environment(target, search_paths(loaded.source)[0]), target.get("kind")
+
+
+def hosts_section(workload: dict[str, Any] | Workload | None) -> dict[str, Any] | None:
+    """The fingerprint's `hosts` section for a load sent from a Ray cluster's nodes (None for
+    a load sent from this machine): the node set and each node's environment. Joining the
+    cluster and probing each node refuses, before any run row, an unreachable address, too
+    few nodes or CPUs, and a node without optlab or at another version."""
+    if workload is None:
+        return None
+    if not isinstance(workload, Workload):
+        workload = Workload.model_validate(workload)
+    if workload.load.hosts is None:
+        return None
+    from optlab.load.hosts import connect
+
+    return connect(workload.load.hosts).fingerprint()
+
+
+def baseline_hosts(experiment: Path | None) -> dict[str, Any] | None:
+    """`hosts_section` of the experiment's chain's load (its baseline's workload)."""
+    if experiment is None:
+        return None
+    loaded = baseline_file(experiment)
+    if loaded is None:
+        return None
+    assert isinstance(loaded.spec, BaselineFile)
+    return hosts_section(loaded.spec.workload)

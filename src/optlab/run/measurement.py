@@ -24,6 +24,7 @@ from optlab.config.modes import mode_of
 from optlab.config.protocol import EffectiveProtocol
 from optlab.errors import OptlabError
 from optlab.load.base import LoadGenerator, StopReport
+from optlab.load.hosts import RayLoadGenerator
 from optlab.metrics.backlog import LoadTimeline
 from optlab.metrics.server_metrics import summarize as summarize_server
 from optlab.run.evidence import Observed
@@ -95,6 +96,7 @@ class _Outcome:
     error: str | None = None
     interrupted: bool = False
     report: StopReport | None = None
+    generator: LoadGenerator | None = None
 
 
 def measure(
@@ -193,7 +195,9 @@ class _Run:
             with stop_signals():
                 target = load_target(self.config, paths, self.secrets)
                 self.hooks.check_accuracy(target)
-                generator = generator_for(target, self.config.workload, paths[0])
+                generator = outcome.generator = generator_for(
+                    target, self.config.workload, paths[0]
+                )
                 self.loop.start(target, generator)
                 self.loop.run()
         except KeyboardInterrupt as exc:
@@ -264,6 +268,12 @@ class _Run:
             llm=collector.llm_tally("measure"),
             server=summarize_server(loop.server_poll.samples) if loop.server_poll else None,
             goodput_ms=(self.config.slo.ttft_ms, self.config.slo.tpot_ms),
+            hosts=(
+                outcome.generator.reports()
+                if isinstance(outcome.generator, RayLoadGenerator)
+                else ()
+            ),
+            host_tallies=collector.source_tallies("measure"),
         )
 
     def _observed(self) -> Observed:

@@ -9,10 +9,11 @@ the generator also held requests back past the time between sends (docs/run-json
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
-from optlab.run.facts import RunFacts, mean_of
+from optlab.run.facts import HostFacts, RunFacts, mean_of
 from optlab.store.reasons import Reason
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "clients_in_system",
     "fell_short",
     "generator_bound",
+    "host_reasons",
     "saturated",
     "saturated_by",
     "saturation",
@@ -185,6 +187,41 @@ def generator_bound(facts: RunFacts, lag: SendLag) -> Reason:
         "the load generator was the bottleneck; lower the rate or raise max_in_flight",
     )
     return Reason(code="generator-behind", text=text + cause)
+
+
+def host_reasons(facts: RunFacts, host: HostFacts) -> list[Reason]:
+    """What voids a run for one node of a load sent from several hosts: the node was lost, or
+    it fell behind its own share of the schedule (its send lag judged as a run's is, against
+    the run's latency and the gap between ITS sends), whatever the merge says."""
+    reasons = []
+    where = f"{host.node} ({host.host})"
+    if host.lost is not None:
+        at = f" {host.lost_at_s:.1f} s into the load" if host.lost_at_s is not None else ""
+        reasons.append(
+            Reason(
+                code="node-lost",
+                text=f"{where} was lost{at} ({host.lost}); the run keeps what it sent before",
+            )
+        )
+    measured = max(facts.measured_s, 1e-9)
+    alone = dataclasses.replace(
+        facts,
+        send_lag_p99_ms=host.send_lag_p99_ms,
+        send_lag_p99_low_ms=host.send_lag_p99_low_ms,
+        intended_qps=facts.intended_qps * host.share if facts.intended_qps else None,
+        completed_qps=(host.completed + host.errors) / measured,
+    )
+    lag = send_lag_judged(alone)
+    if lag is not None and lag.bound:
+        reasons.append(
+            Reason(
+                code="generator-behind",
+                text=f"{where} fell behind its schedule (send-lag P99 {lag.lag_ms:.1f} ms: "
+                f"{lag.describe()}): the load it sent was not the load asked for; give its "
+                "workers more CPU (hosts.cpus_per_worker, a quieter node) or more nodes",
+            )
+        )
+    return reasons
 
 
 # Closed loop: the clients are held up between calls when, on average, this share of them is

@@ -21,6 +21,7 @@ from optlab.config.protocol import EffectiveProtocol, effective_protocol
 from optlab.env.collect import collect_fingerprint
 from optlab.env.compare import material_hash
 from optlab.errors import OptlabError, RefusedError
+from optlab.run.fingerprint import hosts_section
 from optlab.run.measurement import RunOptions, measure
 from optlab.run.progress import GuardedProgress, LiveStatus, Progress
 from optlab.store import RunRecord, RunSummary, Store, SweepLevelTag
@@ -105,6 +106,10 @@ def open_context(path: Path, store: Store, progress: Progress) -> Context:
     service = service_environment(chain[0].stored.config.get("target", {}), _paths(chain[0])[0])
     if service is not None:
         fingerprint["service"] = service
+    # Load sent from a Ray cluster: its node set and their environments are part of it.
+    hosts = hosts_section(chain[0].stored.config.get("workload"))
+    if hosts is not None:
+        fingerprint["hosts"] = hosts
     return Context(chain, fingerprint, material_hash(fingerprint))
 
 

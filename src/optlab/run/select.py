@@ -24,7 +24,7 @@ def generator_for(
     load = workload.load
     timeout_s = workload.timeout_ms / 1000
     if target.client is None:
-        if load.processes > 1:
+        if load.generators > 1:
             raise ConfigError(
                 f"workload.load.processes: {load.processes} generator processes need a target "
                 "measured over the network (kind http or command); this target runs inside "
@@ -35,6 +35,18 @@ def generator_for(
             target.call,
             target.requests,
             load,
+            timeout_s=timeout_s,
+            seed=workload.seed,
+            trace_dir=trace_dir,
+        )
+    if load.hosts is not None:
+        from optlab.load.hosts import RayLoadGenerator, connect
+
+        return RayLoadGenerator(
+            target.client,
+            load,
+            connect(load.hosts),
+            classify=classify,
             timeout_s=timeout_s,
             seed=workload.seed,
             trace_dir=trace_dir,

@@ -17,13 +17,16 @@ from typing import Any
 from optlab.chain.plan import Plan
 from optlab.config.modes import Load, mode_of
 from optlab.config.protocol import EffectiveProtocol
+from optlab.load.hosts import HostReport
 from optlab.metrics.change import percent_change
 from optlab.metrics.histogram import LatencyHistogram
 from optlab.metrics.llm import LlmTally, is_llm_series
 from optlab.metrics.resources import ResourceReading
 from optlab.metrics.stages import LAG_SERIES, SEND_LAG, START_LAG, TOTAL
+from optlab.metrics.windows import SourceTally
 from optlab.run.evidence import Observed, run_evidence
-from optlab.run.pace import send_lag_quantile
+from optlab.run.facts import HostFacts
+from optlab.run.pace import host_reasons, send_lag_quantile
 from optlab.run.summary import (
     MAX_JSON_DEPTH,
     json_safe,
@@ -89,6 +92,10 @@ class Collected:
     llm: LlmTally | None = None
     server: dict[str, Any] | None = None  # the engine's metrics (`metrics.server_metrics`)
     goodput_ms: tuple[float | None, float | None] = (None, None)
+    # Load sent from several hosts: what each node's generator reported, and each node's own
+    # tally of the measured phase (keyed by node name).
+    hosts: Sequence[HostReport] = ()
+    host_tallies: Mapping[str, SourceTally] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -109,7 +116,8 @@ def summarize(c: Collected) -> Summarized:
         redact(kind): (count, None if example is None else redact(example))
         for kind, (count, example) in c.errors.items()
     }
-    judged = verdict(run_facts(c))
+    facts = run_facts(c)
+    judged = verdict(facts)
     notes = [redact(note) for note in [*judged.notes, *c.hook_notes]]
     if c.stabilised is False:
         # The longest warm-up: the protocol's, or the load's own least when that is longer.
@@ -129,7 +137,7 @@ def summarize(c: Collected) -> Summarized:
         reasons.insert(0, "the run failed: " + (error or "").splitlines()[0])
         codes.insert(0, "failed")
     qps = c.completed / max(c.measured_s, 1e-9) if c.measured_s > 0 else None
-    summary = _summary(c, valid, reasons, notes, errors, qps)
+    summary = _summary(c, valid, reasons, notes, errors, qps, facts)
     final = RunFinal(
         status=c.status,
         valid=valid,
@@ -199,10 +207,69 @@ def run_facts(c: Collected) -> RunFacts:
         in_flight_start=c.in_flight[0],
         in_flight_end=c.in_flight[1],
         in_flight_max=c.in_flight[2],
-        in_flight_limit=mode.in_flight_limit(load) * load.processes,
+        in_flight_limit=mode.in_flight_limit(load) * load.generators,
         in_process=c.in_process,
         load=c.machine,
+        hosts=tuple(_host_facts(c, h) for h in c.hosts),
     )
+
+
+def _p99_ms(histogram: LatencyHistogram) -> float | None:
+    value = histogram.value_at_percentile_ns(99.0) if histogram.count else None
+    return None if value is None else value / 1e6
+
+
+def _host_facts(c: Collected, host: HostReport) -> HostFacts:
+    tally = c.host_tallies.get(host.node) or SourceTally()
+    workers = max(1, c.load.generators)
+    low = None
+    if tally.send_lag.count:
+        low_ns = tally.send_lag.value_at_percentile_ns(send_lag_quantile(tally.send_lag.count))
+        low = None if low_ns is None else low_ns / 1e6
+    return HostFacts(
+        node=host.node,
+        host=host.host,
+        share=host.workers / workers,
+        completed=tally.ok,
+        errors=tally.errors,
+        send_lag_p99_ms=_p99_ms(tally.send_lag),
+        send_lag_p99_low_ms=low,
+        lost=host.lost,
+        lost_at_s=host.lost_at_s,
+    )
+
+
+def _host_summaries(c: Collected, facts: RunFacts) -> list[dict[str, Any]]:
+    """Each node's figures and verdict (docs/run-json.md "hosts")."""
+    out = []
+    for host, judged in zip(c.hosts, facts.hosts, strict=True):
+        tally = c.host_tallies.get(host.node) or SourceTally()
+        reasons = [r.text for r in host_reasons(facts, judged)]
+        sent = host.issued
+        out.append(
+            {
+                "node": host.node,
+                "host": host.host,
+                "ip": host.ip,
+                "workers": host.workers,
+                "offset_ms": round(host.offset_ms, 4),
+                "offset_bound_ms": round(host.offset_bound_ms, 4),
+                "round_trip_ms": round(host.round_trip_ms, 4),
+                "requests": tally.ok,
+                "errors": tally.errors,
+                "qps": tally.ok / c.measured_s if c.measured_s > 0 else None,
+                "p99_ms": _p99_ms(tally.total),
+                "send_lag_p99_ms": _p99_ms(tally.send_lag),
+                "first_send_lag_ms": host.first_send_lag_ms,
+                "client_cpu_us_per_request": (
+                    host.cpu_s * 1e6 / sent if host.cpu_s is not None and sent else None
+                ),
+                "lost_at_s": host.lost_at_s,
+                "valid": not reasons,
+                "reasons": reasons,
+            }
+        )
+    return out
 
 
 def _summary(
@@ -212,6 +279,7 @@ def _summary(
     notes: list[str],
     errors: Mapping[str, tuple[int, str | None]],
     qps: float | None,
+    facts: RunFacts,
 ) -> RunSummary:
     stages, harness, llm_series = _split_all(c.histograms)
     summary: dict[str, Any] = {
@@ -247,6 +315,8 @@ def _summary(
         summary["paired"] = dict(c.paired)
     if c.parent is not None:
         summary["parent"] = step_against(c.parent, summary, c.plan)
+    if c.hosts:
+        summary["hosts"] = _host_summaries(c, facts)
     # A last net: nothing that strict JSON rejects reaches the store or `run --json`.
     late_notes: list[str] = []
     # (deeper than the hooks' own pass, which already cut what a target nested too deep)

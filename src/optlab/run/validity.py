@@ -15,6 +15,7 @@ from optlab.run.pace import (
     BACKLOG_GROWTH_MIN,
     GIL_BUSY_PCT,
     generator_bound,
+    host_reasons,
     saturated,
     saturation,
     send_lag_judged,
@@ -109,6 +110,8 @@ def _pace(facts: RunFacts, reasons: list[Reason], notes: list[str]) -> None:
             f"send-lag P99 {lag.lag_ms:.2f} ms ({lag.describe()}): inside the latency, which is "
             "measured from the intended send time; too small against it to set the pace"
         )
+    for host in facts.hosts:
+        reasons += host_reasons(facts, host)
     held_up = starved(facts)
     if isinstance(held_up, Reason):
         reasons.append(held_up)

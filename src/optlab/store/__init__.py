@@ -30,6 +30,7 @@ from optlab.store.repository import Store
 from optlab.store.schema import current, migrations_dir, upgrade
 from optlab.store.summary import (
     SUMMARY_SCHEMA_VERSION,
+    HostSummary,
     LatencyStats,
     LlmSummary,
     MeanMax,
@@ -50,6 +51,7 @@ __all__ = [
     "KnobCellRecord",
     "KnobSweepRecord",
     "LatencyStats",
+    "HostSummary",
     "LlmSummary",
     "Limit",
     "MeanMax",

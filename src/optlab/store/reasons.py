@@ -37,6 +37,7 @@ ReasonCode = Literal[
     "errors",  # error rate over the protocol's limit
     "saturated",  # open loop: the target could not sustain the offered rate
     "generator-behind",  # open loop: the load generator fell behind its schedule
+    "node-lost",  # load from several hosts: a node (or its worker) was lost mid-run
     "clients-held-up",  # closed loop: the clients were held up between calls
     "unstable",  # the halves' QPS differ beyond their noise
     "stuck-clients",  # closed loop: clients still inside a call after the drain
@@ -48,7 +49,7 @@ ReasonCode = Literal[
 REASON_CODES: tuple[ReasonCode, ...] = get_args(ReasonCode)
 
 # The load generator, not the target, set the pace.
-GENERATOR: frozenset[ReasonCode] = frozenset({"generator-behind", "clients-held-up"})
+GENERATOR: frozenset[ReasonCode] = frozenset({"generator-behind", "clients-held-up", "node-lost"})
 # The target could not sustain the offered rate (open loop): judged so, or stopped as plainly so.
 SATURATION: tuple[ReasonCode, ...] = ("saturated", "stopped-early")
 # The target did not hold a steady state at that load.

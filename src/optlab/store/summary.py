@@ -30,6 +30,7 @@ __all__ = [
     "BatchingEvidence",
     "GcEvidence",
     "GoodputSlo",
+    "HostSummary",
     "LlmSummary",
     "MemoryTrend",
     "Neighbour",
@@ -52,7 +53,7 @@ SUMMARY_SCHEMA_VERSION: Final = 3
 
 # Fields of the JSON form that `run --json` leaves out when they are None (they are absent
 # from a run that has no such thing, not null).
-_OPTIONAL = ("accuracy", "target", "service", "paired", "parent", "evidence", "llm")
+_OPTIONAL = ("accuracy", "target", "service", "paired", "parent", "evidence", "llm", "hosts")
 # Fields that only the stored form holds; the rest come from columns and measurement rows.
 _STORED = ("notes", "load", "resources", "who", *_OPTIONAL)
 # The stage_stats rows of a streaming run's token series (`optlab.metrics.llm` names them).
@@ -347,6 +348,30 @@ class LlmSummary(_Frozen):
     itl_by_running: LineFit | None = None
 
 
+class HostSummary(_Frozen):
+    """One node of a load sent from several hosts (docs/run-json.md "hosts"): its clock
+    against the coordinator's (offset within +-bound, from the exchange with the smallest
+    round trip), its own figures over the measured phase, and its verdict."""
+
+    node: str
+    host: str
+    ip: str
+    workers: int
+    offset_ms: float
+    offset_bound_ms: float
+    round_trip_ms: float
+    requests: int
+    errors: int
+    qps: float | None
+    p99_ms: float | None
+    send_lag_p99_ms: float | None
+    first_send_lag_ms: float | None  # actual - intended send of the node's first request
+    client_cpu_us_per_request: float | None  # its workers' CPU over every request they sent
+    lost_at_s: float | None = None
+    valid: bool
+    reasons: tuple[str, ...] = ()
+
+
 class RunSummary(_Frozen):
     """What one run came to. Field order is `run --json`'s key order."""
 
@@ -380,6 +405,7 @@ class RunSummary(_Frozen):
     parent: ParentStep | None = None
     evidence: RunEvidence | None = None  # absent from runs measured before it was recorded
     llm: LlmSummary | None = None  # a streaming LLM target's figures
+    hosts: tuple[HostSummary, ...] | None = None  # load sent from several hosts, per node
 
     # -- what readers need, without digging ---------------------------------------------
 

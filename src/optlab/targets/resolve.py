@@ -78,6 +78,14 @@ def resolve_baseline(experiment: ExperimentFile) -> dict[str, Any]:
             hint="remove `processes`, or serve the model (`optlab serve`) and measure it as a "
             "command target",
         )
+    if kind.in_process and workload.load.hosts is not None:
+        raise ConfigError(
+            f"{experiment.source.where(('workload', 'load', 'hosts'))}: load from other hosts "
+            f"needs a target measured over the network (kind http or command); a "
+            f"{spec.target.kind} target runs inside optlab's own process",
+            hint="remove `hosts`, or serve the model where the nodes can reach it and measure "
+            "it as an http target",
+        )
     check_load(workload, experiment.source, threaded=kind.in_process, kind=spec.target.kind)
     resolved = ResolvedConfig(
         target=spec.target,

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from optlab.config.knobs import StrictModel
 
@@ -25,6 +25,7 @@ __all__ = [
     "MAX_RATE",
     "NS_PER_S",
     "IndexedTrace",
+    "Hosts",
     "LoadCommon",
     "LoadMode",
     "Schedule",
@@ -41,6 +42,32 @@ Schedule = Iterator[tuple[int, int]]
 IndexedTrace = Sequence[tuple[int, int | None]]
 
 
+MAX_NODES = 256  # Ray nodes a load spreads over
+
+
+class Hosts(StrictModel):
+    """`workload.load.hosts`: the load generated from several machines of a Ray cluster
+    (docs/hosts.md). Each of `nodes` nodes runs `workers_per_node` worker processes, each a
+    load-generator process on its share of the ONE schedule."""
+
+    ray: str = Field(
+        min_length=1,
+        description="the Ray cluster's address: HOST:PORT of its head (GCS port, 6379 by "
+        "default), `ray://HOST:10001` through Ray Client, or `auto` (the cluster this machine "
+        "belongs to)",
+    )
+    nodes: int = Field(ge=1, le=MAX_NODES, description="Ray nodes that send load")
+    workers_per_node: int = Field(
+        1, ge=1, le=MAX_PROCESSES, description="load-generator processes on each node"
+    )
+    cpus_per_worker: float = Field(
+        1.0,
+        gt=0,
+        le=64,
+        description="CPUs each worker reserves through Ray's scheduler (its `num_cpus`)",
+    )
+
+
 class LoadCommon(StrictModel):
     processes: int = Field(
         1,
@@ -50,13 +77,39 @@ class LoadCommon(StrictModel):
         "for when one Python process cannot keep it; their histograms merge losslessly",
     )
 
+    hosts: Hosts | None = Field(
+        None,
+        description="send the load from several machines of a Ray cluster (HTTP and command "
+        "targets; docs/hosts.md)",
+    )
+
+    @model_validator(mode="after")
+    def _hosts_or_processes(self) -> LoadCommon:
+        if self.hosts is not None and self.processes != 1:
+            raise ValueError(
+                "`processes` and `hosts` both spread the load: with hosts, set "
+                "hosts.workers_per_node instead of processes"
+            )
+        return self
+
+    @property
+    def generators(self) -> int:
+        """Load-generator processes sharing the schedule: local processes, or every worker
+        on every node."""
+        if self.hosts is not None:
+            return self.hosts.nodes * self.hosts.workers_per_node
+        return self.processes
+
     @model_serializer(mode="wrap")
-    def _omit_one_process(self, handler: SerializerFunctionWrapHandler) -> Any:
-        # Stored configs from before `processes` existed must keep their hash: one process,
-        # the default, is left out of the dump.
+    def _omit_defaults(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Stored configs from before `processes` and `hosts` existed must keep their hash:
+        # one process and no hosts, the defaults, are left out of the dump.
         data = handler(self)
-        if isinstance(data, dict) and data.get("processes") == 1:
-            del data["processes"]
+        if isinstance(data, dict):
+            if data.get("processes") == 1:
+                del data["processes"]
+            if data.get("hosts", 0) is None:
+                del data["hosts"]
         return data
 
 

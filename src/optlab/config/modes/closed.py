@@ -29,7 +29,7 @@ class Closed(LoadMode[ClosedLoad]):
 
     def in_flight_per_process(self, load: ClosedLoad) -> int:
         # The clients are dealt out to the processes (load/aio.py: every n-th one each).
-        return math.ceil(load.concurrency / load.processes)
+        return math.ceil(load.concurrency / load.generators)
 
     def in_flight_field(self, load: ClosedLoad) -> str:
         return "concurrency"
@@ -38,4 +38,6 @@ class Closed(LoadMode[ClosedLoad]):
         return load.concurrency
 
     def at_level(self, level: float, like: LoadCommon) -> ClosedLoad:
-        return ClosedLoad(mode="closed", concurrency=int(level), processes=like.processes)
+        return ClosedLoad(
+            mode="closed", concurrency=int(level), processes=like.processes, hosts=like.hosts
+        )

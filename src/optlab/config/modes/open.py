@@ -91,10 +91,11 @@ class Open(SendingPool, LoadMode[OpenLoad]):
                 mode="open",
                 rate=level,
                 processes=like.processes,
+                hosts=like.hosts,
                 arrival=like.arrival,
                 max_in_flight=like.max_in_flight,
             )
-        return OpenLoad(mode="open", rate=level, processes=like.processes)
+        return OpenLoad(mode="open", rate=level, processes=like.processes, hosts=like.hosts)
 
 
 def constant_offsets(rate: float) -> Iterator[int]:
