@@ -414,6 +414,7 @@ class HostReport:
     phase come from the collector's tally of it)."""
 
     node: str
+    node_id: str
     host: str
     ip: str
     workers: int
@@ -637,6 +638,7 @@ class RayLoadGenerator:
             out.append(
                 HostReport(
                     node=node.name,
+                    node_id=node.node_id,
                     host=node.host,
                     ip=node.ip,
                     workers=len(workers),

@@ -17,6 +17,7 @@ row holds; a step whose parent is the baseline has its step change as its cumula
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -321,12 +322,25 @@ def _environment_summary(env: EnvironmentRecord | None) -> dict[str, Any]:
         if isinstance(sw.get("python"), dict)
         else None,
         *(f"{k} {v}" for k in ("torch", "onnxruntime", "tensorrt") if (v := packages.get(k))),
+        _node_set(fp.get("hosts")),
     ]
     return {
         "summary": "; ".join(p for p in parts if p),
         "material_hash": env.material_hash,
         "fingerprint": fp,
     }
+
+
+def _node_set(hosts: Any) -> str | None:
+    """The nodes the load was sent from (`workload.load.hosts`): how many, which hosts."""
+    if not isinstance(hosts, dict) or not hosts.get("nodes"):
+        return None
+    names = Counter(str(n.get("host", "?")) for n in hosts["nodes"])
+    listed = ", ".join(f"{h} x{c}" if c > 1 else h for h, c in sorted(names.items()))
+    return (
+        f"load from {len(hosts['nodes'])} Ray nodes ({listed}; "
+        f"{hosts.get('workers_per_node', '?')} workers each)"
+    )
 
 
 def _baseline_kind(store: Store, baseline: str) -> TargetKind | None:

@@ -212,7 +212,24 @@ def host_reasons(facts: RunFacts, host: HostFacts) -> list[Reason]:
         completed_qps=(host.completed + host.errors) / measured,
     )
     lag = send_lag_judged(alone)
-    if lag is not None and lag.bound:
+    share_qps = alone.intended_qps
+    if (
+        host.lost is None
+        and share_qps is not None
+        and not saturated(facts)
+        and fell_short(share_qps, alone.completed_qps, facts.measured_s)
+    ):
+        # Its share of the schedule was not sent, while the target kept up with the rest.
+        reasons.append(
+            Reason(
+                code="generator-behind",
+                text=f"{where} sent {(host.completed + host.errors) / measured:.1f} requests/s "
+                f"of the {share_qps:.1f}/s its share of the schedule asked for, while the "
+                "target kept up: it fell behind its schedule; give its workers more CPU "
+                "(hosts.cpus_per_worker, a quieter node) or more nodes",
+            )
+        )
+    elif lag is not None and lag.bound:
         reasons.append(
             Reason(
                 code="generator-behind",

@@ -249,6 +249,7 @@ def _host_summaries(c: Collected, facts: RunFacts) -> list[dict[str, Any]]:
         out.append(
             {
                 "node": host.node,
+                "node_id": host.node_id,
                 "host": host.host,
                 "ip": host.ip,
                 "workers": host.workers,

@@ -354,6 +354,7 @@ class HostSummary(_Frozen):
     round trip), its own figures over the measured phase, and its verdict."""
 
     node: str
+    node_id: str  # Ray's (`ray status`, `ray list nodes`)
     host: str
     ip: str
     workers: int
