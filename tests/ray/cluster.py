@@ -172,7 +172,7 @@ class LocalCluster:
         )
         return found
 
-    def _wait_for(self, count: int) -> None:
+    def _wait_for(self, count: int, *, exactly: bool = False) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             for node in self.nodes:
@@ -180,10 +180,17 @@ class LocalCluster:
                     raise RuntimeError(
                         f"a Ray node exited while starting: {node.log.read_text()[-2000:]}"
                     )
-            if self.alive() >= count:
+            alive = self.alive()
+            if alive == count or (alive > count and not exactly):
                 return
             time.sleep(0.5)
-        raise RuntimeError(f"{count} Ray nodes did not come up within {START_TIMEOUT_S:g} s")
+        raise RuntimeError(f"the cluster did not reach {count} nodes within {START_TIMEOUT_S:g} s")
+
+    def remove(self, node: RayNode) -> None:
+        """Kill `node` and wait until the cluster no longer counts it alive."""
+        node.kill()
+        self.nodes.remove(node)
+        self._wait_for(len(self.nodes), exactly=True)
 
     def stop(self) -> None:
         for node in reversed(self.nodes):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import logging
 import os
 import socket
@@ -115,10 +116,15 @@ class Cluster:
     def fingerprint(self) -> dict[str, Any]:
         """The node set and each node's environment: part of the run's environment, so a step
         measured from other nodes is refused as a hidden variable."""
+        # In a stable order of what they are (Ray's order of nodes changes as they restart).
+        nodes = sorted(
+            ({**n.environment, "ip": n.ip} for n in self.nodes),
+            key=lambda n: json.dumps(n, sort_keys=True, default=str),
+        )
         return {
             "ray": self.ray_version,
             "workers_per_node": self.hosts.workers_per_node,
-            "nodes": [{**n.environment, "ip": n.ip} for n in self.nodes],
+            "nodes": nodes,
         }
 
 
