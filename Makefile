@@ -1,4 +1,4 @@
-.PHONY: setup demo test test-fast test-unit test-integration test-e2e test-timing schemas
+.PHONY: setup demo test test-fast test-unit test-integration test-e2e test-ray test-timing schemas
 setup:
 	scripts/setup.sh
 demo:
@@ -18,6 +18,8 @@ test-integration:
 	scripts/test.sh integration
 test-e2e:
 	scripts/test.sh e2e
+test-ray:
+	scripts/test.sh ray
 test-timing:
 	scripts/test.sh timing
 # docs/schemas/ from the models (tests/unit/test_docs.py fails when they are stale).

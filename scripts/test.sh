@@ -2,13 +2,15 @@
 # The test suite by lanes (a lane is a folder of tests/; README, "Tests"):
 #
 #   scripts/test.sh [all] [PYTEST_ARGS...]   make test: checks, unit, then integration (two
-#                                            processes) and e2e side by side, then timing alone
+#                                            processes), e2e and ray side by side, then timing
+#                                            alone
 #   scripts/test.sh fast [PYTEST_ARGS...]    make test-fast: checks, then the unit lane
-#   scripts/test.sh unit|integration|e2e|timing [PYTEST_ARGS...]   one lane alone
+#   scripts/test.sh unit|integration|e2e|ray|timing [PYTEST_ARGS...]   one lane alone
 #
 # Checks are ruff, mypy and import-linter. The unit lane runs first so that a broken build
 # fails in seconds. Integration and e2e mostly wait (on measured seconds, sleeping targets,
-# services starting), so they run as three concurrent pytest processes (integration in two),
+# services starting), so they run as four concurrent pytest processes (integration in two;
+# ray: load from several hosts on a local Ray cluster, skipped where Ray is not installed),
 # each with its own --basetemp and log, printed when all are done; any one failing fails the
 # script, and Ctrl-C stops them all. The timing lane (real-time bounds) runs last and alone, so nothing of
 # the suite's own competes with it. Store tests also run on a private PostgreSQL cluster when
@@ -19,7 +21,7 @@ cd "$(dirname "$0")/.."
 
 MODE=all
 case "${1:-}" in
-    all | fast | unit | integration | e2e | timing) MODE="$1"; shift ;;
+    all | fast | unit | integration | e2e | ray | timing) MODE="$1"; shift ;;
 esac
 
 scripts/setup.sh
@@ -125,16 +127,17 @@ SECOND_INTEGRATION=(
     tests/integration/test_engines.py
 )
 
-# integration (in two processes) and e2e side by side; each log printed once all are done.
+# integration (in two processes), e2e and ray side by side; each log printed once all are done.
 side_by_side() {
     local name rc=0 failed=() lanes_started=$SECONDS
     local -A pids=() names=()
-    local order=(integration integration-2 e2e)
+    local order=(integration integration-2 e2e ray)
     # Job control on: each lane is a process group of its own (so that it and everything it
     # started can be signalled together) with SIGINT at its default, not ignored as a
     # background command's is in a script.
     set -m
-    local -A paths=([integration]="tests/integration" [integration-2]="" [e2e]="tests/e2e")
+    local -A paths=([integration]="tests/integration" [integration-2]="" [e2e]="tests/e2e"
+        [ray]="tests/ray")
     local moved
     for moved in "${WITH_E2E[@]}"; do
         paths[integration]+=" --ignore=$moved"
@@ -154,7 +157,7 @@ side_by_side() {
     done
     set +m
     echo "running side by side: integration (pid ${pids[integration]}), integration-2" \
-        "(pid ${pids[integration-2]}), e2e (pid ${pids[e2e]})"
+        "(pid ${pids[integration-2]}), e2e (pid ${pids[e2e]}), ray (pid ${pids[ray]})"
     local done_pid running=("${LANE_PIDS[@]}")
     while ((${#running[@]})); do # as each one ends (bash >= 5.1), waiting only on the rest
         rc=0
@@ -188,7 +191,7 @@ case "$MODE" in
     unit)
         phase "unit lane" lane unit "$@"
         ;;
-    integration | e2e | timing)
+    integration | e2e | ray | timing)
         [[ "$MODE" == timing ]] || start_postgres
         phase "$MODE lane" lane "$MODE" "$@"
         ;;
@@ -196,7 +199,7 @@ case "$MODE" in
         phase checks checks
         phase "unit lane" lane unit "$@"
         phase postgresql start_postgres
-        phase "integration and e2e lanes" side_by_side "$@"
+        phase "integration, e2e and ray lanes" side_by_side "$@"
         phase "timing lane" lane timing "$@"
         ;;
 esac

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,19 +23,21 @@ from optlab.store import Store
 from optlab.targets.http import classify
 from optlab.targets.registry import load_target
 from optlab.targets.resolve import resolve_baseline
-from tests.ray.cluster import LocalCluster
-from tests.ray.conftest import OFFSETS_S, hosts_experiment
+from tests.support.capabilities import lacks, module
 from tests.support.files import write
 from tests.support.httpsvc import command_experiment
 from tests.support.proc import free_port, run_optlab, start_optlab
 
+module("ray")  # the lane needs Ray: skipped, with the reason, where it is not installed
+from tests.support.raycluster import OFFSETS_S, LocalCluster, hosts_experiment  # noqa: E402
+
 QUICK = ("--quick", "--duration", "3", "--warmup", "0.5")
 
 
-def _summary(done: subprocess.CompletedProcess[str], exit_code: int = 0) -> dict[str, object]:
+def _summary(done: subprocess.CompletedProcess[str], exit_code: int = 0) -> dict[str, Any]:
     """The `run --json` summary; an INVALID run exits 4."""
     assert done.returncode == exit_code, done.stderr[-3000:]
-    data: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    data: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return data
 
 
@@ -97,7 +99,7 @@ def test_one_poisson_schedule_from_three_nodes_merges_count_for_count(
     assert issued >= 1200 * 3.5 - 4 * math.sqrt(1200 * 3.5)
     reports = {r.node: r for r in generator.reports()}
     if timens_missing:
-        pytest.skip(f"clock offsets not injected: time namespaces unavailable ({timens_missing})")
+        lacks(f"Linux time namespaces, to inject clock offsets ({timens_missing})")
     # The offsets the nodes' clocks were started with, found within their stated bounds (one
     # machine: CLOCK_MONOTONIC is one clock but for the namespace's shift).
     found = sorted(r.offset_ms for r in reports.values())
@@ -132,7 +134,7 @@ def test_run_json_names_each_node_and_the_env_and_table_show_the_node_set(
     if summary["valid"]:
         assert all(h["valid"] for h in hosts)
     store = Store.open(f"sqlite:///{db}")
-    run = store.get_run(int(summary["run_id"]))  # type: ignore[call-overload]
+    run = store.get_run(int(summary["run_id"]))
     assert run.summary is not None and run.summary.hosts is not None
     assert [h.node for h in run.summary.hosts] == ["node-a", "node-b", "node-c"]
     env = run_optlab("env", str(path), "--json", cwd=tmp_path)
@@ -143,9 +145,7 @@ def test_run_json_names_each_node_and_the_env_and_table_show_the_node_set(
     assert "load from 3 Ray nodes" in table.stdout, table.stdout
 
 
-def test_a_chain_and_a_sweep_run_with_hosts(
-    cluster: LocalCluster, tmp_path: Path
-) -> None:
+def test_a_chain_and_a_sweep_run_with_hosts(cluster: LocalCluster, tmp_path: Path) -> None:
     port = free_port()
     hosts = f"hosts: {{ray: '{cluster.address}', nodes: 2}}"
     base = command_experiment(
@@ -236,11 +236,10 @@ def test_a_cpu_starved_node_is_named_generator_bound(tmp_path: Path, mmc_port: i
     finally:
         nodes.stop()
     assert summary["valid"] is False
-    by_id = {h["node_id"]: h for h in summary["hosts"]}  # type: ignore[union-attr]
+    by_id = {h["node_id"]: h for h in summary["hosts"]}
     behind = by_id[starved_id[0]]
     other = next(h for h in by_id.values() if h is not behind)
     assert behind["valid"] is False and other["valid"] is True, summary["hosts"]
     assert any(
-        behind["node"] in r and "fell behind its schedule" in r
-        for r in summary["reasons"]  # type: ignore[union-attr]
+        behind["node"] in r and "fell behind its schedule" in r for r in summary["reasons"]
     ), summary["reasons"]

@@ -11,11 +11,13 @@ import sysconfig
 from pathlib import Path
 
 from optlab.store import Store
-from tests.ray.cluster import LocalCluster
-from tests.ray.conftest import hosts_experiment
+from tests.support.capabilities import module
 from tests.support.files import write
 from tests.support.httpsvc import command_experiment
 from tests.support.proc import SRC, free_port, run_optlab
+
+module("ray")  # the lane needs Ray: skipped, with the reason, where it is not installed
+from tests.support.raycluster import LocalCluster, hosts_experiment  # noqa: E402
 
 QUICK = ("--quick", "--duration", "3", "--warmup", "0.5")
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.paths import REPO, TESTS
 
-LANES = ("unit", "integration", "e2e", "timing")
+LANES = ("unit", "integration", "e2e", "ray", "timing")
 CAPABILITIES = TESTS / "support" / "capabilities.py"
 
 # Modules that still break a rule because their split was not finished when the rule came in

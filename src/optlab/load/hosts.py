@@ -20,6 +20,8 @@ verdict. A worker or node lost mid-run: what it shipped stays in the run, the ge
 failure names the node, and the run ends FAILED with that reason.
 
 Ray is imported only here and only when a load asks for hosts: `pip install 'optlab[ray]'`.
+This process is a Ray driver only while it checks the cluster and drives a load: it leaves
+the cluster when the load stops (Ray ends a driver whose head has gone away).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from optlab.load.aio import AsyncLoadGenerator
 from optlab.load.base import StopReport
 from optlab.load.clock import ClockOffset, ping_pong
 from optlab.load.processes import Classify, ClientRecipe
+from optlab.metrics.cpu import HostCpu
 from optlab.metrics.histogram import LatencyHistogram
 from optlab.metrics.log import InboxLog, WorkerLog
 
@@ -329,6 +332,9 @@ class LoadWorker:  # pragma: no cover - runs inside a Ray actor (tests/ray)
         self._first: tuple[int, int] | None = None  # (intended ns, send lag ns) of the first
         self._cpu0 = 0
         self._t0_wall_ns = 0
+        self._host_cpu = HostCpu()
+        self._node_cpu: list[float] = []
+        self._steal: list[float] = []
 
     def clock(self) -> int:
         return time.perf_counter_ns()
@@ -350,10 +356,25 @@ class LoadWorker:  # pragma: no cover - runs inside a Ray actor (tests/ray)
     def go(self, t0_ns: int) -> None:
         assert self._generator is not None
         self._cpu0 = time.process_time_ns()
+        self._host_cpu.sample()
         # Time zero on the wall clock too (on one machine, a clock a time namespace does not
-        # shift): how together the nodes started can be checked against it.
-        self._t0_wall_ns = time.time_ns() - (time.perf_counter_ns() - t0_ns)
+        # shift): how together the nodes started can be checked against it. Of a few reads,
+        # the one with the least time between its two monotonic reads.
+        reads = []
+        for _ in range(5):
+            before = time.perf_counter_ns()
+            wall = time.time_ns()
+            after = time.perf_counter_ns()
+            reads.append((after - before, wall - ((before + after) // 2 - t0_ns)))
+        self._t0_wall_ns = min(reads)[1]
         self._generator.start(_OneLog(self._log), t0_ns)
+
+    def _sample_cpu(self) -> None:
+        sample = self._host_cpu.sample()
+        if sample.system_pct is not None:
+            self._node_cpu.append(sample.system_pct)
+        if sample.steal_pct is not None:
+            self._steal.append(sample.steal_pct)
 
     def _take(self) -> _Buffers:
         import numpy as np
@@ -373,6 +394,7 @@ class LoadWorker:  # pragma: no cover - runs inside a Ray actor (tests/ray)
         gen = self._generator
         assert gen is not None
         failure = None if gen.failure is None else repr(gen.failure)
+        self._sample_cpu()
         return self._take(), gen.issued, gen.completed, time.perf_counter_ns(), failure
 
     def stop(self, drain_s: float) -> dict[str, Any]:
@@ -380,7 +402,12 @@ class LoadWorker:  # pragma: no cover - runs inside a Ray actor (tests/ray)
         assert gen is not None
         report = gen.stop(drain_s)
         buffers = self._take()
+        self._sample_cpu()
+        cpu = self._node_cpu
         return {
+            "node_cpu_pct": sum(cpu) / len(cpu) if cpu else None,
+            "node_cpu_max_pct": max(cpu) if cpu else None,
+            "steal_pct": sum(self._steal) / len(self._steal) if self._steal else None,
             "buffers": buffers,
             "issued": report.issued,
             "completed": report.completed,
@@ -437,6 +464,10 @@ class HostReport:
     shipped: tuple[str, ...] = ()  # each worker's own histogram of what it handed over
     shipped_errors: int = 0
     t0_wall_ns: tuple[int, ...] = ()
+    # The node's CPUs (all cores, 0..100) sampled ~2/s while it sent: mean, highest, stolen.
+    node_cpu_pct: float | None = None
+    node_cpu_max_pct: float | None = None
+    steal_pct: float | None = None
 
 
 @dataclass
@@ -631,6 +662,9 @@ class RayLoadGenerator:
             for worker in self._workers:
                 with contextlib.suppress(Exception):
                     ray.kill(worker.actor, no_restart=True)
+            # Leave the cluster: a Ray driver whose head goes away is ended by Ray itself a
+            # minute later, and this process still has a run to store (or a notebook to keep).
+            ray.shutdown()
 
     def reports(self) -> list[HostReport]:
         """Each node's part: its clock, what its workers sent, whether it was lost."""
@@ -665,6 +699,9 @@ class RayLoadGenerator:
                     shipped=tuple(d["shipped"] for d in done),
                     shipped_errors=sum(d["shipped_errors"] for d in done),
                     t0_wall_ns=tuple(d["t0_wall_ns"] for d in done),
+                    node_cpu_pct=done[0]["node_cpu_pct"] if done else None,
+                    node_cpu_max_pct=done[0]["node_cpu_max_pct"] if done else None,
+                    steal_pct=done[0]["steal_pct"] if done else None,
                 )
             )
         return out

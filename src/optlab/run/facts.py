@@ -72,6 +72,8 @@ class HostFacts:
     send_lag_p99_low_ms: float | None
     lost: str | None = None
     lost_at_s: float | None = None
+    node_cpu_pct: float | None = None  # its CPUs while it sent (all cores, 0..100)
+    steal_pct: float | None = None
 
 
 @dataclass(frozen=True)

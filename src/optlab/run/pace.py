@@ -213,6 +213,7 @@ def host_reasons(facts: RunFacts, host: HostFacts) -> list[Reason]:
     )
     lag = send_lag_judged(alone)
     share_qps = alone.intended_qps
+    cause = _node_cause(host)
     if (
         host.lost is None
         and share_qps is not None
@@ -225,8 +226,8 @@ def host_reasons(facts: RunFacts, host: HostFacts) -> list[Reason]:
                 code="generator-behind",
                 text=f"{where} sent {(host.completed + host.errors) / measured:.1f} requests/s "
                 f"of the {share_qps:.1f}/s its share of the schedule asked for, while the "
-                "target kept up: it fell behind its schedule; give its workers more CPU "
-                "(hosts.cpus_per_worker, a quieter node) or more nodes",
+                f"target kept up: it fell behind its schedule{cause}; give its workers more "
+                "CPU (hosts.cpus_per_worker, a quieter node) or more nodes",
             )
         )
     elif lag is not None and lag.bound:
@@ -234,11 +235,21 @@ def host_reasons(facts: RunFacts, host: HostFacts) -> list[Reason]:
             Reason(
                 code="generator-behind",
                 text=f"{where} fell behind its schedule (send-lag P99 {lag.lag_ms:.1f} ms: "
-                f"{lag.describe()}): the load it sent was not the load asked for; give its "
-                "workers more CPU (hosts.cpus_per_worker, a quieter node) or more nodes",
+                f"{lag.describe()}){cause}: the load it sent was not the load asked for; give "
+                "its workers more CPU (hosts.cpus_per_worker, a quieter node) or more nodes",
             )
         )
     return reasons
+
+
+def _node_cause(host: HostFacts) -> str:
+    """What the node's own CPUs said while it sent, for a reason that blames it."""
+    if host.node_cpu_pct is None:
+        return ""
+    text = f" while its CPUs were {host.node_cpu_pct:.0f}% busy"
+    if host.steal_pct is not None and host.steal_pct >= 1:
+        text += f" ({host.steal_pct:.0f}% stolen by the hypervisor)"
+    return text
 
 
 # Closed loop: the clients are held up between calls when, on average, this share of them is

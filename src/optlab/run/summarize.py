@@ -236,6 +236,8 @@ def _host_facts(c: Collected, host: HostReport) -> HostFacts:
         send_lag_p99_low_ms=low,
         lost=host.lost,
         lost_at_s=host.lost_at_s,
+        node_cpu_pct=host.node_cpu_pct,
+        steal_pct=host.steal_pct,
     )
 
 
@@ -265,6 +267,9 @@ def _host_summaries(c: Collected, facts: RunFacts) -> list[dict[str, Any]]:
                 "client_cpu_us_per_request": (
                     host.cpu_s * 1e6 / sent if host.cpu_s is not None and sent else None
                 ),
+                "node_cpu_pct": host.node_cpu_pct,
+                "node_cpu_max_pct": host.node_cpu_max_pct,
+                "steal_pct": host.steal_pct,
                 "lost_at_s": host.lost_at_s,
                 "valid": not reasons,
                 "reasons": reasons,

@@ -1,4 +1,5 @@
-"""A Ray cluster of several nodes on this one machine, for the ray lane (docs/hosts.md).
+"""A Ray cluster of several nodes on this one machine, and experiment files whose load it
+sends, for the ray lane (docs/hosts.md).
 
 Each node is a `ray start --block` process in a session of its own (killing its process
 group kills the node: its raylet and its workers), optionally:
@@ -26,8 +27,10 @@ from pathlib import Path
 import psutil
 
 HERE = Path(__file__).resolve().parent
-TIMENS = HERE / "timens.py"
+TIMENS = HERE / "timens.py"  # runs a command in a time namespace of its own
 START_TIMEOUT_S = 90.0
+# The clock offsets injected into two of the lane's three nodes (Linux time namespaces).
+OFFSETS_S = (3.7, -12.1)
 
 
 def free_port() -> int:
@@ -106,7 +109,10 @@ class LocalCluster:
         environment = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
         with log.open("wb") as out:
             process = subprocess.Popen(
-                command, stdout=out, stderr=subprocess.STDOUT, env=environment,
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=environment,
                 start_new_session=True,
             )
         node = RayNode(process, log, offset_s)
@@ -116,9 +122,16 @@ class LocalCluster:
     def head(self, cpus: int = 1) -> str:
         port = free_port()
         self._start(
-            [f"--head", f"--port={port}", f"--num-cpus={cpus}", "--include-dashboard=false",
-             "--node-ip-address=127.0.0.1"],
-            offset_s=0.0, python=sys.executable, env=None,
+            [
+                "--head",
+                f"--port={port}",
+                f"--num-cpus={cpus}",
+                "--include-dashboard=false",
+                "--node-ip-address=127.0.0.1",
+            ],
+            offset_s=0.0,
+            python=sys.executable,
+            env=None,
         )
         self.address = f"127.0.0.1:{port}"
         self._wait_for(1)
@@ -196,3 +209,35 @@ class LocalCluster:
         for node in reversed(self.nodes):
             node.kill()
         self.nodes.clear()
+
+
+def time_namespaces() -> str | None:
+    """None when Linux time namespaces work here (root, kernel 5.6+); else why not."""
+    done = subprocess.run(
+        [sys.executable, str(TIMENS), "0.5", "--", "true"], capture_output=True, text=True
+    )
+    return None if done.returncode == 0 else (done.stderr.strip() or f"exit {done.returncode}")
+
+
+def hosts_experiment(
+    folder: Path,
+    name: str,
+    port: int,
+    address: str,
+    *,
+    load: str = "mode: open, rate: 300, arrival: constant",
+    nodes: int = 3,
+    workers: int = 1,
+) -> Path:
+    path = folder / f"{name}.yaml"
+    path.write_text(
+        f"name: {name}\n"
+        f"target: {{kind: http, url: 'http://127.0.0.1:{port}/', method: POST, "
+        "code_version: mmc-1}\n"
+        "knobs: {}\n"
+        "workload:\n"
+        f"  load: {{{load}, hosts: {{ray: '{address}', nodes: {nodes}, "
+        f"workers_per_node: {workers}}}}}\n"
+        "  inputs: {template: {id: '{i}'}, count: 5}\n"
+    )
+    return path
