@@ -118,7 +118,7 @@ def summarize(c: Collected) -> Summarized:
     }
     facts = run_facts(c)
     judged = verdict(facts)
-    notes = [redact(note) for note in [*judged.notes, *c.hook_notes]]
+    notes = [redact(note) for note in [*judged.notes, *c.hook_notes, *_host_notes(c.hosts)]]
     if c.stabilised is False:
         # The longest warm-up: the protocol's, or the load's own least when that is longer.
         longest = max(c.protocol.warmup_max_s, mode_of(c.load).min_warmup_s(c.load))
@@ -241,6 +241,20 @@ def _host_facts(c: Collected, host: HostReport) -> HostFacts:
     )
 
 
+def _host_notes(hosts: Sequence[HostReport]) -> list[str]:
+    """What to know of the nodes without invalidating the run."""
+    notes = []
+    for host in hosts:
+        if host.worker_nice > 0:
+            notes.append(
+                f"{host.node} ({host.host}): its workers sent at nice {host.worker_nice} "
+                "(Ray's default for workers; optlab may not lower it there): on a busy node "
+                "they come after every other process. Start its `ray start` with "
+                "RAY_worker_niceness=0 (docs/hosts.md)"
+            )
+    return notes
+
+
 def _host_summaries(c: Collected, facts: RunFacts) -> list[dict[str, Any]]:
     """Each node's figures and verdict (docs/run-json.md "hosts")."""
     out = []
@@ -267,6 +281,7 @@ def _host_summaries(c: Collected, facts: RunFacts) -> list[dict[str, Any]]:
                 "client_cpu_us_per_request": (
                     host.cpu_s * 1e6 / sent if host.cpu_s is not None and sent else None
                 ),
+                "worker_nice": host.worker_nice,
                 "node_cpu_pct": host.node_cpu_pct,
                 "node_cpu_max_pct": host.node_cpu_max_pct,
                 "steal_pct": host.steal_pct,
