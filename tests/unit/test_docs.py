@@ -31,6 +31,7 @@ DOCS = REPO / "docs"
 # (write an illustration that is not a whole document as a ```text block).
 EXAMPLES = {
     ("experiment-files.md", "yaml"): "experiment",
+    ("hosts.md", "yaml"): "experiment",
     ("run-json.md", "json"): "run-summary",
     ("table-json.md", "json"): "table",
     ("sweep-json.md", "json"): "sweep",
