@@ -51,6 +51,8 @@ def test_a_sweep_level_keeps_the_hosts() -> None:
         ({"processes": 2}, "with hosts, set hosts.workers_per_node instead of processes"),
         ({"hosts": {**HOSTS, "nodes": 0}}, "greater than or equal to 1"),
         ({"hosts": {**HOSTS, "ray": ""}}, "at least 1 character"),
+        ({"hosts": {**HOSTS, "ray": "head-node"}}, "'head-node' is not a Ray address"),
+        ({"hosts": {**HOSTS, "ray": "10.0.0.5:99999"}}, "is not a Ray address"),
         ({"hosts": {**HOSTS, "worker_per_node": 2}}, "Extra inputs are not permitted"),
         ({"hosts": {"nodes": 2}}, "Field required"),
     ],

@@ -41,7 +41,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from optlab.config.modes import Load, mode_of
-from optlab.config.modes.base import Hosts
+from optlab.config.modes.base import Hosts, address_parts
 from optlab.errors import ConfigError
 from optlab.load.aio import AsyncLoadGenerator
 from optlab.load.base import StopReport
@@ -134,23 +134,8 @@ class Cluster:
 _CLUSTERS: dict[tuple[Any, ...], Cluster] = {}
 
 
-def _address_parts(address: str) -> tuple[str, int] | None:
-    """(host, port) of HOST:PORT or ray://HOST:PORT; None for `auto`."""
-    if address == "auto":
-        return None
-    rest = address.removeprefix("ray://")
-    host, sep, port = rest.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ConfigError(
-            f"workload.load.hosts.ray: {address!r} is not a Ray address",
-            hint="write HOST:PORT of the head node's GCS (6379 unless `ray start --head "
-            "--port` said otherwise), ray://HOST:10001 for Ray Client, or `auto`",
-        )
-    return host.strip("[]"), int(port)
-
-
 def _reachable(address: str) -> None:
-    parts = _address_parts(address)
+    parts = address_parts(address)
     if parts is None:
         return
     try:

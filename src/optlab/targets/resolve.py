@@ -80,7 +80,8 @@ def resolve_baseline(experiment: ExperimentFile) -> dict[str, Any]:
         )
     if kind.in_process and workload.load.hosts is not None:
         raise ConfigError(
-            f"{experiment.source.where(('workload', 'load', 'hosts'))}: load from other hosts "
+            f"{experiment.source.where(('workload', 'load', 'hosts'))}: workload.load.hosts: "
+            "load from other hosts "
             f"needs a target measured over the network (kind http or command); a "
             f"{spec.target.kind} target runs inside optlab's own process",
             hint="remove `hosts`, or serve the model where the nodes can reach it and measure "

@@ -15,7 +15,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Generic, TypeVar
 
-from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import (
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from optlab.config.knobs import StrictModel
 
@@ -29,6 +35,7 @@ __all__ = [
     "LoadCommon",
     "LoadMode",
     "Schedule",
+    "address_parts",
 ]
 
 MAX_CONCURRENCY = 4096  # closed-loop clients
@@ -66,6 +73,28 @@ class Hosts(StrictModel):
         le=64,
         description="CPUs each worker reserves through Ray's scheduler (its `num_cpus`)",
     )
+
+    @field_validator("ray")
+    @classmethod
+    def _an_address(cls, value: str) -> str:
+        address_parts(value)
+        return value
+
+
+def address_parts(address: str) -> tuple[str, int] | None:
+    """(host, port) of a Ray address, HOST:PORT or ray://HOST:PORT; None for `auto`.
+    ValueError, saying what to write, for anything else."""
+    if address == "auto":
+        return None
+    rest = address.removeprefix("ray://")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(
+            f"{address!r} is not a Ray address: write HOST:PORT of the head node's GCS (6379 "
+            "unless `ray start --head --port` said otherwise), ray://HOST:10001 for Ray "
+            "Client, or auto"
+        )
+    return host.strip("[]"), int(port)
 
 
 class LoadCommon(StrictModel):
