@@ -136,6 +136,23 @@ def test_the_generator_is_blamed_only_where_its_lag_could_decide_the_level(
     assert level.valid is False  # the run's own verdict is reported as it is
 
 
+@pytest.mark.parametrize(
+    ("code", "text"),
+    [
+        ("node-behind", "node-b (client-2) fell behind its schedule (send-lag P99 9.0 ms: ...)"),
+        ("node-lost", "node-c (client-3) was lost 4.2 s into the load (ActorDiedError: ...)"),
+    ],
+)
+def test_a_level_where_a_node_did_not_send_its_share_claims_nothing(code: str, text: str) -> None:
+    """Load from several hosts: a node behind (or lost) is the generator's level even where
+    the merged P99, the lag counted, met the SLO (a pass for one host's lag stands)."""
+    slo = parse_slo("p99=60ms")
+    said = (Reason(code=code, text=text),)  # type: ignore[arg-type]
+    level = level_of(_record(30.0, 2.0, 198.0, said), [], "open", 200.0, slo, "growth")
+    assert level.generator == text
+    assert judge(level, Settings("open", slo)) == "generator"
+
+
 def test_a_closed_level_keeps_the_runs_generator_verdict() -> None:
     slo = parse_slo("p99=60ms")
     level = level_of(_record(30.0, 25.0, 198.0, LAGGED), [], "closed", 4, slo, "growth")

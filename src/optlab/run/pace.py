@@ -223,7 +223,7 @@ def host_reasons(facts: RunFacts, host: HostFacts) -> list[Reason]:
         # Its share of the schedule was not sent, while the target kept up with the rest.
         reasons.append(
             Reason(
-                code="generator-behind",
+                code="node-behind",
                 text=f"{where} sent {(host.completed + host.errors) / measured:.1f} requests/s "
                 f"of the {share_qps:.1f}/s its share of the schedule asked for, while the "
                 f"target kept up: it fell behind its schedule{cause}; give its workers more "
@@ -233,7 +233,7 @@ def host_reasons(facts: RunFacts, host: HostFacts) -> list[Reason]:
     elif lag is not None and lag.bound:
         reasons.append(
             Reason(
-                code="generator-behind",
+                code="node-behind",
                 text=f"{where} fell behind its schedule (send-lag P99 {lag.lag_ms:.1f} ms: "
                 f"{lag.describe()}){cause}: the load it sent was not the load asked for; give "
                 "its workers more CPU (hosts.cpus_per_worker, a quieter node) or more nodes",

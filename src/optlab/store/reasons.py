@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 
 __all__ = [
     "GENERATOR",
+    "NODES",
     "NOT_STEADY",
     "REASON_CODES",
     "SATURATION",
@@ -37,6 +38,7 @@ ReasonCode = Literal[
     "errors",  # error rate over the protocol's limit
     "saturated",  # open loop: the target could not sustain the offered rate
     "generator-behind",  # open loop: the load generator fell behind its schedule
+    "node-behind",  # load from several hosts: a node fell behind its share of the schedule
     "node-lost",  # load from several hosts: a node (or its worker) was lost mid-run
     "clients-held-up",  # closed loop: the clients were held up between calls
     "unstable",  # the halves' QPS differ beyond their noise
@@ -49,7 +51,12 @@ ReasonCode = Literal[
 REASON_CODES: tuple[ReasonCode, ...] = get_args(ReasonCode)
 
 # The load generator, not the target, set the pace.
-GENERATOR: frozenset[ReasonCode] = frozenset({"generator-behind", "clients-held-up", "node-lost"})
+GENERATOR: frozenset[ReasonCode] = frozenset(
+    {"generator-behind", "clients-held-up", "node-behind", "node-lost"}
+)
+# A node of a load sent from several hosts did not send its share: whatever the merged
+# figures say, the load the target saw was not the load asked for.
+NODES: frozenset[ReasonCode] = frozenset({"node-behind", "node-lost"})
 # The target could not sustain the offered rate (open loop): judged so, or stopped as plainly so.
 SATURATION: tuple[ReasonCode, ...] = ("saturated", "stopped-early")
 # The target did not hold a steady state at that load.

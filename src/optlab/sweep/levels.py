@@ -13,7 +13,7 @@ from optlab.config.slo import Slo
 from optlab.metrics.stages import SEND_LAG
 from optlab.run.pace import fell_short
 from optlab.store import RunRecord, WindowStats
-from optlab.store.reasons import GENERATOR, NOT_STEADY, SATURATION
+from optlab.store.reasons import GENERATOR, NODES, NOT_STEADY, SATURATION
 from optlab.sweep.strategy import Level, Mode
 
 __all__ = ["LITTLE_TOLERANCE", "held_back_ms", "level_of", "littles_law_gap"]
@@ -138,6 +138,9 @@ def _generator(
     have tipped over the SLO, or one whose completions fell short of the rate with no backlog
     of the target's making, is the generator's."""
     own = tuple(r.text for r in record.verdict_reasons if r.code in GENERATOR)
+    node = next((r.text for r in record.verdict_reasons if r.code in NODES), None)
+    if node is not None:
+        return node, ()  # a node did not send its share: no claim rests on that level
     if mode != "open":
         return (own[0] if own else None), ()
     held = held_back_ms(record, windows)
