@@ -105,9 +105,16 @@ def test_a_node_that_kept_its_share_has_no_reason() -> None:
 
 
 def test_a_node_behind_its_schedule_is_named_with_its_cpus() -> None:
-    late = node(send_lag_p99_ms=15.0, send_lag_p99_low_ms=14.0, node_cpu_pct=97.0, steal_pct=4.0)
+    late = node(
+        send_lag_p99_ms=15.0,
+        send_lag_p99_low_ms=14.0,
+        node_cpu_pct=97.0,
+        steal_pct=4.0,
+        neighbours=({"pid": 4242, "name": "stress-ng", "cpu_pct": 180.0},),
+    )
     (reason,) = host_reasons(OPEN, late)
     assert reason.code == "node-behind"
+    assert "the busiest other process stress-ng (pid 4242) at 180%" in reason.text
     assert reason.text.startswith("node-b (client-2) fell behind its schedule (send-lag P99 15.0")
     assert "while its CPUs were 97% busy (4% stolen by the hypervisor)" in reason.text
     # Judged against ITS gap between sends (3 ms at 300/s), not the run's 1.1 ms.

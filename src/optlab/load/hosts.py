@@ -302,6 +302,22 @@ class _OneLog:
         return self.log
 
 
+NEIGHBOURS = 3  # the node's busiest other processes reported
+NEIGHBOUR_PCT = 5.0  # ... that used at least this much of one core
+
+
+def _process_cpu() -> dict[int, tuple[str, float]]:
+    """pid -> (name, user + system CPU seconds) of this node's processes that can be read."""
+    import psutil
+
+    found = {}
+    for process in psutil.process_iter(["name", "cpu_times"]):
+        times = process.info.get("cpu_times")
+        if times is not None:
+            found[process.pid] = (str(process.info.get("name") or "?"), times.user + times.system)
+    return found
+
+
 class LoadWorker:  # pragma: no cover - runs inside a Ray actor (tests/ray)
     """One load-generator process on a node (a Ray actor): optlab's `AsyncLoadGenerator` on
     its share of the schedule, its samples taken by the coordinator ~2/s. It keeps its own
@@ -320,6 +336,7 @@ class LoadWorker:  # pragma: no cover - runs inside a Ray actor (tests/ray)
         self._host_cpu = HostCpu()
         self._node_cpu: list[float] = []
         self._steal: list[float] = []
+        self._processes: tuple[float, dict[int, tuple[str, float]]] | None = None
 
     def clock(self) -> int:
         return time.perf_counter_ns()
@@ -333,6 +350,9 @@ class LoadWorker:  # pragma: no cover - runs inside a Ray actor (tests/ray)
         with contextlib.suppress(OSError):
             if os.getpriority(os.PRIO_PROCESS, 0) > 0:
                 os.setpriority(os.PRIO_PROCESS, 0, 0)
+        # The node's processes' CPU now, for its neighbours over the run (a scan here and at
+        # the stop, never while sending).
+        self._processes = (time.monotonic(), _process_cpu())
         job = self._job
         self._generator = AsyncLoadGenerator(
             job.recipe.build(),
@@ -383,6 +403,28 @@ class LoadWorker:  # pragma: no cover - runs inside a Ray actor (tests/ray)
         self._shipped_errors += len(buffers.errors)
         return buffers
 
+    def _neighbours(self) -> list[dict[str, Any]]:
+        """The node's processes that used the most CPU since prepare() (% of one core), this
+        worker left out."""
+        if self._processes is None:
+            return []
+        started, before = self._processes
+        elapsed = max(time.monotonic() - started, 1e-3)
+        after = _process_cpu()
+        used = sorted(
+            (
+                (round(100 * (cpu - before[pid][1]) / elapsed, 1), pid, name)
+                for pid, (name, cpu) in after.items()
+                if pid in before and pid != os.getpid()
+            ),
+            reverse=True,
+        )
+        return [
+            {"pid": pid, "name": name, "cpu_pct": pct}
+            for pct, pid, name in used[:NEIGHBOURS]
+            if pct >= NEIGHBOUR_PCT
+        ]
+
     def take(self) -> tuple[_Buffers, int, int, int, str | None]:
         gen = self._generator
         assert gen is not None
@@ -398,6 +440,7 @@ class LoadWorker:  # pragma: no cover - runs inside a Ray actor (tests/ray)
         self._sample_cpu()
         cpu = self._node_cpu
         return {
+            "neighbours": self._neighbours(),
             "node_cpu_pct": sum(cpu) / len(cpu) if cpu else None,
             "node_cpu_max_pct": max(cpu) if cpu else None,
             "steal_pct": sum(self._steal) / len(self._steal) if self._steal else None,
@@ -464,6 +507,8 @@ class HostReport:
     node_cpu_max_pct: float | None = None
     steal_pct: float | None = None
     worker_nice: int = 0  # the highest niceness its workers' sending threads ran at
+    # Its busiest other processes over the run: {"pid", "name", "cpu_pct" (of one core)}.
+    neighbours: tuple[dict[str, Any], ...] = ()
 
 
 class RayLoadGenerator:
@@ -700,6 +745,7 @@ class RayLoadGenerator:
                     node_cpu_max_pct=done[0]["node_cpu_max_pct"] if done else None,
                     steal_pct=done[0]["steal_pct"] if done else None,
                     worker_nice=max((w.nice for w in workers), default=0),
+                    neighbours=tuple(done[0]["neighbours"]) if done else (),
                 )
             )
         return out

@@ -74,6 +74,7 @@ class HostFacts:
     lost_at_s: float | None = None
     node_cpu_pct: float | None = None  # its CPUs while it sent (all cores, 0..100)
     steal_pct: float | None = None
+    neighbours: tuple[dict[str, Any], ...] = ()  # its busiest other processes meanwhile
 
 
 @dataclass(frozen=True)

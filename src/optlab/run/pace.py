@@ -249,6 +249,11 @@ def _node_cause(host: HostFacts) -> str:
     text = f" while its CPUs were {host.node_cpu_pct:.0f}% busy"
     if host.steal_pct is not None and host.steal_pct >= 1:
         text += f" ({host.steal_pct:.0f}% stolen by the hypervisor)"
+    if host.neighbours:
+        top = host.neighbours[0]
+        text += (
+            f", the busiest other process {top['name']} (pid {top['pid']}) at {top['cpu_pct']:.0f}%"
+        )
     return text
 
 

@@ -238,6 +238,7 @@ def _host_facts(c: Collected, host: HostReport) -> HostFacts:
         lost_at_s=host.lost_at_s,
         node_cpu_pct=host.node_cpu_pct,
         steal_pct=host.steal_pct,
+        neighbours=host.neighbours,
     )
 
 
@@ -285,6 +286,7 @@ def _host_summaries(c: Collected, facts: RunFacts) -> list[dict[str, Any]]:
                 "node_cpu_pct": host.node_cpu_pct,
                 "node_cpu_max_pct": host.node_cpu_max_pct,
                 "steal_pct": host.steal_pct,
+                "neighbours": list(host.neighbours),
                 "lost_at_s": host.lost_at_s,
                 "valid": not reasons,
                 "reasons": reasons,

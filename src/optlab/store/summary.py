@@ -348,6 +348,14 @@ class LlmSummary(_Frozen):
     itl_by_running: LineFit | None = None
 
 
+class NodeNeighbour(_Frozen):
+    """A process on a load node that used its CPU while the node sent."""
+
+    pid: int
+    name: str
+    cpu_pct: float  # of one core, over the node's part of the run
+
+
 class HostSummary(_Frozen):
     """One node of a load sent from several hosts (docs/run-json.md "hosts"): its clock
     against the coordinator's (offset within +-bound, from the exchange with the smallest
@@ -373,6 +381,8 @@ class HostSummary(_Frozen):
     node_cpu_pct: float | None = None
     node_cpu_max_pct: float | None = None
     steal_pct: float | None = None
+    # Its busiest other processes while it sent: {"pid", "name", "cpu_pct" (of one core)}.
+    neighbours: tuple[NodeNeighbour, ...] = ()
     lost_at_s: float | None = None
     valid: bool
     reasons: tuple[str, ...] = ()
