@@ -13,11 +13,17 @@ from pydantic import ValidationError
 from optlab.config.models import ClosedLoad, OpenLoad
 from optlab.config.modes import mode_of
 from optlab.config.modes.base import Hosts
+from optlab.load.hosts import HostReport
+from optlab.metrics.backlog import LoadTimeline
 from optlab.metrics.histogram import LatencyHistogram
 from optlab.metrics.log import Collector, InboxLog, _Buffers
+from optlab.metrics.stages import TOTAL
+from optlab.metrics.windows import SourceTally
 from optlab.run.facts import HostFacts, RunFacts
 from optlab.run.pace import host_reasons
+from optlab.run.summarize import summarize
 from optlab.run.validity import verdict
+from tests.support.collected import collected, histogram
 
 HOSTS = {"ray": "10.0.0.5:6379", "nodes": 3, "workers_per_node": 2}
 
@@ -182,3 +188,46 @@ def test_shifting_buffers_moves_instants_not_durations() -> None:
     buf.shift(-12_100_000_000)
     assert list(buf.end) == [1_000 - 12_100_000_000, 2_000 - 12_100_000_000]
     assert list(buf.total) == [500, 600] and buf.errors[0][0] == 1_500 - 12_100_000_000
+
+
+def _host(in_flight: list[int]) -> HostReport:
+    timeline = LoadTimeline()
+    for second, count in enumerate(in_flight):
+        timeline.mark(second * 1_000_000_000 + 999_000_000, 300 * (second + 1), count)
+    return HostReport(
+        node="node-a", node_id="n" * 56, host="client-1", ip="10.0.0.7", workers=1,
+        offset_ms=0.02, offset_bound_ms=0.3, round_trip_ms=0.6, consistent=True,
+        issued=9000, completed=9000, first_send_lag_ms=0.05, cpu_s=0.3, timeline=timeline,
+    )  # fmt: skip
+
+
+def _node_run(in_flight: list[int]) -> dict[str, object]:
+    # 30 s at 300/s, 10 ms each: L = 3 by Little's law.
+    tally = SourceTally(ok=9000, total=histogram([10.0] * 9000))
+    load = OpenLoad.model_validate({"mode": "open", "rate": 300, "hosts": {**HOSTS, "nodes": 1}})
+    done = summarize(
+        collected(
+            load=load,
+            completed=9000,
+            measured_s=30.0,
+            histograms={TOTAL: histogram([10.0] * 9000)},
+            window_qps=(300.0,) * 30,
+            hosts=(_host(in_flight),),
+            host_tallies={"node-a": tally},
+            measure_start_ns=0,
+        )
+    )
+    summary = done.summary.to_json()
+    return {"host": summary["hosts"][0], "notes": summary["notes"]}
+
+
+def test_littles_law_per_node_tells_requests_held_back_from_honest_ones() -> None:
+    honest = _node_run([3, 2, 4, 3, 3, 2, 4, 3, 3, 3] * 3)
+    assert abs(honest["host"]["littles_law_gap"]) < 0.05  # type: ignore[index]
+    assert not any("Little's law" in n for n in honest["notes"])  # type: ignore[attr-defined]
+    held = _node_run([1] * 30)
+    assert held["host"]["littles_law_gap"] == pytest.approx(-2 / 3, abs=0.01)  # type: ignore[index]
+    assert any(
+        n.startswith("node-a (client-1): Little's law is off by -67%")
+        for n in held["notes"]  # type: ignore[attr-defined]
+    )

@@ -35,7 +35,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -47,6 +47,7 @@ from optlab.load.aio import AsyncLoadGenerator
 from optlab.load.base import StopReport
 from optlab.load.clock import ClockOffset, ping_pong
 from optlab.load.processes import Classify, ClientRecipe
+from optlab.metrics.backlog import LoadTimeline
 from optlab.metrics.cpu import HostCpu
 from optlab.metrics.histogram import LatencyHistogram
 from optlab.metrics.log import InboxLog, WorkerLog
@@ -509,6 +510,8 @@ class HostReport:
     worker_nice: int = 0  # the highest niceness its workers' sending threads ran at
     # Its busiest other processes over the run: {"pid", "name", "cpu_pct" (of one core)}.
     neighbours: tuple[dict[str, Any], ...] = ()
+    # Its requests sent and in flight ~5 times a second, on the coordinator's clock.
+    timeline: LoadTimeline = field(default_factory=LoadTimeline, compare=False)
 
 
 class RayLoadGenerator:
@@ -538,6 +541,8 @@ class RayLoadGenerator:
         self._t0 = 0
         self._stopping = threading.Event()
         self._receiver: threading.Thread | None = None
+        # Each node's requests sent and in flight, as the runner's timeline marks the run's.
+        self._timelines = {node.name: LoadTimeline() for node in cluster.nodes}
 
     # -- the contract ---------------------------------------------------------------------------
     @property
@@ -667,6 +672,13 @@ class RayLoadGenerator:
                 self._ship(worker, buffers)
                 if failure is not None and self._failure is None:
                     self._failure = RuntimeError(f"{self._name(worker)} failed: {failure}")
+            now = self._clock()
+            for node in self._cluster.nodes:
+                workers = [w for w in self._workers if w.node is node]
+                issued = sum(w.issued for w in workers)
+                self._timelines[node.name].mark(
+                    now, issued, issued - sum(w.completed for w in workers)
+                )
 
     def stop(self, drain_timeout_s: float = 5.0) -> StopReport:
         if self._report is not None:
@@ -746,6 +758,7 @@ class RayLoadGenerator:
                     steal_pct=done[0]["steal_pct"] if done else None,
                     worker_nice=max((w.nice for w in workers), default=0),
                     neighbours=tuple(done[0]["neighbours"]) if done else (),
+                    timeline=self._timelines[node.name],
                 )
             )
         return out

@@ -274,6 +274,7 @@ class _Run:
                 else ()
             ),
             host_tallies=collector.source_tallies("measure"),
+            measure_start_ns=loop.load.phase_start("measure"),
         )
 
     def _observed(self) -> Observed:

@@ -26,7 +26,7 @@ from optlab.metrics.stages import LAG_SERIES, SEND_LAG, START_LAG, TOTAL
 from optlab.metrics.windows import SourceTally
 from optlab.run.evidence import Observed, run_evidence
 from optlab.run.facts import HostFacts
-from optlab.run.pace import host_reasons, send_lag_quantile
+from optlab.run.pace import held_back, host_reasons, littles_law, send_lag_quantile
 from optlab.run.summary import (
     MAX_JSON_DEPTH,
     json_safe,
@@ -96,6 +96,7 @@ class Collected:
     # tally of the measured phase (keyed by node name).
     hosts: Sequence[HostReport] = ()
     host_tallies: Mapping[str, SourceTally] = field(default_factory=dict)
+    measure_start_ns: int | None = None  # the measured phase's start, perf_counter_ns
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ def summarize(c: Collected) -> Summarized:
     }
     facts = run_facts(c)
     judged = verdict(facts)
-    notes = [redact(note) for note in [*judged.notes, *c.hook_notes, *_host_notes(c.hosts)]]
+    notes = [redact(note) for note in [*judged.notes, *c.hook_notes, *_host_notes(c)]]
     if c.stabilised is False:
         # The longest warm-up: the protocol's, or the load's own least when that is longer.
         longest = max(c.protocol.warmup_max_s, mode_of(c.load).min_warmup_s(c.load))
@@ -242,10 +243,33 @@ def _host_facts(c: Collected, host: HostReport) -> HostFacts:
     )
 
 
-def _host_notes(hosts: Sequence[HostReport]) -> list[str]:
+def _node_little(c: Collected, host: HostReport) -> tuple[float, float, float] | None:
+    """Little's law over the node's measured seconds: its last in-flight count each second
+    against its own rate x mean latency (`optlab.run.pace.littles_law`)."""
+    tally = c.host_tallies.get(host.node)
+    if tally is None or c.measure_start_ns is None or c.measured_s <= 0:
+        return None
+    samples = host.timeline.in_flight_every(c.measure_start_ns, 1_000_000_000)
+    mean_ns = tally.total.mean_ns()
+    return littles_law(
+        samples[: int(c.measured_s)],
+        tally.ok / c.measured_s,
+        None if mean_ns is None else mean_ns / 1e6,
+    )
+
+
+def _host_notes(c: Collected) -> list[str]:
     """What to know of the nodes without invalidating the run."""
     notes = []
-    for host in hosts:
+    for host in c.hosts:
+        gap = _node_little(c, host)
+        if held_back(gap):
+            assert gap is not None
+            notes.append(
+                f"{host.node} ({host.host}): Little's law is off by {gap[0]:+.0%} (its mean in "
+                "flight against its rate x mean latency): its workers held requests back "
+                "between their intended and actual sends"
+            )
         if host.worker_nice > 0:
             notes.append(
                 f"{host.node} ({host.host}): its workers sent at nice {host.worker_nice} "
@@ -254,6 +278,10 @@ def _host_notes(hosts: Sequence[HostReport]) -> list[str]:
                 "RAY_worker_niceness=0 (docs/hosts.md)"
             )
     return notes
+
+
+def _rounded(gap: tuple[float, float, float] | None) -> float | None:
+    return None if gap is None else round(gap[0], 4)
 
 
 def _host_summaries(c: Collected, facts: RunFacts) -> list[dict[str, Any]]:
@@ -287,6 +315,7 @@ def _host_summaries(c: Collected, facts: RunFacts) -> list[dict[str, Any]]:
                 "node_cpu_max_pct": host.node_cpu_max_pct,
                 "steal_pct": host.steal_pct,
                 "neighbours": list(host.neighbours),
+                "littles_law_gap": _rounded(_node_little(c, host)),
                 "lost_at_s": host.lost_at_s,
                 "valid": not reasons,
                 "reasons": reasons,

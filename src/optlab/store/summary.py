@@ -383,6 +383,9 @@ class HostSummary(_Frozen):
     steal_pct: float | None = None
     # Its busiest other processes while it sent: {"pid", "name", "cpu_pct" (of one core)}.
     neighbours: tuple[NodeNeighbour, ...] = ()
+    # Its mean in flight against its rate x mean latency, relative (Little's law; about 0
+    # when its requests were in flight from their intended send; negative: held back).
+    littles_law_gap: float | None = None
     lost_at_s: float | None = None
     valid: bool
     reasons: tuple[str, ...] = ()

@@ -11,52 +11,20 @@ import numpy as np
 
 from optlab.config.slo import Slo
 from optlab.metrics.stages import SEND_LAG
-from optlab.run.pace import fell_short
+from optlab.run.pace import LITTLE_TOLERANCE, fell_short, held_back, littles_law
 from optlab.store import RunRecord, WindowStats
 from optlab.store.reasons import GENERATOR, NODES, NOT_STEADY, SATURATION
 from optlab.sweep.strategy import Level, Mode
 
 __all__ = ["LITTLE_TOLERANCE", "held_back_ms", "level_of", "littles_law_gap"]
 
-# Mean in flight against achieved rate x mean latency: short by more than this (and by more
-# than the samples' own noise), the latency was not measured where the requests were.
-LITTLE_TOLERANCE = 0.05
-# One-sided false-alarm rate of the Little's-law test on an honest level: 3 sigma's.
-LITTLE_ALPHA = 0.00135
-
 
 def littles_law_gap(
     windows: Sequence[WindowStats], qps: float | None, mean_ms: float | None
 ) -> tuple[float, float, float] | None:
-    """(relative gap, its standard error, the one-sided critical ratio) between the mean of
-    the in-flight samples and achieved rate x mean latency (Little's law, L = lambda W); None
-    without samples.
-
-    In the open loop latency is counted from the INTENDED send time, and in flight from the
-    actual send: when the generator holds requests back (no worker free, the GIL), L falls
-    short of lambda W. The samples are each second's last in-flight count: a handful of small
-    integers, often all 0 at a low rate, so their own spread says little about their noise.
-    Under Little's law each is a draw of the number in the system, whose variance is at least
-    about its mean (Poisson: exactly so for a queue with a server per request, more for one
-    that queues), and one second apart they are close to independent while a request takes
-    well under a second. So the standard error is the larger of the samples' own and that
-    Poisson floor, and the gap is judged against Student's t for the samples' count: an honest
-    level fires at about LITTLE_ALPHA, not at the 3-7% a 3-sigma rule on the bare sample
-    spread gave on simulated M/M/c levels.
-    """
-    samples = np.array([w.in_flight for w in windows if w.in_flight is not None], dtype=float)
-    n = len(samples)
-    if n < 3 or not qps or mean_ms is None or mean_ms <= 0:
-        return None
-    expected = qps * mean_ms / 1000
-    if expected <= 0:
-        return None
-    gap = (float(samples.mean()) - expected) / expected
-    variance = max(float(samples.var(ddof=1)), expected)
-    se = math.sqrt(variance / n) / expected
-    from scipy import stats  # type: ignore[import-untyped]  # no stubs; only when judged
-
-    return gap, se, float(stats.t.ppf(1 - LITTLE_ALPHA, n - 1))
+    """Little's law over a level's windows (`optlab.run.pace.littles_law`): each window's
+    last in-flight count against achieved rate x mean latency."""
+    return littles_law([w.in_flight for w in windows if w.in_flight is not None], qps, mean_ms)
 
 
 def held_back_ms(record: RunRecord, windows: Sequence[WindowStats]) -> tuple[float, str] | None:
@@ -77,8 +45,8 @@ def held_back_ms(record: RunRecord, windows: Sequence[WindowStats]) -> tuple[flo
     gap = littles_law_gap(windows, record.qps, total.mean)
     if gap is None or total.mean is None:
         return found
-    relative, se, critical = gap
-    if relative < -LITTLE_TOLERANCE and -relative > critical * se:
+    relative = gap[0]
+    if held_back(gap):
         hidden = -relative * total.mean
         why = (
             f"Little's law is off by {relative:+.0%}: mean in flight vs achieved rate x mean "
