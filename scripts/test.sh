@@ -2,18 +2,19 @@
 # The test suite by lanes (a lane is a folder of tests/; README, "Tests"):
 #
 #   scripts/test.sh [all] [PYTEST_ARGS...]   make test: checks, unit, then integration (two
-#                                            processes), e2e and ray side by side, then timing
-#                                            alone
+#                                            processes) and e2e side by side, then ray, then
+#                                            timing alone
 #   scripts/test.sh fast [PYTEST_ARGS...]    make test-fast: checks, then the unit lane
 #   scripts/test.sh unit|integration|e2e|ray|timing [PYTEST_ARGS...]   one lane alone
 #
 # Checks are ruff, mypy and import-linter. The unit lane runs first so that a broken build
 # fails in seconds. Integration and e2e mostly wait (on measured seconds, sleeping targets,
-# services starting), so they run as four concurrent pytest processes (integration in two;
-# ray: load from several hosts on a local Ray cluster, skipped where Ray is not installed),
+# services starting), so they run as three concurrent pytest processes (integration in two),
 # each with its own --basetemp and log, printed when all are done; any one failing fails the
-# script, and Ctrl-C stops them all. The timing lane (real-time bounds) runs last and alone, so nothing of
-# the suite's own competes with it. Store tests also run on a private PostgreSQL cluster when
+# script, and Ctrl-C stops them all. The ray lane (load from several hosts on a local Ray
+# cluster, skipped where Ray is not installed) runs after them, alone: its clusters' daemons
+# would take the cores the measuring lanes need. The timing lane (real-time bounds) runs
+# last and alone, so nothing of the suite's own competes with it. Store tests also run on a private PostgreSQL cluster when
 # the PostgreSQL server binaries are on this machine (not for `fast` and `unit`: the unit lane
 # needs no database). Each phase prints its wall time.
 set -euo pipefail
@@ -127,17 +128,16 @@ SECOND_INTEGRATION=(
     tests/integration/test_engines.py
 )
 
-# integration (in two processes), e2e and ray side by side; each log printed once all are done.
+# integration (in two processes) and e2e side by side; each log printed once all are done.
 side_by_side() {
     local name rc=0 failed=() lanes_started=$SECONDS
     local -A pids=() names=()
-    local order=(integration integration-2 e2e ray)
+    local order=(integration integration-2 e2e)
     # Job control on: each lane is a process group of its own (so that it and everything it
     # started can be signalled together) with SIGINT at its default, not ignored as a
     # background command's is in a script.
     set -m
-    local -A paths=([integration]="tests/integration" [integration-2]="" [e2e]="tests/e2e"
-        [ray]="tests/ray")
+    local -A paths=([integration]="tests/integration" [integration-2]="" [e2e]="tests/e2e")
     local moved
     for moved in "${WITH_E2E[@]}"; do
         paths[integration]+=" --ignore=$moved"
@@ -148,14 +148,8 @@ side_by_side() {
         paths[integration-2]+=" $moved"
     done
     for name in "${order[@]}"; do
-        # The ray lane starts clusters of Ray daemons (seconds of CPU each): at the lowest
-        # priority, so the lanes beside it, which measure, keep the cores they had without it
-        # (its own checks are exact or bounded only against hangs; its load workers set
-        # themselves back to nice 0 while they send).
-        local prefix=()
-        [[ "$name" == ray ]] && prefix=(nice -n 19)
         # shellcheck disable=SC2086 # the paths split on purpose (no spaces in test paths)
-        "${prefix[@]}" "$PY" -m pytest ${paths[$name]} --basetemp="$SCRATCH/$name" "$@" \
+        "$PY" -m pytest ${paths[$name]} --basetemp="$SCRATCH/$name" "$@" \
             >"$SCRATCH/$name.log" 2>&1 &
         pids[$name]=$!
         names[$!]=$name
@@ -163,7 +157,7 @@ side_by_side() {
     done
     set +m
     echo "running side by side: integration (pid ${pids[integration]}), integration-2" \
-        "(pid ${pids[integration-2]}), e2e (pid ${pids[e2e]}), ray (pid ${pids[ray]})"
+        "(pid ${pids[integration-2]}), e2e (pid ${pids[e2e]})"
     local done_pid running=("${LANE_PIDS[@]}")
     while ((${#running[@]})); do # as each one ends (bash >= 5.1), waiting only on the rest
         rc=0
@@ -205,7 +199,10 @@ case "$MODE" in
         phase checks checks
         phase "unit lane" lane unit "$@"
         phase postgresql start_postgres
-        phase "integration, e2e and ray lanes" side_by_side "$@"
+        phase "integration and e2e lanes" side_by_side "$@"
+        # Alone: its clusters of Ray daemons take seconds of CPU each, and beside the lanes
+        # that measure they made the measurements of those lanes (not its own) fail.
+        phase "ray lane" lane ray "$@"
         phase "timing lane" lane timing "$@"
         ;;
 esac

@@ -23,12 +23,16 @@ def cluster(
     tmp_path_factory: pytest.TempPathFactory, timens_missing: str | None
 ) -> Iterator[LocalCluster]:
     """Three one-CPU nodes: the head on this clock, the others' monotonic clocks shifted by
-    OFFSETS_S where time namespaces work (else on this clock too)."""
+    OFFSETS_S where time namespaces work (else on this clock too). Node i of `nodes.nodes`
+    has the custom resource `optlab-test-<i>`, to find its Ray node ID by."""
     nodes = LocalCluster(tmp_path_factory.mktemp("ray"))
     try:
         nodes.head()
-        for offset in OFFSETS_S:
-            nodes.add(offset_s=0.0 if timens_missing else offset)
+        for i, offset in enumerate(OFFSETS_S, start=1):
+            nodes.add(
+                offset_s=0.0 if timens_missing else offset,
+                resources=f'{{"optlab-test-{i}": 1}}',
+            )
         yield nodes
     finally:
         nodes.stop()

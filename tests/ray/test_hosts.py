@@ -180,66 +180,55 @@ def test_a_chain_and_a_sweep_run_with_hosts(cluster: LocalCluster, tmp_path: Pat
         assert len(run.summary.hosts) == 2
 
 
-def test_a_node_killed_mid_run_keeps_what_it_sent_and_is_named(
-    tmp_path: Path, mmc_port: int
+def test_a_cpu_starved_node_is_named_generator_bound(
+    cluster: LocalCluster, tmp_path: Path, mmc_port: int
 ) -> None:
-    nodes = LocalCluster(tmp_path / "ray")
-    try:
-        nodes.head()
-        victim = nodes.add()
-        path = hosts_experiment(tmp_path, "lost", mmc_port, nodes.address, nodes=2)
-        db = tmp_path / "optlab.db"
-        proc = start_optlab(
-            "run", str(path), "--quick", "--duration", "6", "--warmup", "0.5", "--json",
-            db=db, cwd=tmp_path,
-        )  # fmt: skip
-        deadline = time.monotonic() + 120
-        store = Store.open(f"sqlite:///{db}") if db.exists() else None
-        # Kill the node once the measured phase is under way (~halfway through).
-        while time.monotonic() < deadline:
-            time.sleep(0.5)
-            if db.exists():
-                store = store or Store.open(f"sqlite:///{db}")
-                runs = store.list_runs()
-                if runs and runs[0].status == "RUNNING":
-                    time.sleep(4.5)
-                    break
-        victim.kill()
-        out, err = proc.communicate(timeout=180)
-    finally:
-        nodes.stop()
+    path = hosts_experiment(tmp_path, "starved", mmc_port, cluster.address)
+    db = tmp_path / "optlab.db"
+    with cluster.nodes[2].starved():
+        done = run_optlab("run", str(path), *QUICK, "--json", db=db, cwd=tmp_path, timeout=180)
+    summary = _summary(done, exit_code=4)
+    starved_id = cluster.node_ids_with("optlab-test-2")
+    assert summary["valid"] is False
+    by_id = {h["node_id"]: h for h in summary["hosts"]}
+    behind = by_id[starved_id[0]]
+    others = [h for h in by_id.values() if h is not behind]
+    assert behind["valid"] is False and all(h["valid"] for h in others), summary["hosts"]
+    assert any(
+        behind["node"] in r and "fell behind its schedule" in r for r in summary["reasons"]
+    ), summary["reasons"]
+
+
+# Last in the module: it kills a node of the module's cluster.
+def test_a_node_killed_mid_run_keeps_what_it_sent_and_is_named(
+    cluster: LocalCluster, tmp_path: Path, mmc_port: int
+) -> None:
+    path = hosts_experiment(tmp_path, "lost", mmc_port, cluster.address)
+    db = tmp_path / "optlab.db"
+    proc = start_optlab(
+        "run", str(path), "--quick", "--duration", "6", "--warmup", "0.5", "--json",
+        db=db, cwd=tmp_path,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    # Kill a node once the measured phase is under way (~halfway through).
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        if db.exists():
+            runs = Store.open(f"sqlite:///{db}").list_runs()
+            if runs and runs[0].status == "RUNNING":
+                time.sleep(4.5)
+                break
+    victim = cluster.node_ids_with("optlab-test-1")
+    cluster.nodes[1].kill()
+    out, err = proc.communicate(timeout=180)
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["status"] == "FAILED", err[-3000:]
     assert summary["valid"] is False
     lost = [h for h in summary["hosts"] if h["lost_at_s"] is not None]
-    assert len(lost) == 1, summary["hosts"]
+    assert [h["node_id"] for h in lost] == victim, summary["hosts"]
     name = lost[0]["node"]
     assert any(name in r and "was lost" in r for r in summary["reasons"]), summary["reasons"]
     assert lost[0]["valid"] is False
     # What it sent before it was lost is in the run.
     assert lost[0]["requests"] > 0
     assert sum(h["requests"] for h in summary["hosts"]) == summary["requests"]
-
-
-def test_a_cpu_starved_node_is_named_generator_bound(tmp_path: Path, mmc_port: int) -> None:
-    nodes = LocalCluster(tmp_path / "ray")
-    try:
-        nodes.head()
-        starved = nodes.add(resources='{"starved": 1}')
-        path = hosts_experiment(tmp_path, "starved", mmc_port, nodes.address, nodes=2)
-        db = tmp_path / "optlab.db"
-        with starved.starved():
-            done = run_optlab("run", str(path), *QUICK, "--json", db=db, cwd=tmp_path,
-                              timeout=180)  # fmt: skip
-        summary = _summary(done, exit_code=4)
-        starved_id = nodes.node_ids_with("starved")
-    finally:
-        nodes.stop()
-    assert summary["valid"] is False
-    by_id = {h["node_id"]: h for h in summary["hosts"]}
-    behind = by_id[starved_id[0]]
-    other = next(h for h in by_id.values() if h is not behind)
-    assert behind["valid"] is False and other["valid"] is True, summary["hosts"]
-    assert any(
-        behind["node"] in r and "fell behind its schedule" in r for r in summary["reasons"]
-    ), summary["reasons"]
