@@ -137,6 +137,10 @@ def test_run_json_names_each_node_and_the_env_and_table_show_the_node_set(
     run = store.get_run(int(summary["run_id"]))
     assert run.summary is not None and run.summary.hosts is not None
     assert [h.node for h in run.summary.hosts] == ["node-a", "node-b", "node-c"]
+    # The per-second windows hold the requests of every node, placed on this clock: all of
+    # them but a sub-half-second sliver at the end (Collector).
+    windows = store.get_windows(run.id, "measure")
+    assert 0.97 * summary["requests"] <= sum(w.completed for w in windows) <= summary["requests"]
     env = run_optlab("env", str(path), "--json", cwd=tmp_path)
     assert env.returncode == 0, env.stderr
     nodes = json.loads(env.stdout)["hosts"]["nodes"]

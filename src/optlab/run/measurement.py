@@ -88,6 +88,11 @@ class Measured:
     unstored: str | None  # why the run is neither stored nor pending
 
 
+# Samples from other hosts (`workload.load.hosts`) arrive a take and a round trip after they
+# ended: a window waits this long (not 0.25 s) for them before it closes.
+REMOTE_GRACE_S = 1.0
+
+
 @dataclass
 class _Outcome:
     """How the load ended: what the stored run's status and error will say."""
@@ -147,6 +152,7 @@ class _Run:
             timeline,
             self.recorder.offer,
             min_warmup_s=mode.min_warmup_s(load),
+            close_grace_s=REMOTE_GRACE_S if load.hosts is not None else 0.25,
         )
         # `${ENV_VAR}` values resolved for this run: every text stored about it is redacted.
         self.secrets = Secrets()

@@ -101,12 +101,13 @@ class PhaseLoop:
         offer: Offer,
         *,
         min_warmup_s: float = 0.0,
+        close_grace_s: float = 0.25,
     ) -> None:
         self.name, self.protocol, self.progress = name, protocol, progress
         # The load's own shortest warm-up (`LoadMode.min_warmup_s`): a load that reaches its
         # rate only after a while is measured from then on, whatever the protocol asks.
         self.min_warmup_s = min_warmup_s
-        self.collector = Collector()
+        self.collector = Collector(close_grace_s=close_grace_s)
         self.sampler = ResourceSampler()
         self.gc = GcPauses()  # the measured phase's garbage-collector pauses in this process
         self.readings: list[ResourceReading] = []
