@@ -262,7 +262,7 @@ def test_a_sweep_judges_each_level_by_its_token_slos(tmp_path: Path, invoke: Inv
             load="{mode: open, rate: 100, arrival: poisson}",
             prompts="{input_tokens: 4, output_tokens: 4}",
         )
-        args = ("--slo", "ttft_p99=40ms,tpot_p99=20ms", "--quick", "--level-duration", "1")
+        args = ("--slo", "ttft_p99=100ms,tpot_p99=50ms", "--quick", "--level-duration", "1")
         result = invoke(
             "sweep", str(path), *args, "--min-rate", "100", "--max-rate", "400",
             "--budget-s", "8", "--json",
