@@ -4,6 +4,7 @@ knob with no effect gives no winner, and an interrupted sweep resumes with its r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -216,9 +217,13 @@ def _spawn(folder: Path, db: Path, *args: str) -> subprocess.Popen[str]:
 def _cells(db: Path) -> int:
     if not db.exists():
         return 0
+    # Read-only, the statement run to its end and the connection closed at once: a reader
+    # that keeps its shared lock a moment longer can make the run's write wait past its
+    # busy timeout on a loaded machine ("database is locked", exit 2).
     try:
-        with sqlite3.connect(db, timeout=5) as con:
-            return int(con.execute("select count(*) from knob_sweep_cells").fetchone()[0])
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)) as con:
+            rows = con.execute("select count(*) from knob_sweep_cells").fetchall()
+        return int(rows[0][0])
     except sqlite3.OperationalError:
         return 0
 
@@ -235,7 +240,7 @@ def test_ctrl_c_exits_130_keeps_the_cells_and_the_same_command_resumes(
     while _cells(db) < 2:
         assert time.monotonic() < deadline, "two cells were never measured"
         assert proc.poll() is None, proc.communicate()
-        time.sleep(0.2)
+        time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
