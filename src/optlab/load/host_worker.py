@@ -1,0 +1,193 @@
+"""One load-generator process on a Ray node (`workload.load.hosts`, docs/hosts.md): the
+actor class and the job it is built from. It runs optlab's own `AsyncLoadGenerator` on its
+share of the schedule, as a local worker process does, and hands its samples over when the
+coordinator (`optlab.load.hosts`) takes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from optlab.config.modes import Load
+from optlab.load.aio import AsyncLoadGenerator
+from optlab.load.processes import Classify, ClientRecipe, _OneLog
+from optlab.metrics.cpu import HostCpu
+from optlab.metrics.histogram import LatencyHistogram
+from optlab.metrics.log import WorkerLog
+
+if TYPE_CHECKING:
+    from optlab.metrics.log import _Buffers
+
+__all__ = ["LoadWorker", "WorkerJob"]
+
+
+@dataclass(frozen=True)
+class WorkerJob:
+    recipe: ClientRecipe
+    load: Load
+    index: int
+    count: int
+    timeout_s: float
+    seed: int
+    trace_dir: Path | None
+    classify: Classify
+
+
+NEIGHBOURS = 3  # the node's busiest other processes reported
+NEIGHBOUR_PCT = 5.0  # ... that used at least this much of one core
+
+
+def _process_cpu() -> dict[int, tuple[str, float]]:
+    """pid -> (name, user + system CPU seconds) of this node's processes that can be read."""
+    import psutil
+
+    found = {}
+    for process in psutil.process_iter(["name", "cpu_times"]):
+        times = process.info.get("cpu_times")
+        if times is not None:
+            found[process.pid] = (str(process.info.get("name") or "?"), times.user + times.system)
+    return found
+
+
+class LoadWorker:  # pragma: no cover - runs inside a Ray actor (tests/ray)
+    """One load-generator process on a node (a Ray actor): optlab's `AsyncLoadGenerator` on
+    its share of the schedule, its samples taken by the coordinator ~2/s. It keeps its own
+    count and latency histogram of everything it handed over, so the merge can be checked
+    against what each node measured."""
+
+    def __init__(self, job: WorkerJob) -> None:
+        self._job = job
+        self._log = WorkerLog()
+        self._generator: AsyncLoadGenerator | None = None
+        self._shipped = LatencyHistogram()
+        self._shipped_errors = 0
+        self._first: tuple[int, int] | None = None  # (intended ns, send lag ns) of the first
+        self._cpu0 = 0
+        self._t0_wall_ns = 0
+        self._host_cpu = HostCpu()
+        self._node_cpu: list[float] = []
+        self._steal: list[float] = []
+        self._processes: tuple[float, dict[int, tuple[str, float]]] | None = None
+
+    def clock(self) -> int:
+        return time.perf_counter_ns()
+
+    def prepare(self) -> tuple[int, int]:
+        """Build the generator; (pid, the niceness its sending thread will run at)."""
+        # Ray starts its workers at nice 15 (`RAY_worker_niceness`) so that they yield to the
+        # node's own daemons: for a load generator that is a lag on every busy node. Back to 0
+        # where this process may (root, CAP_SYS_NICE); the sending thread, started later from
+        # this one, inherits it. Where it may not, the niceness is reported with the node.
+        with contextlib.suppress(OSError):
+            if os.getpriority(os.PRIO_PROCESS, 0) > 0:
+                os.setpriority(os.PRIO_PROCESS, 0, 0)
+        # The node's processes' CPU now, for its neighbours over the run (a scan here and at
+        # the stop, never while sending).
+        self._processes = (time.monotonic(), _process_cpu())
+        job = self._job
+        self._generator = AsyncLoadGenerator(
+            job.recipe.build(),
+            len(job.recipe.bodies),
+            job.load,
+            classify=job.classify,
+            timeout_s=job.timeout_s,
+            seed=job.seed,
+            trace_dir=job.trace_dir,
+            share=(job.index, job.count),
+        )
+        return os.getpid(), os.getpriority(os.PRIO_PROCESS, 0)
+
+    def go(self, t0_ns: int) -> None:
+        assert self._generator is not None
+        self._cpu0 = time.process_time_ns()
+        self._host_cpu.sample()
+        # Time zero on the wall clock too (on one machine, a clock a time namespace does not
+        # shift): how together the nodes started can be checked against it. Of a few reads,
+        # the one with the least time between its two monotonic reads.
+        reads = []
+        for _ in range(5):
+            before = time.perf_counter_ns()
+            wall = time.time_ns()
+            after = time.perf_counter_ns()
+            reads.append((after - before, wall - ((before + after) // 2 - t0_ns)))
+        self._t0_wall_ns = min(reads)[1]
+        self._generator.start(_OneLog(self._log), t0_ns)
+
+    def _sample_cpu(self) -> None:
+        sample = self._host_cpu.sample()
+        if sample.system_pct is not None:
+            self._node_cpu.append(sample.system_pct)
+        if sample.steal_pct is not None:
+            self._steal.append(sample.steal_pct)
+
+    def _take(self) -> _Buffers:
+        import numpy as np
+
+        buffers = self._log._swap()
+        if buffers.end:
+            total = np.frombuffer(buffers.total, dtype=np.int64)
+            self._shipped.record_array(total)
+            intended = np.frombuffer(buffers.end, dtype=np.int64) - total
+            first = int(np.argmin(intended))
+            if self._first is None or int(intended[first]) < self._first[0]:
+                self._first = (int(intended[first]), int(buffers.send_lag[first]))
+        self._shipped_errors += len(buffers.errors)
+        return buffers
+
+    def _neighbours(self) -> list[dict[str, Any]]:
+        """The node's processes that used the most CPU since prepare() (% of one core), this
+        worker left out."""
+        if self._processes is None:
+            return []
+        started, before = self._processes
+        elapsed = max(time.monotonic() - started, 1e-3)
+        after = _process_cpu()
+        used = sorted(
+            (
+                (round(100 * (cpu - before[pid][1]) / elapsed, 1), pid, name)
+                for pid, (name, cpu) in after.items()
+                if pid in before and pid != os.getpid()
+            ),
+            reverse=True,
+        )
+        return [
+            {"pid": pid, "name": name, "cpu_pct": pct}
+            for pct, pid, name in used[:NEIGHBOURS]
+            if pct >= NEIGHBOUR_PCT
+        ]
+
+    def take(self) -> tuple[_Buffers, int, int, int, str | None]:
+        gen = self._generator
+        assert gen is not None
+        failure = None if gen.failure is None else repr(gen.failure)
+        self._sample_cpu()
+        return self._take(), gen.issued, gen.completed, time.perf_counter_ns(), failure
+
+    def stop(self, drain_s: float) -> dict[str, Any]:
+        gen = self._generator
+        assert gen is not None
+        report = gen.stop(drain_s)
+        buffers = self._take()
+        self._sample_cpu()
+        cpu = self._node_cpu
+        return {
+            "neighbours": self._neighbours(),
+            "node_cpu_pct": sum(cpu) / len(cpu) if cpu else None,
+            "node_cpu_max_pct": max(cpu) if cpu else None,
+            "steal_pct": sum(self._steal) / len(self._steal) if self._steal else None,
+            "buffers": buffers,
+            "issued": report.issued,
+            "completed": report.completed,
+            "late": report.late,
+            "failure": None if report.failure is None else repr(report.failure),
+            "shipped": self._shipped.encode(),
+            "shipped_errors": self._shipped_errors,
+            "first_send_lag_ns": None if self._first is None else self._first[1],
+            "cpu_ns": time.process_time_ns() - self._cpu0,
+            "t0_wall_ns": self._t0_wall_ns,
+        }
