@@ -119,7 +119,8 @@ def summarize(c: Collected) -> Summarized:
     }
     facts = run_facts(c)
     judged = verdict(facts)
-    notes = [redact(note) for note in [*judged.notes, *c.hook_notes, *_host_notes(c)]]
+    littles = {host.node: _node_little(c, host) for host in c.hosts}
+    notes = [redact(note) for note in [*judged.notes, *c.hook_notes, *_host_notes(c, littles)]]
     if c.stabilised is False:
         # The longest warm-up: the protocol's, or the load's own least when that is longer.
         longest = max(c.protocol.warmup_max_s, mode_of(c.load).min_warmup_s(c.load))
@@ -138,7 +139,7 @@ def summarize(c: Collected) -> Summarized:
         reasons.insert(0, "the run failed: " + (error or "").splitlines()[0])
         codes.insert(0, "failed")
     qps = c.completed / max(c.measured_s, 1e-9) if c.measured_s > 0 else None
-    summary = _summary(c, valid, reasons, notes, errors, qps, facts)
+    summary = _summary(c, valid, reasons, notes, errors, qps, facts, littles)
     final = RunFinal(
         status=c.status,
         valid=valid,
@@ -258,11 +259,14 @@ def _node_little(c: Collected, host: HostReport) -> tuple[float, float, float] |
     )
 
 
-def _host_notes(c: Collected) -> list[str]:
+Little = tuple[float, float, float] | None  # `optlab.run.pace.littles_law`'s answer
+
+
+def _host_notes(c: Collected, littles: Mapping[str, Little]) -> list[str]:
     """What to know of the nodes without invalidating the run."""
     notes = []
     for host in c.hosts:
-        gap = _node_little(c, host)
+        gap = littles[host.node]
         if held_back(gap):
             assert gap is not None
             notes.append(
@@ -284,7 +288,9 @@ def _rounded(gap: tuple[float, float, float] | None) -> float | None:
     return None if gap is None else round(gap[0], 4)
 
 
-def _host_summaries(c: Collected, facts: RunFacts) -> list[dict[str, Any]]:
+def _host_summaries(
+    c: Collected, facts: RunFacts, littles: Mapping[str, Little]
+) -> list[dict[str, Any]]:
     """Each node's figures and verdict (docs/run-json.md "hosts")."""
     out = []
     for host, judged in zip(c.hosts, facts.hosts, strict=True):
@@ -315,7 +321,7 @@ def _host_summaries(c: Collected, facts: RunFacts) -> list[dict[str, Any]]:
                 "node_cpu_max_pct": host.node_cpu_max_pct,
                 "steal_pct": host.steal_pct,
                 "neighbours": list(host.neighbours),
-                "littles_law_gap": _rounded(_node_little(c, host)),
+                "littles_law_gap": _rounded(littles[host.node]),
                 "lost_at_s": host.lost_at_s,
                 "valid": not reasons,
                 "reasons": reasons,
@@ -332,6 +338,7 @@ def _summary(
     errors: Mapping[str, tuple[int, str | None]],
     qps: float | None,
     facts: RunFacts,
+    littles: Mapping[str, Little],
 ) -> RunSummary:
     stages, harness, llm_series = _split_all(c.histograms)
     summary: dict[str, Any] = {
@@ -368,7 +375,7 @@ def _summary(
     if c.parent is not None:
         summary["parent"] = step_against(c.parent, summary, c.plan)
     if c.hosts:
-        summary["hosts"] = _host_summaries(c, facts)
+        summary["hosts"] = _host_summaries(c, facts, littles)
     # A last net: nothing that strict JSON rejects reaches the store or `run --json`.
     late_notes: list[str] = []
     # (deeper than the hooks' own pass, which already cut what a target nested too deep)
