@@ -25,8 +25,8 @@ if TYPE_CHECKING:
     from optlab.run.runner import Progress, RunOutcome
 
 # The quick protocol as `optlab run --quick` measures it: 5 s, longer until a P99 has its 662
-# queries (the naive CPU baseline serves 55-130 requests/s on a busy 2-core machine), at most
-# 30 s; still PROVISIONAL. None: the protocol's own length.
+# queries (the naive CPU baseline serves 55-130 requests/s on a busy 2-core machine, the LLM
+# chain's naive baseline 20-30), at most 60 s; still PROVISIONAL. None: the protocol's own length.
 DEMO_DURATION_S: float | None = None
 # The baseline's first seconds run slow (caches, the scheduler settling in beside the load
 # generator's threads): a 3 s warmup keeps them out of the halves the stability rule compares.

@@ -98,8 +98,16 @@ def test_quick_without_a_duration_measures_until_a_p99_is_supported() -> None:
 
     assert QUICK_MIN_QUERIES == P99_MIN_QUERIES  # the config layer cannot import the run's
     run = effective_protocol(Protocol(), quick=True, until_queries=True)
-    assert (run.duration_s, run.min_queries, run.max_duration_s) == (5.0, 662, 30.0)
-    assert "longer until 662 queries (at most 30 s)" in protocol_label(run.as_dict())
+    assert (run.duration_s, run.min_queries, run.max_duration_s) == (5.0, 662, 60.0)
+    assert "longer until 662 queries (at most 60 s)" in protocol_label(run.as_dict())
+    # The cap only decides whether a slow target's run ends short of its queries: a run
+    # stored under the earlier 30 s cap compares with today's; the queries themselves count.
+    from optlab.chain.comparability import same_protocol
+
+    earlier = {**run.as_dict(), "max_duration_s": 30.0}
+    assert same_protocol(earlier, run.as_dict())
+    assert not same_protocol({**earlier, "min_queries": 100}, run.as_dict())
+    assert not same_protocol({**earlier, "duration_s": 10.0}, run.as_dict())
     # An explicit --duration is what the user asked for; a sweep sizes its own levels; the
     # full protocol and the stored form of other protocols are unchanged.
     for other in (

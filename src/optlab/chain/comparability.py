@@ -37,15 +37,22 @@ __all__ = [
 NO_ENVIRONMENT = "no environment recorded"
 
 
+# Fields that do not change how a valid run was measured: `provisional` follows from the
+# others (`EffectiveProtocol.provisional`); `max_duration_s`, the cap on a quick run that
+# measures until its P99's queries, only decides whether a slow target's run ends INVALID
+# (short of them) -- every valid run under any cap measured its duration, then until the
+# queries. Runs stored under the earlier 30 s cap so stay comparable with today's.
+NOT_COMPARED = frozenset({"provisional", "max_duration_s"})
+
+
 def protocol_key(protocol: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
-    """A stored protocol as a key: its items, sorted, without `provisional` (which follows
-    from the others: `EffectiveProtocol.provisional`). Values are kept as they are (a nested
-    value is compared, never hashed)."""
-    return tuple(sorted((k, v) for k, v in protocol.items() if k != "provisional"))
+    """A stored protocol as a key: its items, sorted, without the NOT_COMPARED ones. Values
+    are kept as they are (a nested value is compared, never hashed)."""
+    return tuple(sorted((k, v) for k, v in protocol.items() if k not in NOT_COMPARED))
 
 
 def same_protocol(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    """Measured the same way: every protocol field equal (`provisional` aside)."""
+    """Measured the same way: every protocol field equal (NOT_COMPARED aside)."""
     return protocol_key(a) == protocol_key(b)
 
 
