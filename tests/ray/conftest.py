@@ -33,6 +33,7 @@ def cluster(
                 offset_s=0.0 if timens_missing else offset,
                 resources=f'{{"optlab-test-{i}": 1}}',
             )
+        nodes.warm()
         yield nodes
     finally:
         nodes.stop()

@@ -177,6 +177,17 @@ class LocalCluster:
         lines = out.stdout.strip().splitlines()
         return lines[-1] if lines else "null"
 
+    def warm(self) -> None:
+        """A task pinned to every alive node imports what a load worker runs: a fresh
+        cluster's first run otherwise spends its first seconds reading those modules from
+        disk on each node, and falls behind its schedule in a short warm-up."""
+        self._ask(
+            "ray.get([ray.remote(lambda: bool(__import__('optlab.load.host_worker'))).options("
+            "scheduling_strategy=__import__('ray.util.scheduling_strategies', fromlist=['x'])"
+            ".NodeAffinitySchedulingStrategy(n['NodeID'], soft=False)).remote() "
+            "for n in ray.nodes() if n['Alive']])"
+        )
+
     def alive(self) -> int:
         try:
             return int(json.loads(self._ask("sum(n['Alive'] for n in ray.nodes())")))
