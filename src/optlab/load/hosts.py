@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from optlab.config.modes import Load, mode_of
 from optlab.load.base import StopReport
 from optlab.load.clock import ClockOffset, ping_pong
-from optlab.load.processes import Classify, ClientRecipe
+from optlab.load.processes import ArmParentDeath, Classify, ClientRecipe
 from optlab.metrics.backlog import LoadTimeline
 from optlab.metrics.log import InboxLog
 
@@ -91,8 +91,8 @@ class _Worker:
     done: dict[str, Any] | None = None
     lost: str | None = None
     lost_at_ns: int | None = None
-    pid: int | None = None  # on its node
-    nice: int = 0  # the niceness its sending thread ran at
+    pids: tuple[int, ...] = ()  # on its node: the actor's, its worker process's
+    nice: int = 0  # the niceness its worker process ran at
 
 
 @dataclass(frozen=True)
@@ -142,11 +142,15 @@ class RayLoadGenerator:
         timeout_s: float,
         seed: int = 0,
         trace_dir: Path | None = None,
+        parent_death: ArmParentDeath | None = None,
         clock: Callable[[], int] = time.perf_counter_ns,
     ) -> None:
+        """`parent_death` arms each node's worker process to die with its Ray actor
+        (`optlab.load.processes`)."""
         self._recipe, self._load, self._cluster = recipe, load, cluster
         self._classify, self._timeout_s, self._seed = classify, timeout_s, seed
         self._trace_dir = trace_dir
+        self._parent_death = parent_death
         self._clock = clock
         self._open_loop = mode_of(load).open_loop
         self._workers: list[_Worker] = []
@@ -185,9 +189,10 @@ class RayLoadGenerator:
         return dict(self._offsets)
 
     @property
-    def worker_pids(self) -> list[tuple[str, int | None]]:
-        """(node name, pid on that node) of each worker, once started."""
-        return [(w.node.name, w.pid) for w in self._workers]
+    def worker_pids(self) -> list[tuple[str, int]]:
+        """(node name, pid on that node) of each worker's processes (its Ray actor and the
+        worker process the actor started), once started."""
+        return [(w.node.name, pid) for w in self._workers for pid in w.pids]
 
     def start(self, collector: Collector) -> None:
         ray = ray_module()
@@ -207,6 +212,7 @@ class RayLoadGenerator:
                         self._seed,
                         self._trace_dir,
                         self._classify,
+                        self._parent_death,
                     )
                     actor = actor_class.options(
                         scheduling_strategy=affinity(node.node_id),
@@ -217,8 +223,8 @@ class RayLoadGenerator:
                     collector.new_log(inbox, source=node.name)
                     self._workers.append(_Worker(node, index, actor, inbox))
             started = self._call_all(lambda w: w.actor.prepare.remote(), "start")
-            for worker, (pid, nice) in zip(self._workers, started, strict=True):
-                worker.pid, worker.nice = int(pid), int(nice)
+            for worker, (pids, nice) in zip(self._workers, started, strict=True):
+                worker.pids, worker.nice = tuple(int(p) for p in pids), int(nice)
             for node in self._cluster.nodes:
                 first = next(w for w in self._workers if w.node is node)
                 self._offsets[node.name] = ping_pong(

@@ -34,10 +34,17 @@ from optlab.metrics.log import InboxLog, WorkerLog
 if TYPE_CHECKING:
     from optlab.metrics.log import Collector
 
-__all__ = ["ClientRecipe", "ProcessLoadGenerator"]
+__all__ = ["ClientRecipe", "LogSink", "ProcessLoadGenerator"]
 
 SHIP_S = 0.2
 READY_TIMEOUT_S = 120.0
+
+
+class LogSink(Protocol):
+    """Where the worker processes' samples go: a `Collector`, or (on a Ray node) the actor
+    that hands them on."""
+
+    def new_log(self, log: WorkerLog | None = None, *, source: str | None = None) -> WorkerLog: ...
 
 
 class ClientRecipe(Protocol):
@@ -143,9 +150,14 @@ class ProcessLoadGenerator:
         seed: int = 0,
         trace_dir: Path | None = None,
         parent_death: ArmParentDeath | None = None,
+        share: tuple[int, int] | None = None,
     ) -> None:
+        """`share` (first, of): these processes send shares first .. first + processes - 1
+        of a schedule dealt over `of` workers in all (a node's part of a run from several
+        hosts, `optlab.load.host_worker`); by default they send all of it."""
+        first, count = share if share is not None else (0, processes)
         self._jobs = [
-            _Job(recipe, load, i, processes, timeout_s, seed, trace_dir, classify, parent_death)
+            _Job(recipe, load, first + i, count, timeout_s, seed, trace_dir, classify, parent_death)
             for i in range(processes)
         ]
         self._open_loop = mode_of(load).open_loop
@@ -164,6 +176,15 @@ class ProcessLoadGenerator:
         return sum(w.issued for w in self._workers)
 
     @property
+    def completed(self) -> int:
+        return sum(w.completed for w in self._workers)
+
+    @property
+    def pids(self) -> list[int]:
+        """The worker processes' pids, once spawned."""
+        return [w.process.pid for w in self._workers if w.process.pid is not None]
+
+    @property
     def failure(self) -> BaseException | None:
         return self._failure
 
@@ -176,6 +197,12 @@ class ProcessLoadGenerator:
         return self._t0
 
     def start(self, collector: Collector) -> None:
+        self.spawn(collector)
+        self.go(time.perf_counter_ns() + PROCESS_START_LEAD_NS)  # after every "go"
+
+    def spawn(self, collector: LogSink) -> None:
+        """Start the worker processes, each with its log in `collector`, and wait until each
+        has built its client: the slow part, before a time zero is chosen."""
         context = multiprocessing.get_context("spawn")  # never fork a process that has threads
         try:
             for job in self._jobs:
@@ -190,7 +217,14 @@ class ProcessLoadGenerator:
                 self._workers.append(_Worker(process, parent, inbox))
             for worker in self._workers:
                 self._expect_ready(worker)
-            self._t0 = time.perf_counter_ns() + PROCESS_START_LEAD_NS  # after every "go"
+        except BaseException:
+            self._kill()
+            raise
+
+    def go(self, t0_ns: int) -> None:
+        """Every worker starts its share of the schedule from `t0_ns` (perf_counter_ns)."""
+        self._t0 = t0_ns
+        try:
             for worker in self._workers:
                 worker.conn.send(("go", self._t0))
                 worker.receiver = threading.Thread(

@@ -50,6 +50,7 @@ def generator_for(
             timeout_s=timeout_s,
             seed=workload.seed,
             trace_dir=trace_dir,
+            parent_death=parent_death_signal,
         )
     if load.processes > 1:
         return ProcessLoadGenerator(
