@@ -122,7 +122,7 @@ class HostReport:
     node_cpu_pct: float | None = None
     node_cpu_max_pct: float | None = None
     steal_pct: float | None = None
-    worker_nice: int = 0  # the highest niceness its workers' sending threads ran at
+    worker_nice: int = 0  # the highest niceness its workers' sending processes ran at
     # Its busiest other processes over the run: {"pid", "name", "cpu_pct" (of one core)}.
     neighbours: tuple[dict[str, Any], ...] = ()
     # Its requests sent and in flight ~5 times a second, on the coordinator's clock.

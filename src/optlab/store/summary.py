@@ -376,7 +376,7 @@ class HostSummary(_Frozen):
     send_lag_p99_ms: float | None
     first_send_lag_ms: float | None  # actual - intended send of the node's first request
     client_cpu_us_per_request: float | None  # its workers' CPU over every request they sent
-    worker_nice: int = 0  # the niceness its workers' sending threads ran at
+    worker_nice: int = 0  # the niceness its workers' sending processes ran at
     # The node's CPUs (all cores, 0..100) sampled ~2/s while it sent: mean, highest, stolen.
     node_cpu_pct: float | None = None
     node_cpu_max_pct: float | None = None
