@@ -4,6 +4,7 @@ run row."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import subprocess
@@ -236,3 +237,30 @@ def test_a_node_killed_mid_run_keeps_what_it_sent_and_is_named(
     # What it sent before it was lost is in the run.
     assert lost[0]["requests"] > 0
     assert sum(h["requests"] for h in summary["hosts"]) == summary["requests"]
+    # No worker process outlives its actor: the lost node's died with it, the others' ended
+    # with the run (each dies with its actor: Linux's parent-death signal).
+    assert _worker_processes_gone(10.0), _worker_processes()
+
+
+def _worker_processes() -> list[str]:
+    """Load-generator worker processes a Ray actor started (or that an actor left behind)."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["pid", "ppid", "cmdline"]):
+        if "spawn_main" not in " ".join(process.info.get("cmdline") or []):
+            continue
+        with contextlib.suppress(psutil.Error):
+            parent = psutil.Process(process.info["ppid"]).name()
+            if process.info["ppid"] == 1 or parent.startswith("ray::"):
+                found.append(f"{process.info['pid']} (parent {parent})")
+    return found
+
+
+def _worker_processes_gone(within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while _worker_processes():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.25)
+    return True
