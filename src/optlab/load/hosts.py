@@ -115,6 +115,10 @@ class HostReport:
     cpu_s: float | None
     lost: str | None = None
     lost_at_s: float | None = None  # seconds after time zero
+    # The offset measured again after the load, minus the first (the clocks' drift over the
+    # run), within +-drift_bound_ms (the two bounds); None where the node could not answer.
+    drift_ms: float | None = None
+    drift_bound_ms: float | None = None
     shipped: tuple[str, ...] = ()  # each worker's own histogram of what it handed over
     shipped_errors: int = 0
     t0_wall_ns: tuple[int, ...] = ()
@@ -155,6 +159,9 @@ class RayLoadGenerator:
         self._open_loop = mode_of(load).open_loop
         self._workers: list[_Worker] = []
         self._offsets: dict[str, ClockOffset] = {}
+        # Each node's offset measured again once the load stopped: how far the two clocks
+        # drifted apart over the run (windows are placed by the first).
+        self._end_offsets: dict[str, ClockOffset] = {}
         self._failure: BaseException | None = None
         self._report: StopReport | None = None
         self._t0 = 0
@@ -320,6 +327,7 @@ class RayLoadGenerator:
             worker.issued, worker.completed = worker.done["issued"], worker.done["completed"]
             if worker.done["failure"] is not None and self._failure is None:
                 self._failure = RuntimeError(f"{self._name(worker)}: {worker.done['failure']}")
+        self._measure_drift()
         self._kill()
         late = sum(w.done["late"] for w in self._workers if w.done is not None)
         self._report = StopReport.of(
@@ -330,6 +338,19 @@ class RayLoadGenerator:
             failure=self._failure,
         )
         return self._report
+
+    def _measure_drift(self) -> None:
+        """Each node's offset again, through a worker that is still there (the load has
+        stopped, so the exchanges compete with nothing)."""
+        ray = ray_module()
+        for node in self._cluster.nodes:
+            alive = next((w for w in self._workers if w.node is node and w.lost is None), None)
+            if alive is None or node.name not in self._offsets:
+                continue
+            with contextlib.suppress(Exception):  # a node that cannot answer has no drift figure
+                self._end_offsets[node.name] = ping_pong(
+                    self._clock, _remote_clock(ray, alive.actor), CLOCK_ROUNDS
+                )
 
     def _kill(self) -> None:
         with contextlib.suppress(Exception):
@@ -347,6 +368,11 @@ class RayLoadGenerator:
         for node in self._cluster.nodes:
             workers = [w for w in self._workers if w.node is node]
             offset = self._offsets.get(node.name)
+            end = self._end_offsets.get(node.name)
+            drift = drift_bound = None
+            if offset is not None and end is not None:
+                drift = (end.offset_ns - offset.offset_ns) / 1e6
+                drift_bound = (end.bound_ns + offset.bound_ns) / 1e6
             done = [w.done for w in workers if w.done is not None]
             lost = next((w for w in workers if w.lost is not None), None)
             firsts = [d["first_send_lag_ns"] for d in done if d["first_send_lag_ns"] is not None]
@@ -361,6 +387,8 @@ class RayLoadGenerator:
                     offset_bound_ms=offset.bound_ns / 1e6 if offset else 0.0,
                     round_trip_ms=offset.round_trip_ns / 1e6 if offset else 0.0,
                     consistent=offset.consistent if offset else True,
+                    drift_ms=drift,
+                    drift_bound_ms=drift_bound,
                     issued=sum(w.issued for w in workers),
                     completed=sum(w.completed for w in workers),
                     first_send_lag_ms=max(firsts) / 1e6 if firsts else None,

@@ -307,6 +307,10 @@ def _host_summaries(
                 "offset_ms": round(host.offset_ms, 4),
                 "offset_bound_ms": round(host.offset_bound_ms, 4),
                 "round_trip_ms": round(host.round_trip_ms, 4),
+                "drift_ms": None if host.drift_ms is None else round(host.drift_ms, 4),
+                "drift_bound_ms": (
+                    None if host.drift_bound_ms is None else round(host.drift_bound_ms, 4)
+                ),
                 "requests": tally.ok,
                 "errors": tally.errors,
                 "qps": tally.ok / c.measured_s if c.measured_s > 0 else None,

@@ -369,6 +369,11 @@ class HostSummary(_Frozen):
     offset_ms: float
     offset_bound_ms: float
     round_trip_ms: float
+    # The offset measured again once the load stopped, minus the first: how far the node's
+    # clock drifted from the coordinator's over the run, within +-drift_bound_ms. None: not
+    # measured (a lost node, or a run stored before it was).
+    drift_ms: float | None = None
+    drift_bound_ms: float | None = None
     requests: int
     errors: int
     qps: float | None
