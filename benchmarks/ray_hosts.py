@@ -285,7 +285,9 @@ def part_one(port: int, seconds: float, rounds: int) -> None:
                     tally_of.firsts.append(rep.first_send_lag_ms or 0.0)
                     print(
                         f"  {rep.node}: offset {rep.offset_ms:+.3f} ms "
-                        f"+-{rep.offset_bound_ms:.3f} (rtt {rep.round_trip_ms:.3f}), first-send "
+                        f"+-{rep.offset_bound_ms:.3f} (rtt {rep.round_trip_ms:.3f}; drift over "
+                        f"the run {rep.drift_ms or 0:+.3f} +-{rep.drift_bound_ms or 0:.3f}), "
+                        "first-send "
                         f"lag {rep.first_send_lag_ms or 0:.3f} ms, send-lag P99 {lag99:.3f} ms, "
                         f"{tally.ok:,} requests, its CPUs {rep.node_cpu_pct or 0:.0f}%"
                     )

@@ -16,7 +16,8 @@ module("ray")  # the lane needs Ray: skipped, with the reason, where it is not i
 VERDICT = r"(PASS|MISS)$"
 EXPECTED = [
     r"^300/s constant, round 1: merged [\d,]+ = sum of nodes [\d,]+: count for count YES",
-    r"^  node-a: offset [-+][\d.]+ ms \+-[\d.]+ \(rtt [\d.]+\), first-send lag [\d.]+ ms",
+    r"^  node-a: offset [-+][\d.]+ ms \+-[\d.]+ \(rtt [\d.]+; drift over the run [-+][\d.]+ "
+    r"\+-[\d.]+\), first-send lag [\d.]+ ms",
     r"^2,000/s Poisson: merged = sum of the nodes' histograms.*" + VERDICT,
     r"^2,000/s Poisson: per-node send-lag P99 <= 2 ms in \d/3 node-runs .*" + VERDICT,
     r"^2,000/s Poisson: merged P99 median [\d.]+ ms against one host's [\d.]+ ms .*" + VERDICT,
