@@ -15,12 +15,9 @@ import contextlib
 import os
 import resource
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from optlab.config.modes import Load
-from optlab.load.processes import ArmParentDeath, Classify, ClientRecipe, ProcessLoadGenerator
+from optlab.load.processes import ProcessLoadGenerator, WorkerJob
 from optlab.metrics.cpu import HostCpu
 from optlab.metrics.histogram import LatencyHistogram
 from optlab.metrics.log import InboxLog, WorkerLog
@@ -28,20 +25,7 @@ from optlab.metrics.log import InboxLog, WorkerLog
 if TYPE_CHECKING:
     from optlab.metrics.log import _Buffers
 
-__all__ = ["LoadWorker", "WorkerJob"]
-
-
-@dataclass(frozen=True)
-class WorkerJob:
-    recipe: ClientRecipe
-    load: Load
-    index: int
-    count: int
-    timeout_s: float
-    seed: int
-    trace_dir: Path | None
-    classify: Classify
-    parent_death: ArmParentDeath | None = None  # arms the worker process to die with the actor
+__all__ = ["LoadWorker"]
 
 
 NEIGHBOURS = 3  # the node's busiest other processes reported

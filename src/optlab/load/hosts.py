@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from optlab.config.modes import Load, mode_of
 from optlab.load.base import StopReport
 from optlab.load.clock import ClockOffset, ping_pong
-from optlab.load.processes import ArmParentDeath, Classify, ClientRecipe
+from optlab.load.processes import ArmParentDeath, Classify, ClientRecipe, WorkerJob
 from optlab.metrics.backlog import LoadTimeline
 from optlab.metrics.log import InboxLog
 
@@ -54,7 +54,7 @@ from optlab.load.cluster import (
     connect,
     ray_module,
 )
-from optlab.load.host_worker import LoadWorker, WorkerJob
+from optlab.load.host_worker import LoadWorker
 
 __all__ = [
     "RAY_HINT",

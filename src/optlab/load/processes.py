@@ -34,7 +34,7 @@ from optlab.metrics.log import InboxLog, WorkerLog
 if TYPE_CHECKING:
     from optlab.metrics.log import Collector
 
-__all__ = ["ClientRecipe", "LogSink", "ProcessLoadGenerator"]
+__all__ = ["ClientRecipe", "LogSink", "ProcessLoadGenerator", "WorkerJob"]
 
 SHIP_S = 0.2
 READY_TIMEOUT_S = 120.0
@@ -64,7 +64,10 @@ ArmParentDeath = Callable[[], Callable[[], None] | None]
 
 
 @dataclass(frozen=True)
-class _Job:
+class WorkerJob:
+    """What one worker process sends: share `index` of `count` of the schedule. Picklable:
+    it crosses into a spawned process, and (`optlab.load.host_worker`) into a Ray actor."""
+
     recipe: ClientRecipe
     load: Load
     index: int
@@ -73,7 +76,7 @@ class _Job:
     seed: int
     trace_dir: Path | None
     classify: Classify
-    parent_death: ArmParentDeath | None
+    parent_death: ArmParentDeath | None = None  # arms the process to die with its parent
 
 
 class _OneLog:
@@ -84,7 +87,7 @@ class _OneLog:
         return self.log
 
 
-def _worker(conn: Connection, job: _Job) -> None:  # pragma: no cover - runs in the child
+def _worker(conn: Connection, job: WorkerJob) -> None:  # pragma: no cover - runs in the child
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     arm = job.parent_death() if job.parent_death is not None else None
     if arm is not None:
@@ -157,7 +160,9 @@ class ProcessLoadGenerator:
         hosts, `optlab.load.host_worker`); by default they send all of it."""
         first, count = share if share is not None else (0, processes)
         self._jobs = [
-            _Job(recipe, load, first + i, count, timeout_s, seed, trace_dir, classify, parent_death)
+            WorkerJob(
+                recipe, load, first + i, count, timeout_s, seed, trace_dir, classify, parent_death
+            )
             for i in range(processes)
         ]
         self._open_loop = mode_of(load).open_loop
