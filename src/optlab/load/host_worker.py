@@ -1,5 +1,5 @@
-"""One load-generator process on a Ray node (`workload.load.hosts`, docs/hosts.md): the
-actor class and the job it is built from.
+"""One load-generator worker on a Ray node (`workload.load.hosts`, docs/hosts.md): the
+actor class, built from a `optlab.load.processes.WorkerJob`.
 
 The actor only supervises: it spawns a plain local worker process, the very one
 `processes: N` runs (`optlab.load.processes`: optlab's own `AsyncLoadGenerator` on its share of

@@ -284,7 +284,7 @@ def _host_notes(c: Collected, littles: Mapping[str, Little]) -> list[str]:
     return notes
 
 
-def _rounded(gap: tuple[float, float, float] | None) -> float | None:
+def _rounded(gap: Little) -> float | None:
     return None if gap is None else round(gap[0], 4)
 
 
