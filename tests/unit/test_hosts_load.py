@@ -16,9 +16,10 @@ from optlab.config.modes.base import Hosts
 from optlab.load.hosts import HostReport
 from optlab.metrics.backlog import LoadTimeline
 from optlab.metrics.histogram import LatencyHistogram
-from optlab.metrics.log import Collector, InboxLog, _Buffers
+from optlab.metrics.log import Collector
 from optlab.metrics.stages import TOTAL
 from optlab.metrics.windows import SourceTally
+from optlab.metrics.worker_log import Buffers, InboxLog
 from optlab.run.facts import HostFacts, RunFacts
 from optlab.run.pace import host_reasons
 from optlab.run.summarize import summarize
@@ -146,8 +147,8 @@ def test_a_lost_node_is_named_with_when() -> None:
     assert len(reasons) == 1  # its shortfall is the loss's, not a second reason
 
 
-def _buffers(ends: list[int], totals: list[int]) -> _Buffers:
-    buf = _Buffers()
+def _buffers(ends: list[int], totals: list[int]) -> Buffers:
+    buf = Buffers()
     buf.end = array("q", ends)
     buf.total = array("q", totals)
     buf.send_lag = array("q", [1_000] * len(ends))
@@ -166,7 +167,7 @@ def test_each_source_is_tallied_beside_the_merge_count_for_count() -> None:
     for inbox in inboxes.values():
         ends = np.sort(rng.integers(0, 10_000_000_000, 500)).tolist()
         inbox.put(_buffers(ends, rng.integers(100_000, 90_000_000, 500).tolist()))
-        errors = _Buffers()
+        errors = Buffers()
         errors.errors = [(6_000_000_000, "timeout", None), (1_000_000_000, "timeout", None)]
         inbox.put(errors)
     collector.drain()

@@ -35,7 +35,7 @@ from optlab.load.timerfd import TimerFd
 from optlab.metrics.stages import RequestTiming
 
 if TYPE_CHECKING:
-    from optlab.metrics.log import WorkerLog
+    from optlab.metrics.worker_log import WorkerLog
 
 __all__ = ["AsyncClient", "AsyncLoadGenerator", "LogSource"]
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from optlab.load.timerslack import SPIN_NS
 
 if TYPE_CHECKING:
-    from optlab.metrics.log import WorkerLog
+    from optlab.metrics.worker_log import WorkerLog
 
 __all__ = [
     "ALARM_SLACK_NS",

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 from optlab.load.processes import ProcessLoadGenerator, WorkerJob
 from optlab.metrics.cpu import HostCpu
 from optlab.metrics.histogram import LatencyHistogram
-from optlab.metrics.log import InboxLog, WorkerLog
+from optlab.metrics.worker_log import InboxLog, WorkerLog
 
 if TYPE_CHECKING:
-    from optlab.metrics.log import _Buffers
+    from optlab.metrics.worker_log import Buffers
 
 __all__ = ["LoadWorker"]
 
@@ -134,10 +134,10 @@ class LoadWorker:  # pragma: no cover - runs inside a Ray actor (tests/ray)
         if sample.steal_pct is not None:
             self._steal.append(sample.steal_pct)
 
-    def _take(self) -> _Buffers:
+    def _take(self) -> Buffers:
         import numpy as np
 
-        buffers = self._inbox._swap()
+        buffers = self._inbox.swap()
         if buffers.end:
             total = np.frombuffer(buffers.total, dtype=np.int64)
             self._shipped.record_array(total)
@@ -171,7 +171,7 @@ class LoadWorker:  # pragma: no cover - runs inside a Ray actor (tests/ray)
             if pct >= NEIGHBOUR_PCT
         ]
 
-    def take(self) -> tuple[_Buffers, int, int, int, str | None]:
+    def take(self) -> tuple[Buffers, int, int, int, str | None]:
         gen = self._generator
         assert gen is not None
         failure = None if gen.failure is None else repr(gen.failure)

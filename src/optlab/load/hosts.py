@@ -41,10 +41,11 @@ from optlab.load.base import StopReport
 from optlab.load.clock import ClockOffset, ping_pong
 from optlab.load.processes import ArmParentDeath, Classify, ClientRecipe, WorkerJob
 from optlab.metrics.backlog import LoadTimeline
-from optlab.metrics.log import InboxLog
+from optlab.metrics.worker_log import InboxLog
 
 if TYPE_CHECKING:
-    from optlab.metrics.log import Collector, _Buffers
+    from optlab.metrics.log import Collector
+    from optlab.metrics.worker_log import Buffers
 from optlab.load.cluster import (
     CALL_TIMEOUT_S,
     RAY_HINT,
@@ -268,7 +269,7 @@ class RayLoadGenerator:
         node = worker.node
         return f"{node.name} ({node.host}, {node.ip}) worker {worker.index}"
 
-    def _ship(self, worker: _Worker, buffers: _Buffers) -> None:
+    def _ship(self, worker: _Worker, buffers: Buffers) -> None:
         # The node's instants onto this clock: its offset is its clock minus this one.
         buffers.shift(-self._offsets[worker.node.name].offset_ns)
         if len(buffers):

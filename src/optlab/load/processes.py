@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from optlab.config.modes import Load, mode_of
 from optlab.load.aio import AsyncClient, AsyncLoadGenerator
 from optlab.load.base import PROCESS_START_LEAD_NS, StopReport
-from optlab.metrics.log import InboxLog, WorkerLog
+from optlab.metrics.worker_log import InboxLog, WorkerLog
 
 if TYPE_CHECKING:
     from optlab.metrics.log import Collector
@@ -116,9 +116,9 @@ def _worker(conn: Connection, job: WorkerJob) -> None:  # pragma: no cover - run
                 if message[0] == "stop":
                     drain_s = message[1]
                     break
-            conn.send(("data", log._swap(), generator.issued, generator.completed))
+            conn.send(("data", log.swap(), generator.issued, generator.completed))
         report = generator.stop(drain_s)
-        conn.send(("data", log._swap(), generator.issued, generator.completed))
+        conn.send(("data", log.swap(), generator.issued, generator.completed))
         failure = None if report.failure is None else repr(report.failure)
         conn.send(("done", report.issued, report.completed, report.late, failure))
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
