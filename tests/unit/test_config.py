@@ -88,6 +88,17 @@ def test_unknown_variant_suggests_the_closest(tmp_path: Path) -> None:
     assert error.hint is not None and "did you mean 'dynamic'" in error.hint
 
 
+def test_a_batch_of_one_is_a_setting_and_zero_is_refused(tmp_path: Path) -> None:
+    """max_batch_size 1 is the baseline of a batch-size sweep (every request alone, through
+    the batcher); 0 would batch nothing at all and is refused with the field and its bound."""
+    one = BASELINE.replace("{mode: off}", "{mode: dynamic, max_batch_size: 1}")
+    config = resolve_baseline(load_experiment(write(tmp_path, "one.yaml", one)))
+    assert config["knobs"]["batching"]["max_batch_size"] == 1
+    error = _error(tmp_path, BASELINE.replace("{mode: off}", "{mode: dynamic, max_batch_size: 0}"))
+    assert "b.yaml:6: knobs.batching.max_batch_size:" in error.message
+    assert "greater than or equal to 1" in error.message
+
+
 def test_top_level_typo_and_missing_field(tmp_path: Path) -> None:
     text = BASELINE.replace("name: base", "name: base\ndescripton: x").replace(
         "workload:\n  load: {mode: closed, concurrency: 4}\n", ""

@@ -26,7 +26,13 @@ class BatchingDynamic(StrictModel):
     """Collect requests until the batch is full or the oldest has waited `max_wait_ms`."""
 
     mode: Literal["dynamic"]
-    max_batch_size: int = Field(8, ge=2, le=1024)
+    max_batch_size: int = Field(
+        8,
+        ge=1,
+        le=1024,
+        description="1: each request is a batch of its own, through the batcher (its cost "
+        "without batching's gain; a sweep's baseline)",
+    )
     max_wait_ms: float = Field(10.0, ge=0, le=10_000)
     max_queue: int = Field(
         1024,
