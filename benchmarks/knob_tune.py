@@ -67,6 +67,11 @@ WARMUP_S = 1.0
 BASE_MEASURE_S = 5.0
 MIN_REQUESTS = 730
 SATURATED_STOP_S = 4.0
+# A busy machine: three times this VM's drift between measurements (13.5%: the spread of its
+# identical short runs beside a neighbour's load), where blocked, paired cells should matter.
+BUSY = 3 * DRIFT
+# The budget curve: TPE and the hill climb at these shares of tune's median measured seconds.
+BUDGET_SHARES = (0.1, 0.2, 0.3, 0.5)
 Config = dict[str, Any]
 
 
@@ -227,10 +232,18 @@ class Bench:
     """One seed on one surface: the measurement routine, its seconds, the truth."""
 
     def __init__(
-        self, seed: int, interaction: bool, truths: dict[str, float], trend: bool = False
+        self,
+        seed: int,
+        interaction: bool,
+        truths: dict[str, float],
+        trend: bool = False,
+        drift: float = DRIFT,
     ) -> None:
-        self.rng = np.random.default_rng([seed, int(interaction), int(trend)])
+        self.rng = np.random.default_rng(
+            [seed, int(interaction), int(trend)] + ([] if drift == DRIFT else [round(drift * 1e4)])
+        )
         self.interaction = interaction
+        self.drift = drift
         self.truths = truths
         self.best = max(truths.values())
         self.trend = trend
@@ -243,7 +256,7 @@ class Bench:
     def speed(self) -> float:
         """How slow the machine is for the next measurement (service times x this)."""
         slower = 1.0 + TREND_PER_S * self.clock if self.trend else 1.0
-        return float(math.exp(self.rng.normal(0.0, DRIFT))) * slower
+        return float(math.exp(self.rng.normal(0.0, self.drift))) * slower
 
     def fraction(self, config: Config) -> float:
         return self.truths[key(config)] / self.best
@@ -374,19 +387,52 @@ def run_tune_benchmark(seeds: int, smoke: bool = False) -> None:
             f"  Optuna skipped: no {OPTUNA_PYTHON} (python -m venv /tmp/optuna-venv && "
             "/tmp/optuna-venv/bin/pip install optuna)"
         )
-    for trend in (False,) if smoke else (False, True):
+    # (slowing trend, drift): this VM, the same slowing through the afternoon, a busy machine.
+    scenarios = [(False, DRIFT)] if smoke else [(False, DRIFT), (True, DRIFT), (False, BUSY)]
+    for trend, drift in scenarios:
         for interaction in (True,) if smoke else (True, False):
-            _surface_run(seeds, interaction, trend)
+            spent = _surface_run(seeds, interaction, trend, drift)
+            if not smoke and not trend and drift == DRIFT:
+                _budget_curve(seeds, interaction, statistics.median(spent))
 
 
-def _surface_run(seeds: int, interaction: bool, trend: bool) -> None:
+def _at_optimum(fractions: Sequence[float]) -> int:
+    """How many answers are the optimum to within the truth's own error."""
+    return sum(f >= 1 - TRUTH_ERROR for f in fractions)
+
+
+def _budget_curve(seeds: int, interaction: bool, tune_s: float) -> None:
+    """TPE and the hill climb at shares of tune's median seconds: the budget at which each
+    finds the optimum (tune's own fewest seconds are printed beside the surface's line)."""
+    truths = truth(interaction)
+    for share in BUDGET_SHARES:
+        budget = share * tune_s
+        climb, tpe = [], []
+        for seed in range(seeds):
+            bench = Bench(seed, interaction, truths)
+            climb.append(bench.fraction(bench.hill_climb(budget)))
+            found = bench.optuna(budget, seed)
+            tpe.append(bench.fraction(found) if found is not None else math.nan)
+        print(
+            f"  budget curve, {share:.0%} of tune's seconds ({budget:,.0f} s): "
+            + ", ".join(
+                f"{name} median {statistics.median(v):.3f}, at the optimum {_at_optimum(v)}/{seeds}"
+                for name, v in (("Optuna TPE", tpe), ("hill climb", climb))
+            ),
+            flush=True,
+        )
+
+
+def _surface_run(seeds: int, interaction: bool, trend: bool, drift: float) -> list[float]:
     truths = truth(interaction)
     best_cfg = max(truths, key=lambda k: truths[k])
-    drift = f"drift {DRIFT:.1%} per measurement" + (
-        f" and slowing {TREND_PER_S * 1e4:.0%} per 10,000 s" if trend else ""
+    described = (
+        f"drift {drift:.1%} per measurement"
+        + (" (a busy machine)" if drift != DRIFT else "")
+        + (f" and slowing {TREND_PER_S * 1e4:.0%} per 10,000 s" if trend else "")
     )
     print(
-        f"\n-- {'planted interaction' if interaction else 'additive'} surface, {drift}: "
+        f"\n-- {'planted interaction' if interaction else 'additive'} surface, {described}: "
         f"optimum {best_cfg} = {truths[best_cfg]:,.1f}/s --"
     )
     ours: list[float] = []
@@ -395,7 +441,7 @@ def _surface_run(seeds: int, interaction: bool, trend: bool) -> None:
     secs: list[float] = []
     flagged = 0
     for seed in range(seeds):
-        bench = Bench(seed, interaction, truths, trend)
+        bench = Bench(seed, interaction, truths, trend, drift)
         final, flags, spent = bench.tune()
         secs.append(spent)
         ours.append(bench.fraction(final))
@@ -408,15 +454,17 @@ def _surface_run(seeds: int, interaction: bool, trend: bool) -> None:
             f"{'; '.join(flags) or 'none'}); TPE {tpe[-1]:.3f}; hill climb {climb[-1]:.3f}",
             flush=True,
         )
+    # The goals name no noise level beyond this VM's: a busy machine's verdicts inform.
+    aside = "" if drift == DRIFT else " (busy machine: for information)"
     reach = sum(f >= 0.95 for f in ours)
     others = {"Optuna TPE": tpe, "hill climb": climb}
     print(
         f"tune >= 95% of the optimum in {reach}/{seeds} (goal >= 18/20): "
-        f"{'PASS' if reach >= math.ceil(seeds * 0.9) else 'MISS'}"
+        f"{'PASS' if reach >= math.ceil(seeds * 0.9) else 'MISS'}{aside}"
     )
     line = ", ".join(
         f"{name} median {statistics.median(v):.3f} mean {statistics.fmean(v):.3f}, >= 95% in "
-        f"{sum(f >= 0.95 for f in v)}/{seeds}"
+        f"{sum(f >= 0.95 for f in v)}/{seeds}, at the optimum {_at_optimum(v)}/{seeds}"
         for name, v in {"tune": ours, **others}.items()
     )
     # Configs whose truths differ by less than the truth's own error (TRUTH_S: ~1%) are one
@@ -425,17 +473,19 @@ def _surface_run(seeds: int, interaction: bool, trend: bool) -> None:
         statistics.median(ours) > statistics.median(v) + TRUTH_ERROR for v in others.values()
     )
     print(
-        f"at equal measured seconds (median {statistics.median(secs):,.0f} s each): {line}: "
+        f"at equal measured seconds (median {statistics.median(secs):,.0f} s each, tune's "
+        f"fewest {min(secs):,.0f} s): {line}: "
         f"{'PASS' if beats else 'MISS'} (tune's median above both by more than the truth's "
-        f"{TRUTH_ERROR:.0%})"
+        f"{TRUTH_ERROR:.0%}){aside}"
     )
     if interaction:
         print(
             f"planted interaction flagged in {flagged}/{seeds} (goal >= 18/20): "
-            f"{'PASS' if flagged >= math.ceil(seeds * 0.9) else 'MISS'}"
+            f"{'PASS' if flagged >= math.ceil(seeds * 0.9) else 'MISS'}{aside}"
         )
     else:
         print(
             f"additive surface flagged in {flagged}/{seeds} (goal <= 1/20): "
-            f"{'PASS' if seeds - flagged >= math.ceil(seeds * 0.95) else 'MISS'}"
+            f"{'PASS' if seeds - flagged >= math.ceil(seeds * 0.95) else 'MISS'}{aside}"
         )
+    return secs
