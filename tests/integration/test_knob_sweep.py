@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import Result
+from click.testing import CliRunner, Result
 
+from optlab.cli.main import cli
 from optlab.knobs.search import KnobOptions, KnobOutcome, sweep_knob
 from optlab.run.progress import Progress
 from optlab.store import Store
@@ -80,6 +81,27 @@ def test_bad_input_exits_2_before_anything_is_measured(
         assert store.list_runs() == []
         assert store.list_knob_sweeps() == []
     assert not list(folder.glob("knob-sweeps/**/*.yaml"))
+
+
+@pytest.mark.parametrize("command", ["sweep-knob", "tune"])
+def test_a_refused_value_leaves_no_database_and_no_sibling_folder(
+    folder: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    """Without --db the command's own default database (.optlab/optlab.db here) is not left
+    behind empty by a refusal, nor the knob-sweeps folder its sibling files were written to;
+    the hint says what to change."""
+    monkeypatch.delenv("OPTLAB_DB", raising=False)
+    path = write(folder, "syn.yaml", PARENT)
+    values = ("--values", "2,-1") if command == "sweep-knob" else ("--values", "service_ms=2,-1")
+    knob = "--knob" if command == "sweep-knob" else "--knobs"
+    result = CliRunner().invoke(
+        cli, [command, str(path), knob, "service_ms", *values, *FAST], catch_exceptions=False
+    )
+    assert result.exit_code == 2, result.output
+    assert "service_ms" in result.stderr and "give --values that service_ms accepts" in (
+        result.stderr
+    )
+    assert sorted(p.name for p in folder.iterdir()) == ["syn.yaml"]
 
 
 def test_a_planted_gain_is_named_promoted_and_compared_by_block(

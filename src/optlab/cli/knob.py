@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from optlab.cli.common import EXPERIMENT_PATH, open_store, store_url
+from optlab.cli.common import EXPERIMENT_PATH, experiment_store, open_store
 from optlab.cli.runs import LiveProgress, PlainProgress, echo_or_reader_gone
 
 if TYPE_CHECKING:
@@ -129,14 +129,15 @@ def sweep_knob(
     from optlab.run.progress import GuardedProgress
 
     options = replace(_knob_options(knob, values_text, measuring), promote=promote)
-    store = open_store(ctx, url=store_url(ctx, experiment))
     live = sys.stderr.isatty() and not as_json
     shown: PlainProgress | LiveProgress = LiveProgress() if live else PlainProgress()
     progress = GuardedProgress(shown)
-    try:
-        outcome = run_knob_sweep(Path(experiment), store, options, progress)
-    finally:
-        shown.close()
+    # A refused sweep (a value the knob model refuses) leaves no new empty database behind.
+    with experiment_store(ctx, experiment) as store:
+        try:
+            outcome = run_knob_sweep(Path(experiment), store, options, progress)
+        finally:
+            shown.close()
     text = render_knob(outcome.document)
     for note in outcome.notes:
         text += f"\n{note}"
@@ -236,17 +237,17 @@ def tune(
     options = TuneOptions(
         knobs_text, values_texts, budget_s, _knob_options("", "", measuring, "best")
     )
-    store = open_store(ctx, url=store_url(ctx, experiment))
     live = sys.stderr.isatty() and not as_json
     shown: PlainProgress | LiveProgress = LiveProgress() if live else PlainProgress()
     progress = GuardedProgress(shown)
-    try:
-        result, name = run_tune(Path(experiment), store, options, progress)
-    except KeyboardInterrupt:
-        shown.close()
-        ctx.exit(130)
-    finally:
-        shown.close()
+    with experiment_store(ctx, experiment) as store:
+        try:
+            result, name = run_tune(Path(experiment), store, options, progress)
+        except KeyboardInterrupt:
+            shown.close()
+            ctx.exit(130)
+        finally:
+            shown.close()
     doc = tune_document(result, name)
     lines = [f"tune {experiment}: {len(result.steps)} knob sweeps, {result.measured_s:,.0f} s"]
     lines += [f"  {s['purpose']}: {s['sentence']}" for s in doc["steps"]]

@@ -10,6 +10,7 @@ removed again.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import re
 from collections.abc import Sequence
@@ -197,6 +198,7 @@ def write_siblings(
     when it refuses."""
     knobs = parent.config.get("knobs", {})
     folder = parent_path.resolve().parent / KNOB_FOLDER / f"{parent_name}.{request.key}"
+    made = [d for d in (folder, folder.parent) if not d.exists()]  # removed again on refusal
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -237,7 +239,15 @@ def write_siblings(
             try:
                 plan = plan_file(load_experiment(path), parent)
             except ConfigError as exc:
-                raise ConfigError(f"--values {_slug(value)}: {exc.message}", hint=exc.hint) from exc
+                # The knob model's reason names the file, line and bound; a suggestion of its
+                # own ("did you mean ...") is kept, the generic file-layout hint is not.
+                hint = exc.hint if exc.hint and "did you mean" in exc.hint else None
+                raise ConfigError(
+                    f"--values {_slug(value)}: {exc.message}",
+                    hint=hint
+                    or f"give --values that {request.key} accepts (the reason above is the "
+                    "knob model's); nothing was measured",
+                ) from exc
             variable = plan.variable
             if variable is None or variable.name != request.path[0]:
                 raise OptlabError(
@@ -249,6 +259,9 @@ def write_siblings(
     except BaseException:
         for path in written:
             path.unlink(missing_ok=True)
+        for made_dir in made:  # innermost first; only if this call left them empty
+            with contextlib.suppress(OSError):
+                made_dir.rmdir()
         raise
     return siblings
 
