@@ -216,7 +216,7 @@ def test_a_port_in_use_is_refused(tmp_path: Path) -> None:
     [
         (["--precision", "fp64"], ["--precision", "fp64"]),
         (["--batching", '{"mode":"dynamic","max_batch_sise":4}'], ["--batching", "max_batch_sise"]),
-        (["--batching", '{"mode":"dynamic","max_batch_size":1}'], ["--batching", "max_batch_size"]),
+        (["--batching", '{"mode":"dynamic","max_batch_size":0}'], ["--batching", "max_batch_size"]),
         (["--batching", "sometimes"], ["--batching", "off, dynamic"]),
         (["--cache", "{not json"], ["--cache", "not valid JSON"]),
         (["--cache", "[1]"], ["--cache", "not a JSON object"]),
