@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from click.testing import CliRunner, Result
 
 from optlab.cli.main import cli
 from optlab.knobs.search import KnobOptions, KnobOutcome, sweep_knob
+from optlab.knobs.tune_run import TuneOptions, run_tune
 from optlab.run.progress import Progress
 from optlab.store import Store
 from tests.support.capabilities import not_root
@@ -329,6 +331,77 @@ def test_tune_chains_the_winners_and_checks_the_interaction(
     rows = json.loads(table.stdout)["chain"]
     assert [r["variable"] for r in rows] == [None, "service_ms", "servers"]
     assert all(r["knob_sweep"] is not None for r in rows[1:])
+
+
+def test_promoting_the_same_value_twice_writes_one_step_file(folder: Path, sqlite_url: str) -> None:
+    """A finished sweep asked again is measured anew; its promotion names the step file the
+    first one wrote instead of a second file of the same experiment."""
+    path = write(folder, "syn.yaml", PARENT)
+    options = KnobOptions(
+        knob="service_ms", values="1,2", blocks=1, quick=True, duration_s=2.5, warmup_s=0.2,
+        seed=2, promote=True,
+    )  # fmt: skip
+    with Store.open(sqlite_url) as store:
+        first = sweep_knob(path, store, options, _Quiet())
+        second = sweep_knob(path, store, options, _Quiet())
+        assert second.knob_sweep_id != first.knob_sweep_id
+        stored = store.get_knob_sweep(second.knob_sweep_id).result
+    assert first.promoted == second.promoted == (folder / "01-service_ms-1.yaml").resolve()
+    assert "a step beside the parent already" in second.notes[-1]
+    assert stored is not None and stored["promoted"] == str(first.promoted)
+    assert sorted(f.name for f in folder.glob("*.yaml")) == ["01-service_ms-1.yaml", "syn.yaml"]
+    assert not list(folder.glob("knob-sweeps/*/*-1.yaml"))  # the sibling moved, as the first
+
+
+class _StopInSecondSweep(_Quiet):
+    """Ctrl-C in the second block of tune's second knob sweep (its first block measured)."""
+
+    def __init__(self, stop: bool = True) -> None:
+        self.armed = False
+        self.stop = stop
+        self.notes: list[str] = []
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+        if self.stop and text.startswith("tune: ofat: sweeping servers"):
+            self.armed = True
+        if self.armed and " block 2/2" in text:
+            raise KeyboardInterrupt
+
+
+def test_a_tune_asked_again_goes_on_where_it_stopped(folder: Path, sqlite_url: str) -> None:
+    """The finished sweep is not measured again, the interrupted one resumes with its cells,
+    and the promoted value stays one step file (a second file of the same experiment name
+    would make every later command in the folder refuse it)."""
+    path = write(folder, "syn.yaml", PARENT)
+    options = TuneOptions(
+        "service_ms,servers",
+        ("service_ms=1,2", "servers=1,2"),
+        15.0,  # the two knob sweeps, not the checks after them
+        KnobOptions(
+            knob="", values="", blocks=2, quick=True, duration_s=2.5, warmup_s=0.2, seed=1,
+            tie_break="best",
+        ),
+    )  # fmt: skip
+    with Store.open(sqlite_url) as store:
+        with pytest.raises(KeyboardInterrupt):
+            run_tune(path, store, options, _StopInSecondSweep())
+        before = store.list_knob_sweeps()
+        assert [r.status for r in before] == ["FINISHED", "KILLED"]
+        assert len(before[0].cells) == 4 and len(before[1].cells) == 2
+        progress = _StopInSecondSweep(stop=False)
+        result, _ = run_tune(path, store, options, progress)
+        after = store.list_knob_sweeps()
+        assert [r.id for r in after] == [r.id for r in before]  # no sweep measured anew
+        assert [r.status for r in after] == ["FINISHED", "FINISHED"]
+        assert len(after[0].cells) == 4 and len(after[1].cells) == 4
+        assert [s.document["knob_sweep_id"] for s in result.steps] == [r.id for r in before]
+    assert any("answered before" in n for n in progress.notes)
+    assert any("resuming (KILLED)" in n for n in progress.notes)
+    assert [s.promoted for s in result.steps] == [1, 2]
+    assert result.final == (folder / "02-servers-2.yaml").resolve()
+    names = [yaml.safe_load(f.read_text())["name"] for f in sorted(folder.glob("*.yaml"))]
+    assert len(names) == 3 and len(set(names)) == 3, names
 
 
 @not_root

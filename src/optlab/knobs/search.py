@@ -15,13 +15,10 @@ from __future__ import annotations
 
 import math
 import random
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from optlab.chain.lineage import Link, prepare
 from optlab.config.models import ResolvedConfig
@@ -36,6 +33,7 @@ from optlab.knobs.metric import (
     metric,
     run_figure,
 )
+from optlab.knobs.promotion import promote
 from optlab.knobs.spec import (
     KnobRequest,
     current_value,
@@ -77,6 +75,9 @@ class KnobOptions:
     tie_break: str = "nearest"
     promote: bool = False
     mode: str = "open"  # a capacity sweep's loop
+    # `optlab tune`: a FINISHED sweep of the same question is the answer (a tune asked again
+    # after Ctrl-C goes on where it stopped, and never promotes one value twice).
+    reuse_finished: bool = False
 
 
 @dataclass
@@ -167,6 +168,18 @@ def _unfinished(store: Store, parent: str, question: dict[str, Any]) -> KnobSwee
         if record.status == "FINISHED":
             continue
         if record.spec.get("question") == question and record.status != "RUNNING":
+            return record
+    return None
+
+
+def _answered(store: Store, parent: str, question: dict[str, Any]) -> KnobSweepRecord | None:
+    """The newest FINISHED sweep of this very question, with its document."""
+    for record in reversed(store.list_knob_sweeps(parent)):
+        if (
+            record.status == "FINISHED"
+            and record.result is not None
+            and record.spec.get("question") == question
+        ):
             return record
     return None
 
@@ -422,55 +435,46 @@ def sweep_knob(
     request = KnobRequest(".".join(key_path), key_path, values)
     m = _metric_for(options, config, str(path))
     arms = _arms(path, store, context, request, parent_value)
-    search = _KnobSweep(store, options, progress, context, arms, m, request, parent_value, on_cell)
-    outcome = search.run()
+    answered = (
+        _answered(store, arms[0].experiment, _question(options, m, link.stored.config_hash, arms))
+        if options.reuse_finished
+        else None
+    )
+    if answered is not None and answered.result is not None:
+        progress.note(
+            f"sweep-knob {answered.id}: this question was answered before (FINISHED); its "
+            "answer is used, nothing is measured again"
+        )
+        outcome = KnobOutcome(
+            answered.id, "FINISHED", dict(answered.result), answered.measured_s or 0.0
+        )
+    else:
+        search = _KnobSweep(
+            store, options, progress, context, arms, m, request, parent_value, on_cell
+        )
+        outcome = search.run()
     if options.promote and outcome.status == "FINISHED":
-        promoted, note = promote(path, outcome.document, arms)
-        outcome.promoted = promoted
-        outcome.notes.append(note)
-        if promoted is not None:
-            outcome.document["promoted"] = str(promoted)
-            outcome.document["promoted_experiment"] = next(
-                a.experiment
-                for a in arms
-                if value_key(a.value) == value_key(promotable(outcome.document))
-            )
-            outcome.document = checked(outcome.document)
-            store.finish_knob_sweep(
-                outcome.knob_sweep_id,
-                status=outcome.status,
-                result=outcome.document,
-                measured_s=outcome.measured_s,
-            )
+        _promote_outcome(path, store, outcome, arms)
     return outcome
 
 
-_NUMBERED = re.compile(r"^(\d+)-")
-
-
-def promote(
-    path: Path, document: dict[str, Any], arms: Sequence[_ArmSpec]
-) -> tuple[Path | None, str]:
-    """Move the promoted value's sibling file beside the parent's, numbered after the folder's
-    highest, its hypothesis the sweep's sentence: the stacked-gains table grows by one row (its
-    runs are the sweep's, compared with the parent block by block)."""
-    pick = promotable(document)
-    if pick is None:
-        return None, f"nothing promoted: {document['sentence']}"
-    arm = next(a for a in arms if value_key(a.value) == value_key(pick))
-    folder = path.resolve().parent
-    found = [m for p in folder.iterdir() if (m := _NUMBERED.match(p.name))]
-    numbers = [int(m.group(1)) for m in found]
-    width = max((len(m.group(1)) for m in found), default=2)
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{document['knob']}-{pick}").strip("_")
-    name = f"{(max(numbers) + 1 if numbers else 1):0{width}d}-{slug}.yaml"
-    target = folder / name
-    if target.exists():
-        raise OptlabError(
-            f"--promote: {target} exists already", hint="rename or remove it, then run again"
-        )
-    data = yaml.safe_load(arm.path.read_text(encoding="utf-8"))
-    data["hypothesis"] = f"sweep-knob {document['knob_sweep_id']}: {document['sentence']}"
-    target.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), encoding="utf-8")
-    arm.path.unlink()
-    return target, f"promoted {document['knob']} = {pick} to {target}"
+def _promote_outcome(
+    path: Path, store: Store, outcome: KnobOutcome, arms: Sequence[_ArmSpec]
+) -> None:
+    """Promote a finished sweep's value (`promote`) and store where it went in its document."""
+    promoted, note = promote(path, outcome.document, arms)
+    outcome.promoted = promoted
+    outcome.notes.append(note)
+    if promoted is None or outcome.document.get("promoted") == str(promoted):
+        return
+    outcome.document["promoted"] = str(promoted)
+    outcome.document["promoted_experiment"] = next(
+        a.experiment for a in arms if value_key(a.value) == value_key(promotable(outcome.document))
+    )
+    outcome.document = checked(outcome.document)
+    store.finish_knob_sweep(
+        outcome.knob_sweep_id,
+        status=outcome.status,
+        result=outcome.document,
+        measured_s=outcome.measured_s,
+    )

@@ -87,7 +87,9 @@ def run_tune(
 
     def sweep(config: Path, knob: str, values: Sequence[Any], purpose: str) -> dict[str, Any]:
         progress.note(f"tune: {purpose}: sweeping {knob} at {config.name}")
-        asked = replace(base, knob=knob, values=tuple(values), promote=purpose != "2x2")
+        asked = replace(
+            base, knob=knob, values=tuple(values), promote=purpose != "2x2", reuse_finished=True
+        )
         outcome = sweep_knob(config, store, asked, progress)
         if outcome.status != "FINISHED":
             raise (
