@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from optlab.knobs.decision import promotable
+from optlab.knobs.spec import sibling_name, value_key
 from optlab.knobs.tune import interaction_of, tune
 from tests.support.knobs import knob_doc
 
@@ -148,3 +149,14 @@ def test_only_a_flipped_preference_is_order_dependent() -> None:
     assert not _preference_flips(at_final, smaller, b0=8)
     found = interaction_of(at_final, smaller, b0=8, b1=4)
     assert found is not None and found["beyond_noise"]  # a real size difference, not a flip
+
+
+def test_a_value_and_its_float_form_are_one_sibling() -> None:
+    """tune's 2x2 asks for the parent's value as stored (2.0) where the user typed 2: one
+    value, so one sibling file and one experiment name, not two copies of one config."""
+    assert value_key(2) == value_key(2.0)
+    assert sibling_name("syn", ["service_ms"], 2.0) == sibling_name("syn", ["service_ms"], 2)
+    assert sibling_name("syn", ["service_ms"], 2.0) == "syn.service_ms-2"
+    assert sibling_name("syn", ["service_ms"], 2.5) == "syn.service_ms-2.5"
+    assert sibling_name("syn", ["flag"], True) != sibling_name("syn", ["flag"], 1)
+

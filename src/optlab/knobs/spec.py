@@ -159,6 +159,8 @@ def parse_values(text: str, like: Any) -> tuple[Any, ...]:
 
 
 def _slug(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 2 and 2.0 are one value (`value_key`): one sibling, one name
     text = value if isinstance(value, str) else canonical_json(value)
     return _SLUG.sub("_", text).strip("_") or "value"
 
