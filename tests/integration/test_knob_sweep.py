@@ -224,7 +224,12 @@ def test_an_interrupted_sweep_resumes_with_its_measured_cells(
         again = store.get_knob_sweep(first.id)
         assert len(again.cells) == 6
         assert {(c.block, c.arm): c.run_id for c in again.cells if (c.block, c.arm) in kept} == kept
-        assert outcome.document["winner"] == 1.5
+        # 1.5 ms against the parent's 2 ms: +33% QPS. Two blocks give a t interval on one
+        # degree of freedom, so on a busy machine the winner may go unnamed (a tie, rightly),
+        # but the resumed sweep's effect must still show the gain.
+        row = next(r for r in outcome.document["values"] if r["value"] == 1.5)
+        assert row["effect_pct"] is not None and row["effect_pct"] > 10, row
+        assert outcome.document["winner"] in (1.5, None)
         # Another question (other blocks) is a new sweep, not this one resumed.
         other = sweep_knob(path, store, KnobOptions(**{**options.__dict__, "blocks": 1}), _Quiet())
         assert other.knob_sweep_id != first.id
@@ -365,7 +370,7 @@ class _StopInSecondSweep(_Quiet):
         self.notes.append(text)
         if self.stop and text.startswith("tune: ofat: sweeping servers"):
             self.armed = True
-        if self.armed and " block 2/2" in text:
+        if self.armed and " block 2/3" in text:
             raise KeyboardInterrupt
 
 
@@ -377,9 +382,9 @@ def test_a_tune_asked_again_goes_on_where_it_stopped(folder: Path, sqlite_url: s
     options = TuneOptions(
         "service_ms,servers",
         ("service_ms=1,2", "servers=1,2"),
-        15.0,  # the two knob sweeps, not the checks after them
+        25.0,  # the two knob sweeps (~16 s each), not the checks after them
         KnobOptions(
-            knob="", values="", blocks=2, quick=True, duration_s=2.5, warmup_s=0.2, seed=1,
+            knob="", values="", blocks=3, quick=True, duration_s=2.5, warmup_s=0.2, seed=1,
             tie_break="best",
         ),
     )  # fmt: skip
@@ -388,13 +393,13 @@ def test_a_tune_asked_again_goes_on_where_it_stopped(folder: Path, sqlite_url: s
             run_tune(path, store, options, _StopInSecondSweep())
         before = store.list_knob_sweeps()
         assert [r.status for r in before] == ["FINISHED", "KILLED"]
-        assert len(before[0].cells) == 4 and len(before[1].cells) == 2
+        assert len(before[0].cells) == 6 and len(before[1].cells) == 2
         progress = _StopInSecondSweep(stop=False)
         result, _ = run_tune(path, store, options, progress)
         after = store.list_knob_sweeps()
         assert [r.id for r in after] == [r.id for r in before]  # no sweep measured anew
         assert [r.status for r in after] == ["FINISHED", "FINISHED"]
-        assert len(after[0].cells) == 4 and len(after[1].cells) == 4
+        assert len(after[0].cells) == 6 and len(after[1].cells) == 6
         assert [s.document["knob_sweep_id"] for s in result.steps] == [r.id for r in before]
     assert any("answered before" in n for n in progress.notes)
     assert any("resuming (KILLED)" in n for n in progress.notes)
