@@ -319,7 +319,10 @@ def test_tune_chains_the_winners_and_checks_the_interaction(
     path = write(folder, "syn.yaml", PARENT)
     result = invoke(
         "tune", str(path), "--knobs", "service_ms,servers", "--values", "service_ms=1,2",
-        "--values", "servers=1,2", "--blocks", "1", "--seed", "1", "--json", *FAST,
+        "--values", "servers=1,2", "--blocks", "1", "--seed", "1", "--json",
+        # One block decides on each run's per-second windows: 2.5 s gives two (one degree of
+        # freedom), too few to call even a 2x gain beside a busy neighbour; 4 s gives four.
+        "--duration", "4", "--warmup", "0.3", "--quick",
     )
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout.strip().splitlines()[-1])
@@ -329,7 +332,11 @@ def test_tune_chains_the_winners_and_checks_the_interaction(
     ]
     assert [s["promoted"] for s in doc["steps"][:2]] == [1, 2]
     assert doc["flags"] == []
-    assert doc["interaction"] is not None and not doc["interaction"]["beyond_noise"]
+    # The model multiplies the effects (contrast 0); beside a busy neighbour the client's CPU
+    # at 2,000/s bends that by several % (measured +4 to +12% under `stress-ng --cpu 2`),
+    # reported with its interval, and never a flag: both knobs prefer the same value at both.
+    assert doc["interaction"] is not None and abs(doc["interaction"]["contrast_pct"]) < 25
+    assert doc["interaction"]["flips"] is False
     final = Path(doc["final"])
     assert final.parent == folder and final.name == "02-servers-2.yaml"
     table = invoke("table", str(final), "--format", "json")
