@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from optlab.metrics.gcpause import pause_figures
-from optlab.metrics.log import Window
 from optlab.metrics.profile import Profile
 from optlab.metrics.resources import ResourceReading
 from optlab.metrics.trend import least_squares, served_by
 from optlab.metrics.usage import ProcessUsage
-from optlab.store.summary import (
+from optlab.metrics.windows import Window
+from optlab.store.evidence import (
     BatchingEvidence,
     GcEvidence,
     MemoryTrend,
@@ -28,9 +28,9 @@ from optlab.store.summary import (
     ProcessEvidence,
     ProfileEvidence,
     RunEvidence,
-    RunSummary,
     ThreadCpu,
 )
+from optlab.store.summary import RunSummary
 from optlab.targets.kind import TargetKind
 
 __all__ = ["MEMORY_LEAST_SAMPLES", "SERVER_TOTALS", "Observed", "memory_trend", "run_evidence"]
