@@ -163,23 +163,15 @@ def _question(
     }
 
 
-def _unfinished(store: Store, parent: str, question: dict[str, Any]) -> KnobSweepRecord | None:
+def _stored(
+    store: Store, parent: str, question: dict[str, Any], *, finished: bool
+) -> KnobSweepRecord | None:
+    """The newest sweep of this very question: FINISHED with its document (`finished`), or
+    one that stopped before its end (KILLED, CRASHED, FAILED: resumable)."""
     for record in reversed(store.list_knob_sweeps(parent)):
-        if record.status == "FINISHED":
+        if record.spec.get("question") != question or record.status == "RUNNING":
             continue
-        if record.spec.get("question") == question and record.status != "RUNNING":
-            return record
-    return None
-
-
-def _answered(store: Store, parent: str, question: dict[str, Any]) -> KnobSweepRecord | None:
-    """The newest FINISHED sweep of this very question, with its document."""
-    for record in reversed(store.list_knob_sweeps(parent)):
-        if (
-            record.status == "FINISHED"
-            and record.result is not None
-            and record.spec.get("question") == question
-        ):
+        if finished == (record.status == "FINISHED") and (not finished or record.result):
             return record
     return None
 
@@ -203,7 +195,7 @@ class _KnobSweep:
         self.on_cell = on_cell
         parent = arms[0]
         question = _question(options, m, parent.link.stored.config_hash, arms)
-        found = _unfinished(store, parent.experiment, question)
+        found = _stored(store, parent.experiment, question, finished=False)
         if found is not None:
             self.id = found.id
             self.uid = found.uid
@@ -436,7 +428,12 @@ def sweep_knob(
     m = _metric_for(options, config, str(path))
     arms = _arms(path, store, context, request, parent_value)
     answered = (
-        _answered(store, arms[0].experiment, _question(options, m, link.stored.config_hash, arms))
+        _stored(
+            store,
+            arms[0].experiment,
+            _question(options, m, link.stored.config_hash, arms),
+            finished=True,
+        )
         if options.reuse_finished
         else None
     )
