@@ -117,6 +117,8 @@ def test_the_servers_log_shows_its_step_time() -> None:
         assert min(late) >= -50_000 and late[-1] < 50_000_000, late  # never early; no drift
         assert 5e6 < gaps[len(gaps) // 2] < 15e6, gaps
 
+    served(knobs, check)
+
 
 def test_bad_requests_are_refused_with_the_openai_error_shape() -> None:
     async def check(base: str, session: aiohttp.ClientSession) -> None:
