@@ -118,7 +118,11 @@ def test_a_planted_gain_is_named_promoted_and_compared_by_block(
         "--values",
         "1.6,2,2.4",
         "--blocks",
-        "3",  # two blocks are one degree of freedom: on a busy machine -16.7% went uncalled
+        # Two blocks are one degree of freedom (on a busy machine -16.7% went uncalled); three
+        # called +25% beside stress-ng --cpu 8, --vm and --hdd, and under 50-300 ms pauses of
+        # the process, yet once not on a slow CI host (cause unrecorded): four, and the
+        # document in the message.
+        "4",
         "--seed",
         "5",
         "--promote",
@@ -138,7 +142,8 @@ def test_a_planted_gain_is_named_promoted_and_compared_by_block(
         "values",
         "measured_s",
     }
-    assert doc["metric"] == "qps" and doc["winner"] == 1.6 and doc["tie"] == []
+    said = json.dumps({k: doc[k] for k in ("winner", "tie", "values", "comparisons")})
+    assert doc["metric"] == "qps" and doc["winner"] == 1.6 and doc["tie"] == [], said
     rows = {r["value"]: r for r in doc["values"]}
     assert rows[2]["control"] and rows[2]["experiment"] == "syn"
     # Truth: 1000/1.6 against 1000/2: +25%; 1000/2.4: -16.7%.
@@ -146,8 +151,8 @@ def test_a_planted_gain_is_named_promoted_and_compared_by_block(
         rows[1.6]["interval"][0] < 25.0 < rows[1.6]["interval"][1]
         or abs(rows[1.6]["effect_pct"] - 25.0) < 1.0
     )
-    assert abs(rows[2.4]["effect_pct"] + 16.67) < 1.5 and rows[2.4]["significant"]
-    assert doc["measured_s"] > 6 * 2.5
+    assert abs(rows[2.4]["effect_pct"] + 16.67) < 1.5 and rows[2.4]["significant"], said
+    assert doc["measured_s"] > 10 * 2.5  # twelve runs of 2.5 s
     promoted = folder / "01-service_ms-1.6.yaml"
     assert doc["promoted"] == str(promoted) and promoted.is_file()
     assert "sweep-knob" in promoted.read_text()
