@@ -168,6 +168,53 @@ def test_a_planted_gain_is_named_promoted_and_compared_by_block(
     assert step["knob_sweep"] == doc["knob_sweep_id"]
 
 
+def test_a_value_without_a_valid_run_is_named_with_why_and_exits_4(
+    folder: Path, invoke: Invoke
+) -> None:
+    # 1 s at 2 ms a query is ~500 queries, short of the 662 a P99 needs: every run INVALID.
+    path = write(folder, "syn.yaml", PARENT)
+    result = invoke(
+        "sweep-knob",
+        str(path),
+        "--knob",
+        "service_ms",
+        "--values",
+        "1.6,2",
+        "--blocks",
+        "1",
+        "--json",
+        "--duration",
+        "1",
+        "--warmup",
+        "0.2",
+        "--quick",
+    )
+    assert result.exit_code == 4, result.output
+    doc = _json(result)
+    assert problems("sweep-knob", doc) == []
+    assert doc["status"] == "FINISHED" and sorted(doc["unmeasured"]) == [1.6, 2.0]
+    assert doc["winner"] is None and "nothing was measured" in doc["sentence"]
+    for row in doc["values"]:
+        assert row["blocks"] == 0 and "INVALID: " in row["unusable"], row
+        assert "P99 needs at least" in row["unusable"], row
+    # Each cell was tried twice, the second time with the reason the first was not usable.
+    assert result.stderr.count("again: the last one is not usable (run ") == 2, result.stderr
+    said = result.stderr
+    assert "not judged: service_ms = 1.6 (a value, syn.service_ms-1.6): no valid" in said
+    assert said.count("(the parent, syn): no valid measurement") == 1, said
+    assert "a longer --duration" in result.stderr and "Exit 4" in result.stderr
+    # tune says the same of its sweeps, and exits 4 too (its answer is no better than them).
+    tuned = invoke(
+        "tune", str(path), "--knobs", "servers", "--values", "servers=1,2", "--blocks", "1",
+        "--json", "--duration", "1", "--warmup", "0.2", "--quick",
+    )  # fmt: skip
+    assert tuned.exit_code == 4, tuned.output
+    assert problems("tune", _json(tuned)) == []
+    # (servers = 2 serves 1000 queries a second: valid; the parent's ~500 are not.)
+    assert "servers = 1 (the parent, syn): no valid measurement" in tuned.stderr
+    assert "parent's servers = 1 has no valid measurement" in _json(tuned)["steps"][0]["sentence"]
+
+
 def test_a_knob_without_effect_names_no_winner(folder: Path, invoke: Invoke) -> None:
     path = write(folder, "syn.yaml", PARENT)
     result = invoke(

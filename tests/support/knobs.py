@@ -18,7 +18,7 @@ BLOCKS = 4
 
 
 def knob_doc(
-    truths: dict[Any, float],
+    truths: dict[Any, float | None],
     parent: Any,
     *,
     noise: float = 0.01,
@@ -28,12 +28,15 @@ def knob_doc(
     metric: str = "qps",
 ) -> dict[str, Any]:
     """A sweep document from exact truths measured with `noise` (log-sd) per cell, the
-    parent first as the search puts it."""
+    parent first as the search puts it; a truth of None: no cell of that value was valid."""
     rng = np.random.default_rng(seed)
     values = [parent, *[v for v in truths if v != parent]]
     arms = []
     for v in values:
-        logs = list(math.log(truths[v]) + rng.normal(0, noise, BLOCKS))
+        truth = truths[v]
+        logs = list(
+            [math.nan] * BLOCKS if truth is None else math.log(truth) + rng.normal(0, noise, BLOCKS)
+        )
         arms.append(Arm(logs, [noise] * BLOCKS, [30.0] * BLOCKS))
     doc = decide(
         arms,
@@ -45,6 +48,7 @@ def knob_doc(
         m=METRICS[metric],
         tie_break=tie_break,
         cpu=list(cpu) if cpu is not None else [None] * len(values),
+        unusable=[f"run {i} INVALID: too short" for i in range(len(values))],
     )
     doc |= {
         "knob_sweep_id": 1,

@@ -24,6 +24,17 @@ def test_text_and_markdown_say_the_winner_and_each_interval() -> None:
     assert gain_bar.count("█") > loss_bar.count("█") > 0
 
 
+def test_a_value_not_judged_is_said_with_why_in_text_and_markdown() -> None:
+    doc = _doc({1: 100.0, 2: 150.0, 4: None}, parent=1)
+    line = "k = 4 (a value, e4): no valid measurement in 4 blocks, not judged; the last: run 2"
+    assert f"not judged: {line}" in render_knob(doc)
+    assert f"- not judged: {line}" in render_knob_markdown(doc)
+    assert "not judged" not in render_knob(_doc({1: 100.0, 2: 150.0}, parent=1))
+    # The chart draws the measured values only, the unmeasured one labelled without a point.
+    svg = ET.fromstring(knob_chart_svg(doc))
+    assert len(svg.findall("{http://www.w3.org/2000/svg}circle")) == 2
+
+
 def test_the_chart_has_a_point_and_a_label_per_value() -> None:
     doc = _doc({1: 100.0, 2: 150.0, 4: 80.0, 8: 60.0}, parent=1)
     svg = ET.fromstring(knob_chart_svg(doc))

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from optlab.knobs.decision import promotable
+from optlab.knobs.decision import promotable, unjudged
 from optlab.knobs.spec import sibling_name, value_key
 from optlab.knobs.tune import interaction_of, tune
 from tests.support.knobs import knob_doc
@@ -22,6 +22,28 @@ def test_a_clear_winner_is_named_with_its_sentence() -> None:
     assert row["interval"][0] < 50.0 < row["interval"][1] and row["better"]
     assert doc["sentence"].startswith("In 12 measurements across 3 values of k, 2 is 50.")
     assert promotable(doc) == 2
+
+
+def test_a_value_without_a_valid_cell_is_apart_and_said_with_why() -> None:
+    doc = knob_doc({1: 100.0, 2: 150.0, 4: None}, parent=1)
+    assert doc["winner"] == 2 and doc["unmeasured"] == [4]
+    rows = {r["value"]: r for r in doc["values"]}
+    assert rows[4]["blocks"] == 0 and rows[4]["unusable"] == "run 2 INVALID: too short"
+    assert rows[2]["unusable"] is None and rows[1]["unusable"] is None
+    assert "(4: no valid measurement), 2 is 50." in doc["sentence"]
+    assert unjudged(doc) == [
+        "k = 4 (a value, e4): no valid measurement in 4 blocks, not judged; the last: "
+        "run 2 INVALID: too short"
+    ]
+    assert unjudged(knob_doc({1: 100.0, 2: 150.0}, parent=1)) == []
+
+
+def test_a_parent_without_a_valid_cell_is_compared_with_nothing() -> None:
+    doc = knob_doc({1: None, 2: 150.0, 4: 120.0}, parent=1)
+    # 2 beats 4 beyond noise, but nothing says it beats the parent: nothing to promote.
+    assert doc["winner"] == 2 and promotable(doc) is None
+    assert "the parent's k = 1 has no valid measurement: no value is compared" in doc["sentence"]
+    assert [line.split(":")[0] for line in unjudged(doc)] == ["k = 1 (the parent, e1)"]
 
 
 def test_lower_is_better_for_latency() -> None:
@@ -96,8 +118,10 @@ def _run_tune(interaction: bool, seed: int = 0):  # type: ignore[no-untyped-def]
 def test_tune_finds_the_optimum_and_flags_the_planted_interaction() -> None:
     result, calls = _run_tune(interaction=True)
     assert result.final == {"batch": 4, "servers": 4}
-    assert any(f.startswith("order-dependent gain: batch's best value moved from 8 to 4")
-               for f in result.flags)
+    assert any(
+        f.startswith("order-dependent gain: batch's best value moved from 8 to 4")
+        for f in result.flags
+    )
     assert [c[0] for c in calls][:3] == ["ofat", "ofat", "interaction check"]
     assert result.interaction is not None and result.interaction["beyond_noise"]
 
@@ -123,7 +147,9 @@ def test_the_budget_stops_the_tune_and_says_so() -> None:
     result = tune(
         {"batch": 1, "servers": 1},
         [("batch", (1, 8)), ("servers", (1, 4))],
-        sweep=sweep, derive=lambda c, k, v: {**c, k: v}, value_of=lambda c, k: c[k],
+        sweep=sweep,
+        derive=lambda c, k, v: {**c, k: v},
+        value_of=lambda c, k: c[k],
         budget_s=1.0,
     )
     assert len(result.steps) == 1 and result.stopped is not None and "servers" in result.stopped
@@ -159,4 +185,3 @@ def test_a_value_and_its_float_form_are_one_sibling() -> None:
     assert sibling_name("syn", ["service_ms"], 2.0) == "syn.service_ms-2"
     assert sibling_name("syn", ["service_ms"], 2.5) == "syn.service_ms-2.5"
     assert sibling_name("syn", ["flag"], True) != sibling_name("syn", ["flag"], 1)
-

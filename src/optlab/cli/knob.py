@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from optlab.cli.common import EXPERIMENT_PATH, experiment_store, open_store
-from optlab.cli.runs import LiveProgress, PlainProgress, echo_or_reader_gone
+from optlab.cli.runs import EXIT_INVALID, LiveProgress, PlainProgress, echo_or_reader_gone
 
 if TYPE_CHECKING:
     from optlab.knobs.search import KnobOptions
+    from optlab.run.progress import Progress
 
 METRIC_HELP = (
     "What the values are compared by: qps, p50, p99, ttft_p50, ttft_p99, tpot_p50, tpot_p99, "
@@ -122,7 +123,9 @@ def sweep_knob(
     beyond noise (docs/sweep-knob-json.md).
 
     Asked again after Ctrl-C, the same question resumes the stored sweep. Exit codes: 0
-    swept; 2 bad input or refused (before anything is measured); 1 FAILED; 130 interrupted.
+    swept; 4 swept, but a value (or the parent) has no valid measurement, so it is not judged
+    (said, with why); 2 bad input or refused (before anything is measured); 1 FAILED; 130
+    interrupted.
     """
     from optlab.knobs.search import sweep_knob as run_knob_sweep
     from optlab.reports.knob import render_knob
@@ -150,6 +153,29 @@ def sweep_knob(
         ctx.exit(130)
     if outcome.status == "FAILED":
         ctx.exit(1)
+    _exit_if_unjudged(ctx, progress, [outcome.document], said=True)
+
+
+def _exit_if_unjudged(
+    ctx: click.Context, progress: Progress, documents: list[dict[str, Any]], said: bool = False
+) -> None:
+    """Exit 4 (docs/exit-codes.md) where a sweep's value has no valid measurement: each one
+    said on stderr with why (unless the sweep's rendering `said` it), and the fix."""
+    from optlab.knobs.decision import unjudged
+
+    lines = [
+        f"sweep-knob {doc['knob_sweep_id']}: {line}" for doc in documents for line in unjudged(doc)
+    ]
+    if not lines:
+        return
+    for line in [] if said else lines:
+        progress.note(line)
+    progress.note(
+        "hint: each reason says what to change (a run too short for its P99: a longer "
+        "--duration; a FAILED one: its target), then ask again; every run stays stored "
+        f"(`optlab log`). Exit {EXIT_INVALID}"
+    )
+    ctx.exit(EXIT_INVALID)
 
 
 @click.command("knob-sweeps")
@@ -230,7 +256,8 @@ def tune(
     """Tune EXPERIMENT one knob at a time: sweep each knob in the order given (`optlab
     sweep-knob`), promote its winner, then check for interactions: the first knob swept again
     at the final config ("order-dependent gain" when its best value moved) and a 2x2 of the
-    two knobs that gained most. Exit codes as sweep-knob's."""
+    two knobs that gained most. Exit codes as sweep-knob's (4: a value of one of its sweeps has
+    no valid measurement)."""
     from optlab.knobs.tune_run import TuneOptions, run_tune, tune_document
     from optlab.run.progress import GuardedProgress
 
@@ -261,3 +288,4 @@ def tune(
         echo_or_reader_gone(json.dumps(doc, default=str, allow_nan=False))
     else:
         echo_or_reader_gone(text)
+    _exit_if_unjudged(ctx, progress, [s.document for s in result.steps])

@@ -12,7 +12,7 @@ from optlab.knobs.metric import Metric
 from optlab.knobs.spec import value_key
 from optlab.metrics.selection import ALPHA, Arm, Selection, effect, select_best
 
-__all__ = ["KNOB_SCHEMA_VERSION", "checked", "decide", "promotable", "sentence"]
+__all__ = ["KNOB_SCHEMA_VERSION", "checked", "decide", "promotable", "sentence", "unjudged"]
 
 KNOB_SCHEMA_VERSION = 1
 
@@ -78,8 +78,10 @@ def decide(
     m: Metric,
     tie_break: str,
     cpu: Sequence[float | None],
+    unusable: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The sweep's answer from its arms (arm 0 the parent): effects, winner, tie, choice."""
+    """The sweep's answer from its arms (arm 0 the parent): effects, winner, tie, choice;
+    `unusable[i]`: why arm i's last cell is not a figure (said for an arm with none)."""
     selection: Selection = select_best(arms, higher_is_better=m.higher_is_better)
     effects = [None] + [effect(arms[0], arm) for arm in arms[1:]]
     by_value = {value_key(v): i for i, v in enumerate(values)}
@@ -95,6 +97,7 @@ def decide(
             "control": i == 0,
             "estimate": estimate,
             "blocks": len(logs),
+            "unusable": None if logs or i >= len(unusable) else unusable[i] or None,
         }
         if i == 0:
             row |= {"effect_pct": 0.0, "interval": [0.0, 0.0], "significant": False}
@@ -162,6 +165,12 @@ def sentence(doc: dict[str, Any], effects: Sequence[Any], measured: int, arms: i
     if doc["unmeasured"]:
         missing = ", ".join(str(v) for v in doc["unmeasured"])
         head += f" ({missing}: no valid measurement)"
+    parent = next((r for r in doc["values"] if r["control"]), None)
+    if parent is not None and parent["blocks"] == 0:
+        return (
+            f"{head}, the parent's {knob} = {doc['parent_value']} has no valid measurement: "
+            "no value is compared with it"
+        )
     if row is None or row["control"] or not row["better"]:
         tie = ", ".join(str(v) for v in doc["tie"]) or str(pick)
         if doc["winner"] is not None and value_key(doc["winner"]) == value_key(doc["parent_value"]):
@@ -181,6 +190,21 @@ def sentence(doc: dict[str, Any], effects: Sequence[Any], measured: int, arms: i
         f"{head}, {pick} is {size:.1f}% [{lo:.1f}, {hi:.1f}] {better} than the parent on "
         f"{label} ({verdict})"
     )
+
+
+def unjudged(document: dict[str, Any]) -> list[str]:
+    """A line for each value (the parent's too) with no valid measurement in any block: its
+    effect is not judged (`optlab sweep-knob` then exits 4, docs/exit-codes.md)."""
+    lines = []
+    for row in document["values"]:
+        if row["blocks"] == 0:
+            what = "the parent" if row["control"] else "a value"
+            lines.append(
+                f"{document['knob']} = {row['value']} ({what}, {row['experiment']}): no valid "
+                f"measurement in {document.get('blocks', '?')} blocks, not judged"
+                + (f"; the last: {row['unusable']}" if row.get("unusable") else "")
+            )
+    return lines
 
 
 def promotable(document: dict[str, Any]) -> Any | None:

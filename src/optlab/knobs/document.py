@@ -37,6 +37,11 @@ class KnobValue(_Closed):
     )
     significant: bool = Field(description="beyond noise: the interval excludes 0, >= 1%")
     better: bool = Field(description="significant, and in the metric's better direction")
+    unusable: str | None = Field(
+        default=None,
+        description="with no valid measurement (blocks 0): why, from its last cell "
+        "('run 8 INVALID: ...'); null otherwise",
+    )
 
 
 class KnobComparison(_Closed):

@@ -15,7 +15,16 @@ from optlab.errors import OptlabError
 from optlab.metrics.stats import log_error
 from optlab.store import RunRecord, Store, SweepRecord
 
-__all__ = ["CAPACITY", "METRICS", "CellFigure", "Metric", "capacity_figure", "metric", "run_figure"]
+__all__ = [
+    "CAPACITY",
+    "METRICS",
+    "CellFigure",
+    "Metric",
+    "capacity_figure",
+    "metric",
+    "missing",
+    "run_figure",
+]
 
 CAPACITY = "capacity"
 # A capacity interval is read as a 95% normal interval on the log scale.
@@ -67,9 +76,12 @@ class CellFigure:
     log: float
     se: float
     df: float
+    why: str = ""  # where value is None: why the cell is not a figure ("run 7 INVALID: ...")
 
 
-_MISSING = CellFigure(None, math.nan, math.nan, math.nan)
+def missing(why: str) -> CellFigure:
+    """A cell that is not a figure, and why."""
+    return CellFigure(None, math.nan, math.nan, math.nan, why)
 
 
 def _run_value(run: RunRecord, m: Metric) -> float | None:
@@ -93,13 +105,25 @@ def _run_value(run: RunRecord, m: Metric) -> float | None:
     return stats.p50 if m.name.endswith("p50") else stats.p99
 
 
+def _first(text: str | None) -> str:
+    """A reason's or an error message's first line after ": "; "" without one."""
+    lines = (text or "").strip().splitlines()
+    return f": {lines[0]}" if lines else ""
+
+
 def run_figure(store: Store, run: RunRecord | None, m: Metric) -> CellFigure:
-    """A run cell: missing unless the run FINISHED VALID with a positive figure."""
-    if run is None or run.status != "FINISHED" or not run.valid or m.window is None:
-        return _MISSING
-    value = _run_value(run, m)
-    if value is None or not math.isfinite(value) or value <= 0:
-        return _MISSING
+    """A run cell: missing (and why) unless the run FINISHED VALID with a positive figure."""
+    if run is None:
+        return missing("not measured")
+    if run.status != "FINISHED":
+        return missing(f"run {run.id} {run.status}" + _first(run.error_message))
+    if not run.valid:
+        first = _first(run.reasons[0] if run.reasons else "")
+        more = f" (and {len(run.reasons) - 1} more)" if len(run.reasons) > 1 else ""
+        return missing(f"run {run.id} INVALID{first}{more}")
+    value = None if m.window is None else _run_value(run, m)
+    if m.window is None or value is None or not math.isfinite(value) or value <= 0:
+        return missing(f"run {run.id} has no {m.name} figure ({value})")
     series = store.window_series([run.id], [m.window])[run.id][m.window]
     error = log_error(series)
     se, df = error if error is not None else (math.nan, math.nan)
@@ -109,11 +133,13 @@ def run_figure(store: Store, run: RunRecord | None, m: Metric) -> CellFigure:
 def capacity_figure(sweep: SweepRecord | None) -> CellFigure:
     """A capacity cell: missing unless the sweep FINISHED with a capacity (no rate meeting
     the SLO is an answer, but not a figure to compare)."""
-    if sweep is None or sweep.status != "FINISHED" or sweep.result is None:
-        return _MISSING
+    if sweep is None:
+        return missing("not measured")
+    if sweep.status != "FINISHED" or sweep.result is None:
+        return missing(f"sweep {sweep.id} {sweep.status}" + _first(sweep.error_message))
     capacity = sweep.result.capacity_qps
     if capacity is None or capacity <= 0:
-        return _MISSING
+        return missing(f"sweep {sweep.id}: no rate met the SLO")
     interval = sweep.result.capacity_interval
     se = math.nan
     if interval is not None and interval[0] > 0 and interval[1] > interval[0]:

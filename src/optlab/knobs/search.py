@@ -13,7 +13,6 @@ measuring an INVALID one again (once). The document it ends with is docs/sweep-k
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from optlab.knobs.metric import (
     Metric,
     capacity_figure,
     metric,
+    missing,
     run_figure,
 )
 from optlab.knobs.promotion import promote
@@ -246,17 +246,20 @@ class _KnobSweep:
             for block, order in enumerate(self.order):
                 for position, arm in enumerate(order):
                     held = cells.get((block, arm))
-                    if held is not None and self._figure(*held).value is not None:
+                    last = None if held is None else self._figure(*held)
+                    if last is not None and last.value is not None:
                         continue
-                    retried = held is not None  # measured before, not usable: once more
-                    for attempt in range(1 if retried else 2):
+                    # A cell measured before and not usable is measured once more; a new one
+                    # twice at most.
+                    for _ in range(1 if last is not None else 2):
                         status, figure = self._measure(
-                            block, position, arm, bool(attempt) or retried
+                            block, position, arm, "" if last is None else last.why
                         )
                         if status == "KILLED":
                             return self._finish("KILLED")
                         if figure.value is not None:
                             break
+                        last = figure
         except KeyboardInterrupt:
             self._finish("KILLED")
             raise
@@ -265,13 +268,17 @@ class _KnobSweep:
             raise
         return self._finish("FINISHED")
 
-    def _measure(self, block: int, position: int, arm: int, again: bool) -> tuple[str, CellFigure]:
+    def _measure(
+        self, block: int, position: int, arm: int, unusable: str
+    ) -> tuple[str, CellFigure]:
+        """Measure one cell; `unusable`: why the cell's last measurement is not a figure
+        ("" for a cell not measured before)."""
         spec = self.arms[arm]
         what = "the parent" if arm == 0 else f"{self.request.key} = {spec.value}"
         self.progress.note(
             f"sweep-knob {self.id} block {block + 1}/{len(self.order)}, "
             f"{position + 1}/{len(self.arms)}: {what} ({spec.experiment})"
-            + (" again: the last one is not usable" if again else "")
+            + (f" again: the last one is not usable ({unusable})" if unusable else "")
         )
         run_id = sweep_id = None
         if self.metric.name == CAPACITY:
@@ -326,18 +333,19 @@ class _KnobSweep:
 
     # -- reading --------------------------------------------------------------------------
 
-    def arm_data(self) -> tuple[list[Arm], list[float | None]]:
-        """Each arm's block entries, and its mean CPU (for the `cheapest` tie-break)."""
+    def arm_data(self) -> tuple[list[Arm], list[float | None], list[str]]:
+        """Each arm's block entries, its mean CPU (for the `cheapest` tie-break), and why
+        its last cell that is not a figure is not ("" where none)."""
         cells = self._cells()
         blocks = len(self.order)
-        arms, cpu = [], []
+        arms, cpu, unusable = [], [], []
         for arm in range(len(self.arms)):
             logs, ses, dfs, cpus = [], [], [], []
+            why = ""
             for block in range(blocks):
                 held = cells.get((block, arm))
-                figure = (
-                    self._figure(*held) if held else CellFigure(None, math.nan, math.nan, math.nan)
-                )
+                figure = self._figure(*held) if held else missing("not measured")
+                why = figure.why or why
                 logs.append(figure.log)
                 ses.append(figure.se)
                 dfs.append(figure.df)
@@ -354,10 +362,11 @@ class _KnobSweep:
                             cpus.append(used)
             arms.append(Arm(logs, ses, dfs, averages_out=self.metric.name != CAPACITY))
             cpu.append(sum(cpus) / len(cpus) if cpus else None)
-        return arms, cpu
+            unusable.append(why)
+        return arms, cpu, unusable
 
     def _finish(self, status: str, error: str | None = None) -> KnobOutcome:
-        arms, cpu = self.arm_data()
+        arms, cpu, unusable = self.arm_data()
         document = decide(
             arms,
             values=[a.value for a in self.arms],
@@ -368,6 +377,7 @@ class _KnobSweep:
             m=self.metric,
             tie_break=self.options.tie_break,
             cpu=cpu,
+            unusable=unusable,
         )
         document |= {
             "knob_sweep_id": self.id,

@@ -7,6 +7,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from optlab.knobs.decision import unjudged
+
 __all__ = ["knob_chart_svg", "render_knob", "render_knob_list", "render_knob_markdown"]
 
 
@@ -87,6 +89,7 @@ def render_knob(doc: dict[str, Any]) -> str:
             ).rstrip()
         )
     lines.append(doc["sentence"])
+    lines += [f"not judged: {line}" for line in unjudged(doc)]
     if doc.get("promoted"):
         lines.append(f"promoted: {doc['promoted']}")
     return "\n".join(lines)
@@ -130,6 +133,7 @@ def render_knob_markdown(doc: dict[str, Any]) -> str:
         shown = (*cells, f"`{bar}`" if bar else "")
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in shown) + " |")
     lines += ["", doc["sentence"]]
+    lines += [f"- not judged: {html.escape(line)}" for line in unjudged(doc)]
     return "\n".join(lines)
 
 
