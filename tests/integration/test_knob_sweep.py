@@ -341,6 +341,27 @@ def test_ctrl_c_exits_130_keeps_the_cells_and_the_same_command_resumes(
     assert path.is_file()
 
 
+def test_ctrl_c_stops_a_tune_with_130_and_says_the_same_command_goes_on(folder: Path) -> None:
+    write(folder, "syn.yaml", PARENT)
+    db = folder / "optlab.db"
+    args = ("tune", "syn.yaml", "--knobs", "service_ms", "--values", "service_ms=1.5,2",
+            "--blocks", "2", "--seed", "9", *FAST)  # fmt: skip
+    proc = _spawn(folder, db, *args)
+    deadline = time.monotonic() + 120
+    while _cells(db) < 1:
+        assert time.monotonic() < deadline, "no cell was ever measured"
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "tune: interrupted; every finished cell is stored, and the same command" in stderr
+    again = _spawn(folder, db, *args)
+    out, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err
+    assert "sweep-knob 1: resuming (KILLED)" in err and "final: " in out
+
+
 @pytest.mark.parametrize(
     ("args", "said"),
     [

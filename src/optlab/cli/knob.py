@@ -271,7 +271,10 @@ def tune(
         try:
             result, name = run_tune(Path(experiment), store, options, progress)
         except KeyboardInterrupt:
-            shown.close()
+            progress.note(
+                "tune: interrupted; every finished cell is stored, and the same command goes "
+                "on where it stopped (docs/tune-json.md). Exit 130"
+            )
             ctx.exit(130)
         finally:
             shown.close()
