@@ -203,6 +203,12 @@ def test_a_value_without_a_valid_run_is_named_with_why_and_exits_4(
     assert "not judged: service_ms = 1.6 (a value, syn.service_ms-1.6): no valid" in said
     assert said.count("(the parent, syn): no valid measurement") == 1, said
     assert "a longer --duration" in result.stderr and "Exit 4" in result.stderr
+    listed = invoke("knob-sweeps")
+    assert listed.exit_code == 0, listed.output
+    line = f"{doc['knob_sweep_id']}: syn service_ms by qps: no answer; not judged: "
+    assert line in listed.stdout, listed.stdout
+    shown = invoke("knob-sweeps", "--show", str(doc["knob_sweep_id"]), "--format", "markdown")
+    assert "- not judged: service_ms = 1.6 (a value" in shown.stdout, shown.output
     # tune says the same of its sweeps, and exits 4 too (its answer is no better than them).
     tuned = invoke(
         "tune", str(path), "--knobs", "servers", "--values", "servers=1,2", "--blocks", "1",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from optlab.reports.knob import knob_chart_svg, render_knob, render_knob_markdown
+from optlab.reports.knob import knob_chart_svg, render_knob, render_knob_list, render_knob_markdown
 from tests.support.knobs import knob_doc as _doc
 
 
@@ -33,6 +33,16 @@ def test_a_value_not_judged_is_said_with_why_in_text_and_markdown() -> None:
     # The chart draws the measured values only, the unmeasured one labelled without a point.
     svg = ET.fromstring(knob_chart_svg(doc))
     assert len(svg.findall("{http://www.w3.org/2000/svg}circle")) == 2
+
+
+def test_the_list_gives_each_answer_the_values_not_judged_and_sweeps_without_a_result() -> None:
+    won = _doc({1: 100.0, 2: 150.0, 4: None}, parent=1) | {"knob_sweep_id": 1}
+    tied = _doc({1: 100.0, 2: 100.0}, parent=1, noise=0.02) | {"knob_sweep_id": 2}
+    running = {"knob_sweep_id": 3, "status": "RUNNING", "experiment": "e1", "knob": "k"}
+    lines = render_knob_list([won, tied, running | {"metric": "qps"}]).splitlines()
+    assert lines[0] == "1: e1 k by qps: 2; not judged: 4 (FINISHED)"
+    assert lines[1].startswith("2: e1 k by qps: tie [") and lines[1].endswith("(FINISHED)")
+    assert lines[2] == "3: e1 k by qps: no result yet (RUNNING)"
 
 
 def test_the_chart_has_a_point_and_a_label_per_value() -> None:

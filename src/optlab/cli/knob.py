@@ -209,7 +209,18 @@ def knob_sweeps(
         if show_id is not None
         else store.list_knob_sweeps(experiment)
     )
-    documents = [r.result or {"knob_sweep_id": r.id, "status": r.status} for r in records]
+    # A sweep without a result yet (running, or its process gone): what it asks, its status.
+    documents = [
+        r.result
+        or {
+            "knob_sweep_id": r.id,
+            "status": r.status,
+            "experiment": r.experiment,
+            "knob": r.knob,
+            "metric": r.metric,
+        }
+        for r in records
+    ]
     if as_json:
         for doc in documents:
             echo_or_reader_gone(json.dumps(doc, default=str, allow_nan=False))
@@ -225,7 +236,7 @@ def knob_sweeps(
         render = {"markdown": render_knob_markdown, "svg": knob_chart_svg}.get(fmt, render_knob)
         echo_or_reader_gone(render(doc))
         return
-    echo_or_reader_gone(render_knob_list([d for d in documents if "sentence" in d]))
+    echo_or_reader_gone(render_knob_list(documents))
 
 
 @click.command("tune")

@@ -138,9 +138,18 @@ def render_knob_markdown(doc: dict[str, Any]) -> str:
 
 
 def render_knob_list(docs: list[dict[str, Any]]) -> str:
+    """One line a sweep: its answer (the winner, or the tie), the values not judged, the
+    status; a sweep with no result yet (running, or its process gone) says so."""
     lines = []
     for doc in docs:
-        answer = doc["winner"] if doc["winner"] is not None else f"tie {doc['tie']}"
+        if "sentence" not in doc:
+            answer = "no result yet"
+        elif doc["winner"] is not None:
+            answer = str(doc["winner"])
+        else:
+            answer = f"tie {doc['tie']}" if doc["tie"] else "no answer"
+        if doc.get("unmeasured"):
+            answer += f"; not judged: {', '.join(str(v) for v in doc['unmeasured'])}"
         lines.append(
             f"{doc.get('knob_sweep_id')}: {doc['experiment']} {doc['knob']} by {doc['metric']}: "
             f"{answer} ({doc.get('status')})"
