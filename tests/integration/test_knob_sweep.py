@@ -315,6 +315,19 @@ def _cells(db: Path) -> int:
         return 0
 
 
+def _interrupted(proc: subprocess.Popen[str], db: Path, cells: int) -> str:
+    """Ctrl-C once `cells` cells are stored; asserts exit 130 and returns the stderr."""
+    deadline = time.monotonic() + 120
+    while _cells(db) < cells:
+        assert time.monotonic() < deadline, f"{cells} cell(s) were never measured"
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    return stderr
+
+
 def test_ctrl_c_exits_130_keeps_the_cells_and_the_same_command_resumes(
     folder: Path, sqlite_url: str
 ) -> None:
@@ -322,15 +335,7 @@ def test_ctrl_c_exits_130_keeps_the_cells_and_the_same_command_resumes(
     db = folder / "optlab.db"
     args = ("sweep-knob", "syn.yaml", "--knob", "service_ms", "--values", "1.5,3", "--blocks",
             "2", "--seed", "9", "--json", *FAST)
-    proc = _spawn(folder, db, *args)
-    deadline = time.monotonic() + 120
-    while _cells(db) < 2:
-        assert time.monotonic() < deadline, "two cells were never measured"
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130, stderr
+    _interrupted(_spawn(folder, db, *args), db, cells=2)
     with Store.open(sqlite_url) as store:
         (record,) = store.list_knob_sweeps()
         assert record.status == "KILLED" and len(record.cells) >= 2
@@ -352,15 +357,7 @@ def test_ctrl_c_stops_a_tune_with_130_and_says_the_same_command_goes_on(folder: 
     db = folder / "optlab.db"
     args = ("tune", "syn.yaml", "--knobs", "service_ms", "--values", "service_ms=1.5,2",
             "--blocks", "2", "--seed", "9", *FAST)  # fmt: skip
-    proc = _spawn(folder, db, *args)
-    deadline = time.monotonic() + 120
-    while _cells(db) < 1:
-        assert time.monotonic() < deadline, "no cell was ever measured"
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130, stderr
+    stderr = _interrupted(_spawn(folder, db, *args), db, cells=1)
     assert "tune: interrupted; every finished cell is stored, and the same command" in stderr
     again = _spawn(folder, db, *args)
     out, err = again.communicate(timeout=300)
