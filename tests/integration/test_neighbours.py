@@ -21,7 +21,7 @@ import numpy as np
 import psutil
 import pytest
 
-from optlab.metrics.resources import ResourceSampler
+from optlab.metrics.resources import MIDDLE, ResourceSampler
 from optlab.metrics.usage import snapshot_tree
 from optlab.store import RunEvidence, Store
 from optlab.targets.listener import local_listener
@@ -209,6 +209,34 @@ def test_a_burner_started_and_stopped_within_the_phase_is_named() -> None:
     assert not pids & (mine | watchers)
     # The watcher ended with the phase: nothing of it is left behind.
     assert not any(psutil.pid_exists(pid) for pid in watchers)
+
+
+def test_a_burner_that_came_halfway_is_the_halves_changed_neighbour() -> None:
+    # The drift line's neighbour: CPU in each half of the phase, around the middle's snapshot.
+    sampler = ResourceSampler(interval_s=60.0)
+    sampler.start()
+    burner = None
+    try:
+        sampler.set_phase("measure")
+        wait_until(lambda: sampler.noted("measure"), "the measure snapshot")
+        assert sampler.neighbour_halves() == []  # no middle, no end yet: unknown, not "none"
+        sampler.mark_middle()
+        wait_until(lambda: sampler.noted(MIDDLE), "the middle's snapshot")
+        burner = orphan_burner()
+        wait_until(lambda: cpu_of(burner) >= 1.0, "the burner's first CPU second", 120)
+        sampler.set_phase("drain")
+        wait_until(lambda: sampler.noted("drain"), "the drain snapshot")
+    finally:
+        if burner is not None and psutil.pid_exists(burner):
+            os.kill(burner, signal.SIGKILL)
+        sampler.stop()
+    changed = sampler.neighbour_halves(least_pct=0.5, most=10_000)
+    entry = next((n for n in changed if n["pid"] == burner), None)
+    assert entry is not None, changed
+    # Started after the middle's snapshot: nothing in the first half, its burn after.
+    assert entry["first_pct"] == 0.0 and entry["second_pct"] > 0.0
+    assert entry["name"].startswith("python")
+    assert not {n["pid"] for n in changed} & {os.getpid()}
 
 
 # A python target that, when its measured phase starts (`reset_metrics`), starts a burner

@@ -4,14 +4,16 @@ drift line. Not a bound on time: the drift line names other processes when their
 burners at the default priority cannot show on a machine already saturated by other work (it
 failed beside `stress-ng --cpu 2`); burners above everyone's priority take the cores whatever
 else runs (passed 3 of 3 beside `stress-ng --cpu 2`). It lives in the timing lane because that
-lane runs alone: for 5 s the burners would starve the tests of a concurrent lane. The verdict's
+lane runs alone: for seconds the burners would starve the tests of a concurrent lane. The verdict's
 wording on constructed facts is tests/unit/test_validity.py's
 test_an_unstable_run_says_when_the_machine_was_taken_away. The message prints the line."""
 
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
+from contextlib import closing
 from pathlib import Path
 
 from tests.support.capabilities import needs_root
@@ -19,6 +21,18 @@ from tests.support.proc import start_optlab, start_python
 from tests.support.waits import wait_for_phase
 
 BURNER_NICE = -15  # a negative nice needs root (capabilities.needs_root)
+MEASURE_S = 20
+BURN_FROM_S = 10.5  # past the middle: the windows seen say "at least this far in"
+WINDOW_LAG_S = 1.5  # how much further in the run may be than its last stored window's end
+
+
+def _measured_s(db: Path, run_id: int) -> float:
+    """How far into its measurement the run is at least: its stored measure windows' seconds."""
+    with closing(sqlite3.connect(db, timeout=30)) as connection:
+        (last,) = connection.execute(
+            "select max(t_s) from run_windows where run_id = ? and phase = 'measure'", (run_id,)
+        ).fetchone()
+    return 0.0 if last is None else float(last) + 1.0
 
 
 def _strict_json(line: str) -> dict[str, object]:
@@ -60,14 +74,21 @@ def test_an_unstable_run_under_a_cpu_burning_neighbour_names_the_neighbour(
         str(path),
         "--quick",
         "--duration",
-        "8",
+        str(MEASURE_S),
         "--warmup",
         "0.5",
         "--json",
         db=db,
         cwd=folder,
     )
-    wait_for_phase(db, "measure")  # about 4.5 s into the 8 s measurement
+    # The measure phase is seen when its first windows reach the database: at the recorder's
+    # next flush, from 1 s to FLUSH_S (src/optlab/run/recorder.py) into the measurement, as the
+    # flush's clock starts with the run, not with the phase. The windows stored then say how far
+    # in it is at least; the burners wait from there until past the middle, so they burn the
+    # second half only. (Started at once, after a slow warmup they burned the first half too:
+    # both halves' other-process CPU then agreed and the drift line named no one; seen in CI.)
+    run_id = wait_for_phase(db, "measure")
+    time.sleep(max(0.0, BURN_FROM_S - _measured_s(db, run_id)))
     # Above every other process's priority, so the burners take the cores from the run however
     # busy the machine already was: the second half's other-process CPU then differs from the
     # first's by much more than NEIGHBOUR_NOTE_PCT even beside `stress-ng --cpu 2`.
@@ -75,9 +96,10 @@ def test_an_unstable_run_under_a_cpu_burning_neighbour_names_the_neighbour(
         start_python(f"import os\nos.nice({BURNER_NICE})\nwhile True: pass") for _ in range(3)
     ]
     try:
-        # Until the measurement's end (8 s from its start, found about 4.5 s in), not until the
-        # run exits: above the run's priority they would starve its final write for a minute.
-        time.sleep(5)
+        # Until the measurement's end at the latest (the run may be up to WINDOW_LAG_S further
+        # in than its windows said), not until the run exits: above the run's priority they
+        # would starve its final write for a minute.
+        time.sleep(MEASURE_S - BURN_FROM_S - WINDOW_LAG_S)
     finally:
         for burner in burners:
             burner.kill()

@@ -2,8 +2,9 @@
 
 CPU figures come from `optlab.metrics.cpu` (our own deltas of psutil's CPU times), GPU figures
 from NVML through `optlab.metrics.gpu`; a reading the host cannot give is None. At the start of
-the measured phase and of the drain the sampler also notes every other process's CPU time, so
-that a run can name the neighbours that competed with it, and the counters of optlab's own
+the measured phase, at its middle and at the drain's, the sampler also notes every other
+process's CPU time, so that a run can name the neighbours that competed with it (and those that
+came or went halfway, when its halves disagree), and the counters of optlab's own
 process tree and of the target's service (`optlab.metrics.usage`): how each used the CPU over
 the measured phase. Those snapshots are taken by the sampler's thread, woken for them at once;
 the trees' at the drain on the caller's thread (the load's threads end a moment later). In
@@ -30,7 +31,7 @@ from optlab.metrics.gpu import THERMAL_REASONS, GpuReading, NvmlDevices
 from optlab.metrics.procwatch import ProcessWatch, Seen
 from optlab.metrics.usage import ProcessUsage, TreeSnapshot, snapshot_tree, usage_between
 
-__all__ = ["ResourceReading", "ResourceSampler"]
+__all__ = ["MIDDLE", "ResourceReading", "ResourceSampler"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class ResourceReading:
 CHILDREN_REFRESH_S = 5.0  # how often new child processes are looked for
 # Phases at whose start every process's CPU is noted: the measured span's neighbours.
 NEIGHBOUR_SNAPSHOTS = ("measure", "drain")
+MIDDLE = "middle"  # the snapshot halfway through the measured phase (no phase of its own)
 # The phase whose start reads optlab's and the service's trees on the caller's thread, at
 # once: the load has stopped being measured, and a moment later its threads are gone, their
 # counters with them.
@@ -196,7 +198,19 @@ class ResourceSampler:
                 self._snapshots_due.append(phase)
                 self._wake.set()
 
+    def mark_middle(self) -> None:
+        """Note every process's CPU now, the measured phase's middle (see `neighbour_halves`);
+        taken by the sampler's thread, like the phases' snapshots."""
+        with self._lock:
+            self._snapshots_due.append(MIDDLE)
+            self._wake.set()
+
     # -- results -------------------------------------------------------------------------------
+
+    def noted(self, snapshot: str) -> bool:
+        """Whether every process's CPU was noted at `snapshot` ("measure", MIDDLE, "drain")."""
+        with self._lock:
+            return snapshot in self._snapshots
 
     def take(self) -> list[ResourceReading]:
         """Readings since the last take, oldest first."""
@@ -228,10 +242,59 @@ class ResourceSampler:
             start = self._snapshots.get("measure")
             end = self._snapshots.get("drain")
             watched = list(self._watched)
-            inside = {self.pid, *self._inside_ever}
         if start is None or end is None or end[0] <= start[0]:
             return []
         wall = end[0] - start[0]
+        used: list[dict[str, Any]] = [
+            {"name": name, "pid": pid, "cpu_pct": round(100.0 * spent / wall, 1)}
+            for pid, (name, spent) in self._spent_between(start, end, watched).items()
+            if 100.0 * spent / wall >= least_pct
+        ]
+        used.sort(key=lambda entry: -float(entry["cpu_pct"]))
+        return used[:most]
+
+    def neighbour_halves(self, least_pct: float = 5.0, most: int = 3) -> list[dict[str, Any]]:
+        """The processes outside the run whose CPU changed the most between the first and
+        the second half of the measured phase (percent of one core in each, `first_pct` and
+        `second_pct`), largest change first; [] when the middle was not noted (a run stopped
+        before it). The middle is the planned one (`mark_middle`): the neighbour that arrived
+        or left halfway, not the one that was busy all along."""
+        with self._lock:
+            start = self._snapshots.get("measure")
+            middle = self._snapshots.get(MIDDLE)
+            end = self._snapshots.get("drain")
+            watched = list(self._watched)
+        if start is None or middle is None or end is None:
+            return []
+        if not start[0] < middle[0] < end[0]:
+            return []
+        first_s, second_s = middle[0] - start[0], end[0] - middle[0]
+        # A process that exited in the first half is not in the middle's scan: its CPU there
+        # is not known, and it is left out (the whole phase's figures still count it).
+        first = self._spent_between(start, middle, [])
+        second = self._spent_between(middle, end, watched)
+        changed: list[dict[str, Any]] = []
+        for pid in first.keys() | second.keys():
+            name = (first.get(pid) or second[pid])[0]
+            a = 100.0 * first.get(pid, (name, 0.0))[1] / first_s
+            b = 100.0 * second.get(pid, (name, 0.0))[1] / second_s
+            if abs(b - a) >= least_pct:
+                changed.append(
+                    {"name": name, "pid": pid, "first_pct": round(a, 1), "second_pct": round(b, 1)}
+                )
+        changed.sort(key=lambda e: -abs(float(e["second_pct"]) - float(e["first_pct"])))
+        return changed[:most]
+
+    def _spent_between(
+        self,
+        start: tuple[float, float, dict[int, _Other]],
+        end: tuple[float, float, dict[int, _Other]],
+        watched: list[Seen],
+    ) -> dict[int, tuple[str, float]]:
+        """CPU seconds each process outside the run used between two scans (a process seen
+        by the watcher only, having exited, with its last reading), by pid."""
+        with self._lock:
+            inside = {self.pid, *self._inside_ever}
         # The last reading of each process (a pid and its start time): the end snapshot's for
         # those alive then, else the watcher's.
         last: dict[tuple[int, float], _Other] = {}
@@ -242,7 +305,7 @@ class ResourceSampler:
         parents = {pid: other[3] for (pid, _), other in last.items()}
         parents.update({pid: other[3] for pid, other in start[2].items()})
         owners = inside if self.children else inside - {self.pid}
-        used: list[dict[str, Any]] = []
+        used: dict[int, tuple[str, float]] = {}
         for (pid, _), (name, cpu, created, _ppid) in last.items():
             if pid in inside or _descends(pid, parents, owners):
                 continue
@@ -250,17 +313,14 @@ class ResourceSampler:
             if before is not None and before[0] == name and abs(before[2] - created) < 0.01:
                 spent = cpu - before[1]
             elif before is None or created > before[2]:
-                # Started during the phase (or a pid reused by a newer process): all its CPU
-                # is the phase's. Judged against the first scan, not the wall clock: psutil's
+                # Started during the span (or a pid reused by a newer process): all its CPU
+                # is the span's. Judged against the first scan, not the wall clock: psutil's
                 # start times can be a second off it (boot time in whole seconds).
                 spent = cpu
             else:
                 continue
-            pct = 100.0 * spent / wall
-            if pct >= least_pct:
-                used.append({"name": name, "pid": pid, "cpu_pct": round(pct, 1)})
-        used.sort(key=lambda entry: -float(entry["cpu_pct"]))
-        return used[:most]
+            used[pid] = (name, spent)
+        return used
 
     def usage(self, tree: Literal["process", "service"] = "process") -> ProcessUsage | None:
         """How optlab's process tree ("process") or the started service's ("service") used
@@ -428,7 +488,7 @@ class ResourceSampler:
         """The counters of optlab's tree and the service's (unless taken already), then the
         CPU seconds of every process outside the run."""
         with self._lock:
-            taken = phase in self._trees
+            taken = phase in self._trees or phase == MIDDLE  # the trees: phases' ends only
         if not taken:
             self._snapshot_trees(phase)
         inside = {self.pid, *self._procs, *self._service_procs}

@@ -46,7 +46,8 @@ class LoadFacts:
     """The machine during the measured phase, as means over its resource samples: CPU of
     optlab's process (percent of one core), of the service it started, of the machine (all
     cores, 0..100); CPU stolen by the hypervisor and used by processes outside the run, per
-    half; the processes that used the most; other optlab runs on this host meanwhile."""
+    half; the processes that used the most, and those whose use changed the most between the
+    halves; other optlab runs on this host meanwhile."""
 
     optlab_cpu_pct: float | None = None
     service_cpu_pct: float | None = None
@@ -54,6 +55,8 @@ class LoadFacts:
     steal_pct: tuple[float | None, float | None] = (None, None)
     other_cpu_pct: tuple[float | None, float | None] = (None, None)
     neighbours: tuple[dict[str, Any], ...] = ()
+    # name, pid, first_pct, second_pct (ResourceSampler.neighbour_halves); () when unknown.
+    neighbour_halves: tuple[dict[str, Any], ...] = ()
     concurrent_runs: tuple[str, ...] = ()
 
 

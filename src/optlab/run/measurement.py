@@ -251,6 +251,7 @@ class _Run:
                 [r for r in loop.readings if r.phase == "measure"],
                 loop.sampler.neighbours(),
                 self.recorder.concurrent_runs(),
+                loop.sampler.neighbour_halves(),
             ),
             in_flight=self._in_flight(),
             in_process=kind_of(self.config.target).in_process,

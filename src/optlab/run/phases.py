@@ -297,10 +297,14 @@ class PhaseLoop:
             started = time.monotonic()
             self.set_phase("measure")
             self.sampler.set_phase("measure")
+            middle: float | None = self.protocol.duration_s / 2  # who came or went halfway
             try:
                 while self.measured_s < self.protocol.duration_s or self._short_of_queries():
                     planned = self._planned_s()
                     self.measured_s = self._tick("measure", started, planned)
+                    if middle is not None and self.measured_s >= middle:
+                        self.sampler.mark_middle()
+                        middle = None
                     if self.early_stop is not None and self.measured_s < planned:
                         self.stopped_early = self.early_stop()
                         if self.stopped_early is not None:

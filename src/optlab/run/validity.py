@@ -164,8 +164,16 @@ def _stability(facts: RunFacts, reasons: list[Reason], notes: list[str]) -> None
         )
         return
     elif not test.significant:
+        # Not beyond the noise is not "steady": on a short run the test misses most drifts.
+        short = 2 * test.batches * test.batch_s < POWERED_S
         notes.append(
-            f"{apart}, {test.describe()}): within the noise, not a drift" + _taken_away(facts.load)
+            f"{apart}, {test.describe()}): within the noise, not called a drift"
+            + (
+                f" (a run under {POWERED_S:g} s can miss one: measure longer to tell)"
+                if short
+                else ""
+            )
+            + _taken_away(facts.load)
         )
         return
     else:
@@ -230,6 +238,9 @@ def _integrity(facts: RunFacts, reasons: list[Reason]) -> None:
 
 
 ARRIVAL_NOISE_SIGMAS = 3.0
+# From this many measured seconds the halves test catches a 30% step in >= 95% of runs; at
+# 20-30 s, in about a third (benchmarks/stability_false_alarms.py).
+POWERED_S = 40.0
 NEIGHBOUR_NOTE_PCT = 25.0  # another process this busy (% of one core) is worth a note
 STEAL_NOTE_PCT = 5.0
 
@@ -247,12 +258,27 @@ def _taken_away(load: LoadFacts) -> str:
     first, second = load.other_cpu_pct
     if first is not None and second is not None and abs(second - first) >= NEIGHBOUR_NOTE_PCT:
         worse = "second" if second >= first else "first"
-        names = ", ".join(_neighbour(n) for n in load.neighbours)
+        names = _newcomers(load, worse) or ", ".join(_neighbour(n) for n in load.neighbours)
         parts.append(
             f"other processes used {max(first, second):.0f}% of a core in the {worse} half "
             f"({min(first, second):.0f}% in the other)" + (f": {names}" if names else "")
         )
     return "; " + "; ".join(parts) if parts else ""
+
+
+def _newcomers(load: LoadFacts, worse: str) -> str:
+    """The processes whose CPU rose in the `worse` half, most first: the neighbour that came
+    (or left) halfway, rather than one that was as busy all along; "" when unknown."""
+    rose = [
+        n
+        for n in load.neighbour_halves
+        if (n["second_pct"] - n["first_pct"]) * (1 if worse == "second" else -1) > 0
+    ]
+    return ", ".join(
+        f"{n.get('name')} (pid {n.get('pid')}, {n[f'{worse}_pct']}% of a core in the {worse} "
+        f"half, {n['first_pct' if worse == 'second' else 'second_pct']}% in the other)"
+        for n in rose
+    )
 
 
 def _neighbour(entry: dict[str, Any]) -> str:
@@ -311,6 +337,7 @@ def machine_facts(
     measured: Sequence[Any],
     neighbours: Sequence[dict[str, Any]] = (),
     concurrent_runs: Sequence[str] = (),
+    neighbour_halves: Sequence[dict[str, Any]] = (),
 ) -> LoadFacts:
     """LoadFacts from the measured phase's resource readings (oldest first)."""
 
@@ -329,6 +356,7 @@ def machine_facts(
             (mean(first, "other_cpu_pct"), mean(second, "other_cpu_pct")) if half else (None, None)
         ),
         neighbours=tuple(neighbours),
+        neighbour_halves=tuple(neighbour_halves),
         concurrent_runs=tuple(concurrent_runs),
     )
 
