@@ -168,8 +168,9 @@ def _exit_if_unjudged(
     ]
     if not lines:
         return
-    for line in [] if said else lines:
-        progress.note(line)
+    if not said:
+        for line in lines:
+            progress.note(line)
     progress.note(
         "hint: each reason says what to change (a run too short for its P99: a longer "
         "--duration; a FAILED one: its target), then ask again; every run stays stored "
