@@ -57,9 +57,11 @@ def test_demo_measures_the_cpu_chain_short_and_prints_its_table(
     table = stacked_table(store, "cpu-int8").to_frame().set_index("experiment")
     assert list(table.index) == STEPS
     assert table["provisional"].all()
-    # Each step's gain shows in the stage it changed (gaps of 3x to 10x here: not noise).
+    # Each step's gain shows in the stage it changed. The preprocess stage's P50 is wall time:
+    # 12.0 ms against 0.77 ms on a quiet machine, but 5.8 against 3.7 ms in CI beside two lanes
+    # that took the cores from numpy's pool: the direction with a margin, not the quiet gap.
     assert table.loc["cpu-preprocess", "preprocess_p50_ms"] < (
-        table.loc["cpu-baseline", "preprocess_p50_ms"] / 2
+        0.8 * table.loc["cpu-baseline", "preprocess_p50_ms"]
     )
     assert (
         table.loc["cpu-onnxruntime", "infer_ms_per_request"]

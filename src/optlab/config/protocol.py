@@ -75,10 +75,12 @@ def effective_protocol(
     duration_s: float | None = None,
     warmup_s: float | None = None,
     until_queries: bool = False,
+    max_duration_s: float | None = None,
 ) -> EffectiveProtocol:
     """Config protocol + command-line overrides. Overrides win; quick wins over full.
     `until_queries`: a quick run without a duration measures until a P99 is supported
-    (QUICK_MIN_QUERIES, within QUICK_MAX_DURATION_S); a sweep sizes its levels itself."""
+    (QUICK_MIN_QUERIES, within `max_duration_s`, by default QUICK_MAX_DURATION_S); a sweep
+    sizes its levels itself."""
     name: Literal["full", "quick"] = "quick" if quick else protocol.name
     duration = duration_s if duration_s is not None else protocol.duration_s
     warmup = warmup_s if warmup_s is not None else protocol.warmup_s
@@ -106,7 +108,7 @@ def effective_protocol(
             stability_tolerance=tolerance,
             stability_fixed=pct is not None,
             min_queries=QUICK_MIN_QUERIES if extend else 0,
-            max_duration_s=QUICK_MAX_DURATION_S if extend else None,
+            max_duration_s=(max_duration_s or QUICK_MAX_DURATION_S) if extend else None,
         )
     return EffectiveProtocol(
         name="full",

@@ -73,6 +73,8 @@ class RunOptions:
     # The latency bound the load generator's send lag is weighed against (a sweep's SLO);
     # unset, the config's slo (p99_ms, else the tightest other percentile's bound).
     slo_ms: float | None = None
+    # A quick run's cap while it measures until its P99's queries (unset: the protocol's).
+    max_duration_s: float | None = None
 
 
 @dataclass(frozen=True)

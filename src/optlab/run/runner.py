@@ -79,6 +79,7 @@ def _config_and_protocol(
         duration_s=options.duration_s,
         warmup_s=options.warmup_s,
         until_queries=True,
+        max_duration_s=options.max_duration_s,
     )
     return config, protocol
 
