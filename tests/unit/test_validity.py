@@ -592,3 +592,15 @@ def test_stability_fixed_only_when_stability_pct_is_given() -> None:
     # stored before it still compare (the stored config keeps stability_pct).
     assert "stability_fixed" not in default.as_dict() and "stability_fixed" not in fixed.as_dict()
     assert effective_protocol(Protocol(stability_pct=25)).as_dict() != default.as_dict()
+
+
+def test_a_quick_run_that_measures_until_its_queries_stops_at_the_cap_asked_for() -> None:
+    # The quick protocol's cap, unless a caller (the demo) asks for a longer one; an explicit
+    # duration is measured as given, cap or not.
+    assert effective_protocol(Protocol(), quick=True, until_queries=True).max_duration_s == 60.0
+    longer = effective_protocol(Protocol(), quick=True, until_queries=True, max_duration_s=180.0)
+    assert (longer.max_duration_s, longer.min_queries) == (180.0, 662)
+    given = effective_protocol(
+        Protocol(), quick=True, until_queries=True, duration_s=8.0, max_duration_s=180.0
+    )
+    assert (given.max_duration_s, given.min_queries) == (None, 0)
