@@ -3,9 +3,9 @@
 CPU figures come from `optlab.metrics.cpu` (our own deltas of psutil's CPU times), GPU figures
 from NVML through `optlab.metrics.gpu`; a reading the host cannot give is None. At the start of
 the measured phase, at its middle and at the drain's, the sampler also notes every other
-process's CPU time, so that a run can name the neighbours that competed with it (and those that
-came or went halfway, when its halves disagree), and the counters of optlab's own
-process tree and of the target's service (`optlab.metrics.usage`): how each used the CPU over
+process's CPU time, so that a run can name the neighbours that competed with it, and those that
+came or went halfway when its halves disagree (`optlab.metrics.neighbours`), and the counters
+of optlab's own process tree and of the target's service (`optlab.metrics.usage`): how each used the CPU over
 the measured phase. Those snapshots are taken by the sampler's thread, woken for them at once;
 the trees' at the drain on the caller's thread (the load's threads end a moment later). In
 between, a child process (`optlab.metrics.procwatch`) notes every process's CPU twice a second,
@@ -28,6 +28,7 @@ import psutil
 
 from optlab.metrics.cpu import HostCpu, TreeCpu
 from optlab.metrics.gpu import THERMAL_REASONS, GpuReading, NvmlDevices
+from optlab.metrics.neighbours import Other, Scan, busiest, changed_halves
 from optlab.metrics.procwatch import ProcessWatch, Seen
 from optlab.metrics.usage import ProcessUsage, TreeSnapshot, snapshot_tree, usage_between
 
@@ -65,11 +66,6 @@ MIDDLE = "middle"  # the snapshot halfway through the measured phase (no phase o
 # once: the load has stopped being measured, and a moment later its threads are gone, their
 # counters with them.
 AT_ONCE = "drain"
-# How far up a process's parents are followed to tell whether optlab or the service started it.
-ANCESTRY_DEPTH = 64
-
-# Another process as a snapshot notes it: (name, CPU seconds, create time, parent pid).
-_Other = tuple[str, float, float, int | None]
 
 
 class ResourceSampler:
@@ -108,7 +104,7 @@ class ResourceSampler:
         # when it ended: who else used the machine (see `neighbours`); and the counters of
         # optlab's tree and the service's at the same moments (see `usage`).
         self._snapshots_due: list[str] = []
-        self._snapshots: dict[str, tuple[float, float, dict[int, _Other]]] = {}
+        self._snapshots: dict[str, Scan] = {}
         self._trees: dict[str, tuple[TreeSnapshot | None, TreeSnapshot | None]] = {}
         # Every process seen in between (the watcher's last reading of each), and every pid
         # that was ever part of optlab's tree or the service's: never a neighbour.
@@ -242,16 +238,9 @@ class ResourceSampler:
             start = self._snapshots.get("measure")
             end = self._snapshots.get("drain")
             watched = list(self._watched)
-        if start is None or end is None or end[0] <= start[0]:
+        if start is None or end is None:
             return []
-        wall = end[0] - start[0]
-        used: list[dict[str, Any]] = [
-            {"name": name, "pid": pid, "cpu_pct": round(100.0 * spent / wall, 1)}
-            for pid, (name, spent) in self._spent_between(start, end, watched).items()
-            if 100.0 * spent / wall >= least_pct
-        ]
-        used.sort(key=lambda entry: -float(entry["cpu_pct"]))
-        return used[:most]
+        return busiest(start, end, watched, self._own(), least_pct, most)
 
     def neighbour_halves(self, least_pct: float = 5.0, most: int = 3) -> list[dict[str, Any]]:
         """The processes outside the run whose CPU changed the most between the first and
@@ -266,61 +255,14 @@ class ResourceSampler:
             watched = list(self._watched)
         if start is None or middle is None or end is None:
             return []
-        if not start[0] < middle[0] < end[0]:
-            return []
-        first_s, second_s = middle[0] - start[0], end[0] - middle[0]
-        # A process that exited in the first half is not in the middle's scan: its CPU there
-        # is not known, and it is left out (the whole phase's figures still count it).
-        first = self._spent_between(start, middle, [])
-        second = self._spent_between(middle, end, watched)
-        changed: list[dict[str, Any]] = []
-        for pid in first.keys() | second.keys():
-            name = (first.get(pid) or second[pid])[0]
-            a = 100.0 * first.get(pid, (name, 0.0))[1] / first_s
-            b = 100.0 * second.get(pid, (name, 0.0))[1] / second_s
-            if abs(b - a) >= least_pct:
-                changed.append(
-                    {"name": name, "pid": pid, "first_pct": round(a, 1), "second_pct": round(b, 1)}
-                )
-        changed.sort(key=lambda e: -abs(float(e["second_pct"]) - float(e["first_pct"])))
-        return changed[:most]
+        return changed_halves(start, middle, end, watched, self._own(), least_pct, most)
 
-    def _spent_between(
-        self,
-        start: tuple[float, float, dict[int, _Other]],
-        end: tuple[float, float, dict[int, _Other]],
-        watched: list[Seen],
-    ) -> dict[int, tuple[str, float]]:
-        """CPU seconds each process outside the run used between two scans (a process seen
-        by the watcher only, having exited, with its last reading), by pid."""
+    def _own(self) -> tuple[set[int], set[int]]:
+        """(inside, owners) for `optlab.metrics.neighbours`: the pids that are the run's, and
+        those whose descendants are too (optlab's own only when its children are sampled)."""
         with self._lock:
             inside = {self.pid, *self._inside_ever}
-        # The last reading of each process (a pid and its start time): the end snapshot's for
-        # those alive then, else the watcher's.
-        last: dict[tuple[int, float], _Other] = {}
-        for pid, ppid, name, cpu, created in watched:
-            last[(pid, round(created, 2))] = (name, cpu, created, ppid)
-        for pid, other in end[2].items():
-            last[(pid, round(other[2], 2))] = other
-        parents = {pid: other[3] for (pid, _), other in last.items()}
-        parents.update({pid: other[3] for pid, other in start[2].items()})
-        owners = inside if self.children else inside - {self.pid}
-        used: dict[int, tuple[str, float]] = {}
-        for (pid, _), (name, cpu, created, _ppid) in last.items():
-            if pid in inside or _descends(pid, parents, owners):
-                continue
-            before = start[2].get(pid)
-            if before is not None and before[0] == name and abs(before[2] - created) < 0.01:
-                spent = cpu - before[1]
-            elif before is None or created > before[2]:
-                # Started during the span (or a pid reused by a newer process): all its CPU
-                # is the span's. Judged against the first scan, not the wall clock: psutil's
-                # start times can be a second off it (boot time in whole seconds).
-                spent = cpu
-            else:
-                continue
-            used[pid] = (name, spent)
-        return used
+        return inside, inside if self.children else inside - {self.pid}
 
     def usage(self, tree: Literal["process", "service"] = "process") -> ProcessUsage | None:
         """How optlab's process tree ("process") or the started service's ("service") used
@@ -492,7 +434,7 @@ class ResourceSampler:
         if not taken:
             self._snapshot_trees(phase)
         inside = {self.pid, *self._procs, *self._service_procs}
-        seen: dict[int, _Other] = {}
+        seen: dict[int, Other] = {}
         for proc in psutil.process_iter(["ppid", "name", "cpu_times", "create_time"]):
             info = proc.info
             times, created = info.get("cpu_times"), info.get("create_time")
@@ -524,15 +466,3 @@ class ResourceSampler:
                 continue
             total = rss if total is None else total + rss
         return total
-
-
-def _descends(pid: int, parents: dict[int, int | None], owners: set[int]) -> bool:
-    """Whether one of `pid`'s ancestors (as far as the readings know them) is an owner."""
-    at: int | None = pid
-    for _ in range(ANCESTRY_DEPTH):
-        at = parents.get(at) if at is not None else None
-        if at is None or at <= 1:
-            return False
-        if at in owners:
-            return True
-    return False

@@ -269,14 +269,11 @@ def _taken_away(load: LoadFacts) -> str:
 def _newcomers(load: LoadFacts, worse: str) -> str:
     """The processes whose CPU rose in the `worse` half, most first: the neighbour that came
     (or left) halfway, rather than one that was as busy all along; "" when unknown."""
-    rose = [
-        n
-        for n in load.neighbour_halves
-        if (n["second_pct"] - n["first_pct"]) * (1 if worse == "second" else -1) > 0
-    ]
+    other = "first" if worse == "second" else "second"
+    rose = [n for n in load.neighbour_halves if n[f"{worse}_pct"] > n[f"{other}_pct"]]
     return ", ".join(
         f"{n.get('name')} (pid {n.get('pid')}, {n[f'{worse}_pct']}% of a core in the {worse} "
-        f"half, {n['first_pct' if worse == 'second' else 'second_pct']}% in the other)"
+        f"half, {n[f'{other}_pct']}% in the other)"
         for n in rose
     )
 
