@@ -5,11 +5,11 @@ from NVML through `optlab.metrics.gpu`; a reading the host cannot give is None. 
 the measured phase, at its middle and at the drain's, the sampler also notes every other
 process's CPU time, so that a run can name the neighbours that competed with it, and those that
 came or went halfway when its halves disagree (`optlab.metrics.neighbours`), and the counters
-of optlab's own process tree and of the target's service (`optlab.metrics.usage`): how each used the CPU over
-the measured phase. Those snapshots are taken by the sampler's thread, woken for them at once;
-the trees' at the drain on the caller's thread (the load's threads end a moment later). In
-between, a child process (`optlab.metrics.procwatch`) notes every process's CPU twice a second,
-so that a neighbour that exited before the phase's end is named too.
+of optlab's own process tree and of the target's service (`optlab.metrics.usage`): how each
+used the CPU over the measured phase. Those snapshots are taken by the sampler's thread, woken
+for them at once; the trees' at the drain on the caller's thread (the load's threads end a
+moment later). In between, a child process (`optlab.metrics.procwatch`) notes every process's
+CPU twice a second, so that a neighbour that exited before the phase's end is named too.
 
 A service is a process tree apart from optlab's, the target's own: a command target's process,
 or the process listening on an http target's port on this host. It is never a neighbour, and
