@@ -15,7 +15,9 @@ from optlab.config.models import ClosedLoad, ReplayLoad
 from optlab.config.modes.open import constant_offsets, poisson_offsets
 from optlab.config.modes.replay import read_trace, replay_offsets
 from optlab.errors import ConfigError
+from optlab.load.aio import AsyncLoadGenerator
 from optlab.load.generator import ThreadLoadGenerator
+from optlab.metrics.log import Collector
 
 
 def test_constant_offsets_are_exactly_spaced() -> None:
@@ -128,3 +130,37 @@ def test_replay_refuses_ids_that_are_not_integers(tmp_path: Path) -> None:
 def test_the_generator_refuses_no_requests() -> None:
     with pytest.raises(ConfigError, match="no requests"):
         ThreadLoadGenerator(print, [], ClosedLoad(mode="closed", concurrency=1), timeout_s=1.0)
+
+
+def _async_generator() -> AsyncLoadGenerator:
+    async def client(index: int) -> None:  # never called: the generator is never started
+        raise AssertionError(index)
+
+    return AsyncLoadGenerator(
+        client,  # type: ignore[arg-type]
+        4,
+        ClosedLoad(mode="closed", concurrency=1),
+        classify=lambda exc: ("error", repr(exc)),
+        timeout_s=1.0,
+    )
+
+
+@pytest.mark.parametrize("kind", ["threads", "event loop"])
+def test_a_generator_stopped_before_it_started_reports_nothing_sent(kind: str) -> None:
+    # A Ctrl-C after the run built its generator and before it started it: the run's cleanup
+    # stops the generator, and that stop must report an empty load, not raise over the
+    # interrupt (a tune stopped there exited 1 with "stop() before start()", not 130).
+    generator: ThreadLoadGenerator | AsyncLoadGenerator
+    if kind == "threads":
+        generator = ThreadLoadGenerator(
+            print, [1], ClosedLoad(mode="closed", concurrency=2), timeout_s=1.0
+        )
+    else:
+        generator = _async_generator()
+    report = generator.stop(drain_timeout_s=0.1)
+    assert (report.issued, report.completed, report.abandoned) == (0, 0, 0)
+    assert report.failure is None and not report.fell_behind
+    assert generator.stop() is report
+    # Stopped, it stays stopped: a late start() would send load nobody measures.
+    with pytest.raises(RuntimeError, match="before its stop"):
+        generator.start(Collector())

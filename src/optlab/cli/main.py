@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -16,6 +16,27 @@ from optlab.errors import OptlabError
 
 EXIT_UNEXPECTED = 1
 EXIT_INTERRUPTED = 130
+
+
+def interrupted(exc: BaseException) -> bool:
+    """A Ctrl-C that a library turned into its own error: a KeyboardInterrupt in the chain,
+    or pydantic's SchemaError, which keeps only the interrupt's name in its message (a Ctrl-C
+    while a model's validator is built at import). Exit 130 for those, not "report it"."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        if type(current).__name__ == "SchemaError" and "KeyboardInterrupt" in str(current):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _exit_interrupted(ctx: click.Context) -> NoReturn:
+    click.echo("optlab: interrupted; nothing further was written", err=True)
+    ctx.exit(EXIT_INTERRUPTED)
 
 
 class OptlabGroup(click.Group):
@@ -30,8 +51,7 @@ class OptlabGroup(click.Group):
                 click.echo(f"hint: {exc.hint}", err=True)
             ctx.exit(exc.exit_code)
         except KeyboardInterrupt:
-            click.echo("optlab: interrupted; nothing further was written", err=True)
-            ctx.exit(EXIT_INTERRUPTED)
+            _exit_interrupted(ctx)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except BrokenPipeError:
@@ -41,6 +61,8 @@ class OptlabGroup(click.Group):
             silence_stdout()
             ctx.exit(0)
         except Exception as exc:
+            if interrupted(exc):
+                _exit_interrupted(ctx)
             click.secho(
                 f"optlab: unexpected error: {type(exc).__name__}: {exc}", err=True, fg="red"
             )

@@ -136,8 +136,8 @@ class AsyncLoadGenerator:
         processes sharing one schedule; by default it is a moment after the client is open.
         Raises what opening the client raised.
         """
-        if self._started:
-            raise RuntimeError("an AsyncLoadGenerator can be started once")
+        if self._started or self._report is not None:
+            raise RuntimeError("an AsyncLoadGenerator can be started once, before its stop()")
         self._started = True
         log = logs.new_log()
         self._thread = threading.Thread(
@@ -155,8 +155,9 @@ class AsyncLoadGenerator:
         """Stop issuing, wait up to `drain_timeout_s` for requests in flight, close the client."""
         if self._report is not None:
             return self._report
-        if not self._started:
-            raise RuntimeError("stop() before start()")
+        if not self._started:  # a Ctrl-C between building and starting: nothing was sent
+            self._report = StopReport.of(0, 0, 0, open_loop=self.open_loop, failure=None)
+            return self._report
         self._drain_s = max(0.0, drain_timeout_s)
         loop, thread = self._loop, self._thread
         if loop is not None and thread is not None and thread.is_alive():

@@ -109,5 +109,7 @@ class LoadGenerator(Protocol):
 
     def stop(self, drain_timeout_s: float = 5.0) -> StopReport:
         """Stop issuing, wait up to ``drain_timeout_s`` for requests in flight; never raises
-        for what happened inside a worker (it is in the report)."""
+        for what happened inside a worker (it is in the report). Called again, the same
+        report; called before start() (a Ctrl-C while the run was setting up), a report of
+        nothing sent."""
         ...

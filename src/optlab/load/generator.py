@@ -155,8 +155,11 @@ class ThreadLoadGenerator:
     def start(self, collector: Collector) -> None:
         """Start the worker threads and return. Time zero of the schedule is taken once every
         thread exists, so thread creation does not make the first requests late."""
-        if self._started:
-            raise RuntimeError("a ThreadLoadGenerator can be started once")
+        if self._started or self._report is not None:
+            raise RuntimeError("a ThreadLoadGenerator can be started once, before its stop()")
+        # Held from here until the stop: a Ctrl-C before `_started` is set leaves nothing to
+        # stop, one after it finds the lock held for `_signal_stop` to release.
+        self._stop_lock.acquire()
         self._started = True
         load, mode = self._load, self._mode
         # One thread per request in flight: each closed-loop client, or the open loop's pool.
@@ -167,7 +170,6 @@ class ThreadLoadGenerator:
         else:
             body = self._open_worker
             self._alarm = Alarm.open()
-        self._stop_lock.acquire()
         self._gate.acquire()
         self._running = True
         # Workers share a few logs (WorkerLog.record takes the log's lock, so sharing is
@@ -193,14 +195,19 @@ class ThreadLoadGenerator:
             if self._alarm is not None:
                 self._alarm.close()  # no thread waits on it: none got past the stop
             raise
-        self._t0 = time.perf_counter_ns() + START_LEAD_NS
-        if self._schedule is not None:
-            offset, index = next(self._schedule)
-            lead = self._lead_state = Leadership(self._t0 + offset, index)
-            if self._alarm is not None:
-                lead.alarm_at = lead.take_at() + ALARM_SLACK_NS
-                self._alarm.arm(lead.alarm_at)
-        self._gate.release()
+        try:
+            self._t0 = time.perf_counter_ns() + START_LEAD_NS
+            if self._schedule is not None:
+                offset, index = next(self._schedule)
+                lead = self._lead_state = Leadership(self._t0 + offset, index)
+                if self._alarm is not None:
+                    lead.alarm_at = lead.take_at() + ALARM_SLACK_NS
+                    self._alarm.arm(lead.alarm_at)
+        except BaseException:  # a Ctrl-C here: the threads, let through, see the stop
+            self._signal_stop()
+            raise
+        finally:
+            self._gate.release()
         self._watchdog = threading.Thread(
             target=self._watch, name="optlab-load-watchdog", daemon=True
         )
@@ -214,8 +221,9 @@ class ThreadLoadGenerator:
         """
         if self._report is not None:
             return self._report
-        if not self._started:
-            raise RuntimeError("stop() before start()")
+        if not self._started:  # a Ctrl-C between building and starting: nothing was sent
+            self._report = StopReport.of(0, 0, 0, open_loop=self.open_loop, failure=None)
+            return self._report
         self._signal_stop()
         deadline = time.monotonic() + max(0.0, drain_timeout_s)
         for thread in self._threads:
