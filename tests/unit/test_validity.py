@@ -604,3 +604,32 @@ def test_a_quick_run_that_measures_until_its_queries_stops_at_the_cap_asked_for(
         Protocol(), quick=True, until_queries=True, duration_s=8.0, max_duration_s=180.0
     )
     assert (given.max_duration_s, given.min_queries) == (None, 0)
+
+
+def test_a_collapse_on_a_short_run_is_unstable_whatever_its_few_batches_say() -> None:
+    # As the timing lane measured once (436.6 QPS in the first half, 3.4 in the second, 2 + 2
+    # batches of 2 s, p = 0.063): a neighbour that came as the second half began, its first
+    # second still fast. Two batches a half, one of them half fast: the t-test calls it noise.
+    seconds = (430.0, 440.0, 435.0, 441.0, 300.0, 5.0, 3.0, 2.0)
+    first, second = halves(seconds)
+    assert first is not None and second is not None
+    test = halves_test(seconds)
+    assert test is not None and test.batches == 2 and not test.significant
+    run = replace(
+        CLOSED,
+        requested_s=8.0,
+        measured_s=8.0,
+        completed=2_056,
+        errors=0,
+        first_half_qps=first,
+        second_half_qps=second,
+        window_qps=seconds,
+    )
+    (reason,) = verdict(run).reasons
+    assert reason.startswith("unstable: QPS") and "under 50% of the faster: a collapse" in reason
+    # Where the fall stops short of half, the few batches decide, as before: a note.
+    milder = seconds[:4] + (400.0, 150.0, 250.0, 260.0)
+    first, second = halves(milder)
+    assert first is not None and second is not None and 0.5 < second / first < 0.9
+    judged = verdict(replace(run, window_qps=milder, first_half_qps=first, second_half_qps=second))
+    assert judged.valid and any("within the noise, not called a drift" in n for n in judged.notes)

@@ -17,12 +17,22 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["STABILITY_ALPHA", "HalvesTest", "halves_test"]
+__all__ = ["COLLAPSE", "STABILITY_ALPHA", "HalvesTest", "collapsed", "halves_test"]
 
 # Two-sided: a stationary series is called unstable this often at most when its batches are
 # independent; simulated iid and AR(0.5) series with ±25% swings stay at or under 1%.
 STABILITY_ALPHA = 0.005
 MIN_BATCHES = 2  # per half: one batch has no spread to judge by
+# A half this far below the other is a drift whatever the test says: with two batches a half
+# (runs of 4-15 s) the t-test has one to two degrees of freedom and let a 99% fall in QPS
+# pass as noise. A server swinging ±25% a second never has halves this far apart (at most
+# 1.25 / 0.75, 40%), nor do the stationary series of benchmarks/stability_false_alarms.py.
+COLLAPSE = 0.5
+
+
+def collapsed(first: float, second: float) -> bool:
+    """The slower half ran at under (1 - COLLAPSE) of the faster half's QPS."""
+    return min(first, second) < (1 - COLLAPSE) * max(first, second)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from optlab.run.pace import (
     send_lag_judged,
     starved,
 )
-from optlab.run.stability import halves_test
+from optlab.run.stability import COLLAPSE, collapsed, halves_test
 from optlab.store.reasons import Reason
 
 __all__ = [
@@ -163,6 +163,12 @@ def _stability(facts: RunFacts, reasons: list[Reason], notes: list[str]) -> None
             "stability not judged" + _taken_away(facts.load)
         )
         return
+    elif not test.significant and collapsed(first, second):
+        # Two batches a half cannot reject even a 99% fall; a fall past COLLAPSE is one.
+        why = (
+            f", the slower half under {1 - COLLAPSE:.0%} of the faster: a collapse, not noise,"
+            f" though {test.describe()}"
+        )
     elif not test.significant:
         # Not beyond the noise is not "steady": on a short run the test misses most drifts.
         short = 2 * test.batches * test.batch_s < POWERED_S
