@@ -491,20 +491,28 @@ SWINGING = (
 )  # fmt: skip
 
 
-def test_halves_apart_within_their_seconds_noise_are_not_unstable() -> None:
-    first, second = halves(SWINGING)
+def _measured(seconds: tuple[float, ...]) -> RunFacts:
+    """A closed-loop run of these per-second QPS, its halves taken as the runner takes them."""
+    first, second = halves(seconds)
     assert first is not None and second is not None
-    assert abs(second - first) / first > 0.10
-    swinging = replace(
+    return replace(
         CLOSED,
-        requested_s=20.0,
-        measured_s=20.0,
-        completed=5_657,
+        requested_s=float(len(seconds)),
+        measured_s=float(len(seconds)),
+        completed=round(sum(seconds)),
         errors=0,
         first_half_qps=first,
         second_half_qps=second,
+        window_qps=seconds,
     )
-    judged = verdict(replace(swinging, window_qps=SWINGING))
+
+
+def test_halves_apart_within_their_seconds_noise_are_not_unstable() -> None:
+    swinging = _measured(SWINGING)
+    first, second = swinging.first_half_qps, swinging.second_half_qps
+    assert first is not None and second is not None
+    assert abs(second - first) / first > 0.10
+    judged = verdict(swinging)
     assert judged.valid, judged.reasons
     (note,) = [n for n in judged.notes if "within the noise, not called a drift" in n]
     # 20 s cannot tell a drift reliably: the note says so rather than calling the run steady.
@@ -611,25 +619,13 @@ def test_a_collapse_on_a_short_run_is_unstable_whatever_its_few_batches_say() ->
     # batches of 2 s, p = 0.063): a neighbour that came as the second half began, its first
     # second still fast. Two batches a half, one of them half fast: the t-test calls it noise.
     seconds = (430.0, 440.0, 435.0, 441.0, 300.0, 5.0, 3.0, 2.0)
-    first, second = halves(seconds)
-    assert first is not None and second is not None
     test = halves_test(seconds)
     assert test is not None and test.batches == 2 and not test.significant
-    run = replace(
-        CLOSED,
-        requested_s=8.0,
-        measured_s=8.0,
-        completed=2_056,
-        errors=0,
-        first_half_qps=first,
-        second_half_qps=second,
-        window_qps=seconds,
-    )
-    (reason,) = verdict(run).reasons
+    (reason,) = verdict(_measured(seconds)).reasons
     assert reason.startswith("unstable: QPS") and "under 50% of the faster: a collapse" in reason
     # Where the fall stops short of half, the few batches decide, as before: a note.
-    milder = seconds[:4] + (400.0, 150.0, 250.0, 260.0)
-    first, second = halves(milder)
-    assert first is not None and second is not None and 0.5 < second / first < 0.9
-    judged = verdict(replace(run, window_qps=milder, first_half_qps=first, second_half_qps=second))
+    milder = _measured(seconds[:4] + (400.0, 150.0, 250.0, 260.0))
+    assert milder.first_half_qps and milder.second_half_qps
+    assert 0.5 < milder.second_half_qps / milder.first_half_qps < 0.9
+    judged = verdict(milder)
     assert judged.valid and any("within the noise, not called a drift" in n for n in judged.notes)
