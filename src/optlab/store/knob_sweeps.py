@@ -29,7 +29,7 @@ from optlab.store.models import (
 )
 from optlab.store.records import KnobCellRecord, KnobSweepRecord, RunStatus
 from optlab.store.runs import experiment_row
-from optlab.store.sweeps import crash_orphans
+from optlab.store.sweeps import crash_orphans, finish_owned
 
 __all__ = ["KnobSweepsMixin"]
 
@@ -154,14 +154,15 @@ class KnobSweepsMixin:
         error: str | None = None,
     ) -> None:
         with self.session_scope() as session:
-            sweep = session.get(SqlKnobSweep, knob_sweep_id)
-            if sweep is None:
-                raise NotFoundError(f"knob sweep {knob_sweep_id} does not exist")
-            sweep.status = status
-            sweep.result_json = result
-            sweep.measured_s = measured_s
-            sweep.error_message = error
-            sweep.finished_at = utcnow()
+            finish_owned(
+                session,
+                SqlKnobSweep,
+                knob_sweep_id,
+                status=status,
+                result=result,
+                measured_s=measured_s,
+                error=error,
+            )
 
     def get_knob_sweep(self, knob_sweep_id: int) -> KnobSweepRecord:
         with self.session_scope() as session:

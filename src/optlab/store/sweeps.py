@@ -30,7 +30,7 @@ from optlab.store.records import RunStatus, SweepLevelRecord, SweepRecord
 from optlab.store.runs import experiment_row
 from optlab.store.sweep_result import SweepResult
 
-__all__ = ["SweepsMixin", "crash_orphans"]
+__all__ = ["SweepsMixin", "crash_orphans", "finish_owned"]
 
 
 _Owned = TypeVar("_Owned", SqlSweep, SqlKnobSweep)
@@ -53,6 +53,28 @@ def crash_orphans(
         row.error_message = f"pid {row.pid} on {host} is gone"
         crashed.append(row.id)
     return crashed
+
+
+def finish_owned(
+    session: Session,
+    table: type[_Owned],
+    row_id: int,
+    *,
+    status: str,
+    result: dict[str, Any] | None,
+    measured_s: float,
+    error: str | None,
+) -> None:
+    """A record of `table` (a sweep, a knob sweep) ended: its status, result and seconds."""
+    row = session.get(table, row_id)
+    if row is None:
+        noun = "sweep" if table is SqlSweep else "knob sweep"
+        raise NotFoundError(f"{noun} {row_id} does not exist")
+    row.status = status
+    row.result_json = result
+    row.measured_s = measured_s
+    row.error_message = error
+    row.finished_at = utcnow()
 
 
 def _record(session: Session, row: SqlSweep, experiment: str, config_hash: str) -> SweepRecord:
@@ -182,15 +204,17 @@ class SweepsMixin:
         measured_s: float,
         error: str | None = None,
     ) -> None:
+        stored = None if result is None else result.stored_form()
         with self.session_scope() as session:
-            sweep = session.get(SqlSweep, sweep_id)
-            if sweep is None:
-                raise NotFoundError(f"sweep {sweep_id} does not exist")
-            sweep.status = status
-            sweep.result_json = None if result is None else result.stored_form()
-            sweep.measured_s = measured_s
-            sweep.error_message = error
-            sweep.finished_at = utcnow()
+            finish_owned(
+                session,
+                SqlSweep,
+                sweep_id,
+                status=status,
+                result=stored,
+                measured_s=measured_s,
+                error=error,
+            )
 
     def get_sweep(self, sweep_id: int) -> SweepRecord:
         with self.session_scope() as session:
