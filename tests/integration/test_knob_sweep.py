@@ -406,8 +406,10 @@ def test_tune_chains_the_winners_and_checks_the_interaction(
     assert [s["purpose"] for s in doc["steps"]] == [
         "ofat", "ofat", "interaction check", "2x2", "2x2"
     ]
-    assert [s["promoted"] for s in doc["steps"][:2]] == [1, 2]
-    assert doc["flags"] == []
+    # What each sweep found, for a failure to say why (a busy host has moved one before).
+    said = [f"{s['purpose']} {s['knob']}: {s['sentence']}" for s in doc["steps"]]
+    assert [s["promoted"] for s in doc["steps"][:2]] == [1, 2], said
+    assert doc["flags"] == [], said
     # The model multiplies the effects (contrast 0); beside a busy neighbour the client's CPU
     # at 2,000/s bends that by several % (+6.6 to +7.6% in three runs beside `stress-ng --cpu 2`),
     # reported with its interval, and never a flag: both knobs prefer the same value at both.
@@ -486,7 +488,8 @@ def test_a_tune_asked_again_goes_on_where_it_stopped(folder: Path, sqlite_url: s
         assert [s.document["knob_sweep_id"] for s in result.steps] == [r.id for r in before]
     assert any("answered before" in n for n in progress.notes)
     assert any("resuming (KILLED)" in n for n in progress.notes)
-    assert [s.promoted for s in result.steps] == [1, 2]
+    said = [f"{s.purpose} {s.knob}: {s.document.get('sentence')}" for s in result.steps]
+    assert [s.promoted for s in result.steps] == [1, 2], said
     assert result.final == (folder / "02-servers-2.yaml").resolve()
     names = [yaml.safe_load(f.read_text())["name"] for f in sorted(folder.glob("*.yaml"))]
     assert len(names) == 3 and len(set(names)) == 3, names
