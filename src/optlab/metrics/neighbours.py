@@ -56,8 +56,10 @@ def changed_halves(
     most: int,
 ) -> list[dict[str, Any]]:
     """The processes outside the run whose CPU changed the most between the halves either
-    side of `middle` (percent of one core in each, `first_pct` and `second_pct`), largest
-    change first."""
+    side of `middle` (percent of one core in each, `first_pct` and `second_pct`): up to
+    `most` that rose and up to `most` that fell, largest change first. Each way has its own
+    places: when a burner comes halfway, the processes it crowds out fall by more than it
+    rises, and one list of the largest changes held only them."""
     if not start[0] < middle[0] < end[0]:
         return []
     first_s, second_s = middle[0] - start[0], end[0] - middle[0]
@@ -75,7 +77,9 @@ def changed_halves(
                 {"name": name, "pid": pid, "first_pct": round(a, 1), "second_pct": round(b, 1)}
             )
     changed.sort(key=lambda e: -abs(float(e["second_pct"]) - float(e["first_pct"])))
-    return changed[:most]
+    rose = [e for e in changed if e["second_pct"] > e["first_pct"]][:most]
+    fell = [e for e in changed if e["second_pct"] < e["first_pct"]][:most]
+    return [e for e in changed if e in rose or e in fell]
 
 
 def spent_between(

@@ -245,9 +245,9 @@ class ResourceSampler:
     def neighbour_halves(self, least_pct: float = 5.0, most: int = 3) -> list[dict[str, Any]]:
         """The processes outside the run whose CPU changed the most between the first and
         the second half of the measured phase (percent of one core in each, `first_pct` and
-        `second_pct`), largest change first; [] when the middle was not noted (a run stopped
-        before it). The middle is the planned one (`mark_middle`): the neighbour that arrived
-        or left halfway, not the one that was busy all along."""
+        `second_pct`), up to `most` each way, largest change first; [] when the middle was not
+        noted (a run stopped before it). The middle is the planned one (`mark_middle`): the
+        neighbour that arrived or left halfway, not the one that was busy all along."""
         with self._lock:
             start = self._snapshots.get("measure")
             middle = self._snapshots.get(MIDDLE)
