@@ -76,10 +76,14 @@ def changed_halves(
             changed.append(
                 {"name": name, "pid": pid, "first_pct": round(a, 1), "second_pct": round(b, 1)}
             )
-    changed.sort(key=lambda e: -abs(float(e["second_pct"]) - float(e["first_pct"])))
-    rose = [e for e in changed if e["second_pct"] > e["first_pct"]][:most]
-    fell = [e for e in changed if e["second_pct"] < e["first_pct"]][:most]
-    return [e for e in changed if e in rose or e in fell]
+
+    def change(entry: dict[str, Any]) -> float:
+        return float(entry["second_pct"]) - float(entry["first_pct"])
+
+    changed.sort(key=lambda e: -abs(change(e)))
+    rose = [e for e in changed if change(e) > 0][:most]
+    fell = [e for e in changed if change(e) < 0][:most]
+    return sorted(rose + fell, key=lambda e: -abs(change(e)))
 
 
 def spent_between(

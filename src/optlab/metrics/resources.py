@@ -188,17 +188,18 @@ class ResourceSampler:
             self._snapshot_trees(phase, refresh=False)
         with self._lock:
             self._phase = phase
-            if phase in NEIGHBOUR_SNAPSHOTS:
-                # Taken by the sampler's thread, woken for it: a scan of every process on the
-                # caller's thread would stall the load right as the phase starts.
-                self._snapshots_due.append(phase)
-                self._wake.set()
+        if phase in NEIGHBOUR_SNAPSHOTS:
+            self._snapshot_due(phase)
 
     def mark_middle(self) -> None:
-        """Note every process's CPU now, the measured phase's middle (see `neighbour_halves`);
-        taken by the sampler's thread, like the phases' snapshots."""
+        """Note every process's CPU now, the measured phase's middle (see `neighbour_halves`)."""
+        self._snapshot_due(MIDDLE)
+
+    def _snapshot_due(self, name: str) -> None:
+        # Taken by the sampler's thread, woken for it: a scan of every process on the
+        # caller's thread would stall the load right as the phase starts.
         with self._lock:
-            self._snapshots_due.append(MIDDLE)
+            self._snapshots_due.append(name)
             self._wake.set()
 
     # -- results -------------------------------------------------------------------------------
