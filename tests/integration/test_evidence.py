@@ -4,6 +4,7 @@ classifier batching, a command target's service; and the pure parts against nump
 
 from __future__ import annotations
 
+import bisect
 import gc
 import os
 import threading
@@ -236,7 +237,8 @@ def test_usage_between_names_the_busy_thread_of_this_process() -> None:
     # between those reads, each time the reader waited for the GIL), so the two agree up to
     # the kernel's tick rounding of user and system time in each counter.
     before, after = start.processes[me.pid], end.processes[me.pid]
-    thread_s = usage.threads[0][1] / 100 * (after.threads_at_s - before.threads_at_s)
+    read_at = after.threads[thread.native_id or 0].at_s or after.threads_at_s
+    thread_s = usage.threads[0][1] / 100 * (read_at - before.threads_at_s)
     process_s = (usage.cpu_user_pct + usage.cpu_system_pct) / 100 * (end.at_s - start.at_s)
     assert thread_s >= SPIN_CPU_S - 2 * TICK_S, f"the spinner's CPU read as {thread_s:.3f} s"
     assert process_s >= thread_s - 4 * TICK_S, f"process {process_s:.3f} s, thread {thread_s:.3f} s"
@@ -244,3 +246,41 @@ def test_usage_between_names_the_busy_thread_of_this_process() -> None:
     assert usage_between(end, start) is None  # an empty span is unknown
     gone = snapshot_tree([], me.pid)
     assert usage_between(start, gone) is None  # the root process missing
+
+
+
+def test_a_threads_counter_is_clocked_when_it_is_read_not_before_the_others() -> None:
+    # Many idle threads make a snapshot's reads long while a spinner holds the GIL (each /proc
+    # read waits for it). The spinner logs its own CPU clock against perf_counter as it goes,
+    # so the CPU the snapshot read can be set against what the spinner had used at the moment
+    # the snapshot says it read it. A clock read once before all the threads was 150-230 ms
+    # early for the spinner here, which had used 46-143 ms more CPU than at that clock.
+    stop = threading.Event()
+    idle = [threading.Thread(target=stop.wait, name=f"idle-{i}") for i in range(300)]
+    log: list[tuple[float, float]] = []
+
+    def spin() -> None:
+        while not stop.is_set():
+            sum(range(200))
+            log.append((time.perf_counter(), time.thread_time()))
+
+    spinner = threading.Thread(target=spin, name="evidence-spinner")
+    for t in [*idle, spinner]:
+        t.start()
+    me = psutil.Process()
+    try:
+        time.sleep(0.5)
+        snap = snapshot_tree([me], me.pid).processes[me.pid]
+    finally:
+        stop.set()
+        for t in [*idle, spinner]:
+            t.join()
+    read = snap.threads[spinner.native_id or 0]
+    assert read.at_s is not None, "Linux's /proc gives each thread's counters a clock of their own"
+    # What the spinner had used when its counter was read: its last entry before that clock
+    # (it waits for the GIL while the reader holds it, so it used next to nothing since).
+    times = [at for at, _ in log]
+    used = log[bisect.bisect_right(times, read.at_s) - 1][1]
+    # /proc truncates user and system time to ticks, each.
+    assert used - 2 * TICK_S - 0.005 <= read.cpu_s <= used + 0.005, (read.cpu_s, used)
+    assert log[0][0] < read.at_s  # the spinner had run before it was read
