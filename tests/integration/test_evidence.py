@@ -248,7 +248,6 @@ def test_usage_between_names_the_busy_thread_of_this_process() -> None:
     assert usage_between(start, gone) is None  # the root process missing
 
 
-
 def test_a_threads_counter_is_clocked_when_it_is_read_not_before_the_others() -> None:
     # Many idle threads make a snapshot's reads long while a spinner holds the GIL (each /proc
     # read waits for it). The spinner logs its own CPU clock against perf_counter as it goes,
