@@ -22,8 +22,12 @@ Both run `optlab.knobs.search.sweep_knob` itself (a temporary folder and databas
 decision are the command's.
 
 ``--tune`` SIMULATED knob sweeps on the synthetic batching model's 3-knob surface (knob_tune.py's
-SPACE and COSTS), the truth of every config the discrete-event simulation's exact capacity
-(`optlab.reference.batching.batching_capacity`, cached in benchmarks/knob_surface.json).
+COSTS) on two grids (``--grid coarse|fine|both``): the coarse grid (SPACE: batch sizes in
+powers of two, whose optimum stands 14% above every config not tied with it) and the fine grid
+(FINE: batch sizes 1-4, 6, 8, 10, 12, 16, 24, 32, whose neighbours of the optimum stand 0.6-5%
+below it, within a measurement's drift; this VM's drift alone). The truth of every config is
+the discrete-event simulation's exact capacity (`optlab.reference.batching.batching_capacity`,
+cached in benchmarks/knob_surface.json and knob_surface_fine.json).
 The measurement routine all three searchers share: a config's capacity measured by a quick
 capacity sweep, optlab's own sweep strategy on levels simulated by that discrete-event
 simulation, on a machine whose speed drifts between measurements (DRIFT; the cells of one
@@ -44,8 +48,8 @@ batching.max_batch_size --values 1,2,4,8,16 --quick` on the reference classifier
 <= 10 minutes on 2 cores), its chart written to knob-classifier.svg.
 
 Run: ``PYTHONPATH=src python benchmarks/knob_search.py [--aa] [--power] [--tune]
-[--classifier] [--seeds 20]`` (no part named: all); ``--smoke``: one tune seed on the planted
-surface (tests/e2e/test_benchmarks_smoke.py).
+[--grid both] [--classifier] [--seeds 20]`` (no part named: all); ``--smoke``: one tune seed
+on the coarse grid's planted surface (tests/e2e/test_benchmarks_smoke.py).
 """
 
 from __future__ import annotations
@@ -173,6 +177,12 @@ def main() -> None:
     parser.add_argument(
         "--tune-blocks", type=int, default=3, help="Blocks of tune's knob sweeps (--tune)."
     )
+    parser.add_argument(
+        "--grid",
+        choices=("coarse", "fine", "both"),
+        default="both",
+        help="Which batching grid --tune searches (default both).",
+    )
     for part in ("aa", "power", "tune", "classifier"):
         parser.add_argument(f"--{part}", action="store_true")
     args = parser.parse_args()
@@ -197,7 +207,8 @@ def main() -> None:
         import knob_tune
 
         knob_tune.BLOCKS = args.tune_blocks
-        knob_tune.run_tune_benchmark(args.seeds)
+        grids = ("coarse", "fine") if args.grid == "both" else (args.grid,)
+        knob_tune.run_tune_benchmark(args.seeds, grids=grids)
     if "classifier" in parts:
         classifier()
     print(f"\ntotal {time.monotonic() - started:.0f} s")
