@@ -49,6 +49,7 @@ def experiment(
     prompts: str = "{input_tokens: 12, output_tokens: 24}",
     extra: str = "",
     timeout_ms: int = 5000,
+    duration_s: float = 2,
 ) -> Path:
     return write(
         folder,
@@ -57,7 +58,7 @@ def experiment(
         f"target: {{kind: openai, url: '{base}/v1', model: optlab-streamer, "
         f"code_version: streamer-1{extra}}}\n"
         f"workload:\n  load: {load}\n  prompts: {prompts}\n  timeout_ms: {timeout_ms}\n"
-        "protocol: {name: quick, warmup_s: 0.5, duration_s: 2}\n"
+        f"protocol: {{name: quick, warmup_s: 0.5, duration_s: {duration_s:g}}}\n"
         "slo: {ttft_ms: 1000, tpot_ms: 1000}\n",
     )
 
@@ -337,9 +338,11 @@ def test_a_tokenizer_that_cannot_load_is_refused_with_the_field_and_nothing_stor
 def test_a_prompt_that_sets_the_first_token_is_diagnosed_prefill_bound(
     tmp_path: Path, invoke: Invoke
 ) -> None:
-    # A step costs 0.2 ms per input token it admits: TTFT rises with the prompt's length.
+    # A step costs 0.5 ms per input token it admits: TTFT rises with the prompt's length.
+    # (At 0.2 ms, ~34 ms at the mean prompt, a busy machine's own delays to the server made
+    # the prefill under half the first token in 1 of 3-4 runs: noisy-neighbour fired instead.)
     with streamer(
-        "--slots", "16", "--decode-base-ms", "2", "--prefill-ms-per-token", "0.2"
+        "--slots", "16", "--decode-base-ms", "2", "--prefill-ms-per-token", "0.5"
     ) as base:
         path = experiment(
             tmp_path,
@@ -347,13 +350,14 @@ def test_a_prompt_that_sets_the_first_token_is_diagnosed_prefill_bound(
             base,
             load="{mode: closed, concurrency: 2}",
             prompts="{input_tokens: {dist: uniform, min: 16, max: 320}, output_tokens: 8}",
+            duration_s=5,  # ~20 requests a second: a fit wants 30 first tokens
         )
         result = invoke("run", str(path), "--json", "--allow-invalid")
     assert result.exit_code == 0, result.output
     fit: Any = summary_of(result)["llm"]["ttft_by_input"]
     assert fit is not None and fit["x_min"] < 64 and fit["x_max"] > 256, fit
     # Its own prompt's prefill, plus at times the other stream's admitted in the same step.
-    assert 0.15 < fit["slope"] < 0.3 and fit["r2"] > 0.3, fit
+    assert 0.375 < fit["slope"] < 0.75 and fit["r2"] > 0.3, fit
     document = diagnosed(invoke, "prefill")
     fired = {finding["rule"]: finding for finding in document["findings"]}
     assert "llm-prefill-bound" in fired, document
