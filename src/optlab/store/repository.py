@@ -22,6 +22,7 @@ from optlab.store.convert import experiment_record, stored_config
 from optlab.store.database import default_url, make_engine, masked
 from optlab.store.faults import failed
 from optlab.store.imports import ImportMixin
+from optlab.store.interrupts import signals_deferred
 from optlab.store.knob_sweeps import KnobSweepsMixin
 from optlab.store.measurements import MeasurementsMixin
 from optlab.store.models import (
@@ -116,24 +117,29 @@ class Store(RunsMixin, SweepsMixin, KnobSweepsMixin, MeasurementsMixin, Transfer
 
     @contextmanager
     def session_scope(self) -> Iterator[Session]:
-        """The one transaction boundary: commit on success, roll back on any exception."""
-        session = self._sessions()
-        try:
-            yield session
-            session.commit()
-        except DBAPIError as exc:
-            session.rollback()
-            # The engine already turns known conditions into StoreError as they happen
-            # (faults.install); this catches the rest, e.g. an unknown OperationalError.
-            found = failed(self._engine.url, exc)
-            if found is None:
+        """The one transaction boundary: commit on success, roll back on any exception.
+
+        Ctrl-C (SIGTERM, SIGHUP) raises once the transaction has ended: raised halfway
+        through SQLAlchemy, it could leave a connection holding the write lock, and the
+        interrupted command's next write would fail "database is locked" (`interrupts`)."""
+        with signals_deferred():
+            session = self._sessions()
+            try:
+                yield session
+                session.commit()
+            except DBAPIError as exc:
+                session.rollback()
+                # The engine already turns known conditions into StoreError as they happen
+                # (faults.install); this catches the rest, e.g. an unknown OperationalError.
+                found = failed(self._engine.url, exc)
+                if found is None:
+                    raise
+                raise found from exc
+            except BaseException:
+                session.rollback()
                 raise
-            raise found from exc
-        except BaseException:
-            session.rollback()
-            raise
-        finally:
-            session.close()
+            finally:
+                session.close()
 
     # -- experiments and configs ------------------------------------------------------
 
